@@ -1,0 +1,43 @@
+"""aiolock: asyncio distributed locks for Redis.
+
+Reentrant per asyncio task, leases renewed in the background, waiters woken by pub/sub,
+fencing tokens, and cancellation-safe acquire and release::
+
+    async with aiolock.LockManager(Redis()) as locks:
+        async with locks.lock("order:42") as lock:
+            ...
+"""
+
+from ._errors import (
+    LockBackendError,
+    LockConnectionError,
+    LockError,
+    LockKeyTypeError,
+    LockLostError,
+    LockNotOwnedError,
+    LockPermissionError,
+    LockTimeoutError,
+    ManagerNotOpenError,
+)
+from ._lock import Lock
+from ._manager import LockManager, ManagerStatistics
+from ._waiters import HubStatistics
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "HubStatistics",
+    "Lock",
+    "LockBackendError",
+    "LockConnectionError",
+    "LockError",
+    "LockKeyTypeError",
+    "LockLostError",
+    "LockManager",
+    "LockNotOwnedError",
+    "LockPermissionError",
+    "LockTimeoutError",
+    "ManagerNotOpenError",
+    "ManagerStatistics",
+    "__version__",
+]

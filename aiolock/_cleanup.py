@@ -1,0 +1,101 @@
+"""Work that must finish: shielded completion, and background retries for what could not.
+
+Two hazards meet here. A command cancelled after it was written may still run on the
+server, so an acquire cancelled in flight has to be undone and a release interrupted by
+a cancellation has to be completed. And Redis may be unreachable at that moment, so
+what cannot be done now is retried in the background until it succeeds or no longer
+matters (the lease it protects has surely run out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+
+from ._errors import LockError
+
+__all__ = ["Cleanup", "finish_despite_cancel"]
+
+logger = logging.getLogger("aiolock")
+T = TypeVar("T")
+
+
+async def finish_despite_cancel(make: Callable[[], Awaitable[T]]) -> T:
+    """Run ``make()`` to completion even if the calling task is cancelled meanwhile.
+
+    The work runs in a task of its own (``make`` must bound its own time); a cancellation
+    of the caller is held back until that task ends, then re-raised, so the caller still
+    unwinds. The work is awaited, never left running unobserved.
+    """
+    task = asyncio.ensure_future(make())
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # mark it retrieved: the caller sees the cancellation instead
+        raise asyncio.CancelledError
+    return task.result()
+
+
+@dataclass
+class _Job:
+    what: str
+    action: Callable[[], Awaitable[object]]
+    #: monotonic time after which the job no longer matters (the lease has run out)
+    give_up_at: float
+
+
+class Cleanup:
+    """Background retries of undo and release commands that failed."""
+
+    def __init__(self) -> None:
+        self._jobs: list[_Job] = []
+        self._event = asyncio.Event()
+        self.done = 0
+        self.abandoned = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._jobs)
+
+    def add(self, what: str, action: Callable[[], Awaitable[object]], give_up_at: float) -> None:
+        self._jobs.append(_Job(what, action, give_up_at))
+        self._event.set()
+
+    async def run(self) -> None:
+        backoff = 0.05
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            failed = await self.run_once()
+            if failed:
+                self._event.set()
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            else:
+                backoff = 0.05
+
+    async def run_once(self) -> int:
+        """Try every job once; return how many are still pending."""
+        jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            try:
+                await job.action()
+                self.done += 1
+            except (LockError, TimeoutError) as exc:
+                if time.monotonic() >= job.give_up_at:
+                    self.abandoned += 1
+                    logger.warning("gave up on %s (its lease has ended anyway): %s", job.what, exc)
+                else:
+                    self._jobs.append(job)
+        return len(self._jobs)

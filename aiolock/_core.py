@@ -1,0 +1,364 @@
+"""The lock protocol: acquire, wait, release and undo, on top of the scripts and the hub.
+
+:class:`LockCore` is created when a manager opens and holds what the protocol needs: the
+client, the hold registry, the pub/sub hub, the watchdog and the cleanup retrier. The
+public :class:`~aiolock.Lock` handle validates arguments and delegates here.
+
+Acquire: one script call (fast path). If the lock is busy, or other local tasks already
+queue for it, the task joins the lock's local queue; the head of the queue retries after
+the subscription is confirmed (closing the lost-wake-up gap), then sleeps until a
+release wakes it or the holder's lease would have run out. An attempt cancelled or
+failed in flight is undone by a script that either reverts it or voids it in advance.
+
+Release: one script call; it is idempotent, so a release interrupted by a cancellation
+is simply sent again, shielded and bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ._cleanup import Cleanup, finish_despite_cancel
+from ._client import Client, as_int, key_type_error
+from ._errors import (
+    LockConnectionError,
+    LockError,
+    LockLostError,
+    LockTimeoutError,
+    ManagerNotOpenError,
+)
+from ._hold import Hold
+from ._keys import KeySpace, LockKeys
+from ._renewal import HoldRegistry, Watchdog
+from ._scripts import ACQUIRE, CANCEL, FORCE_RELEASE, RELEASE, RENEW
+from ._waiters import WaiterHub
+
+if TYPE_CHECKING:
+    from ._manager import LockManager
+
+__all__ = ["LockCore"]
+
+#: Seconds the head of a queue waits for its subscription to be confirmed before it
+#: retries anyway (the pub/sub connection may be down; it then falls back to TTL waits).
+READY_WAIT = 1.0
+#: Seconds a shielded undo or release may take before it is handed to the retrier.
+SHIELD_TIMEOUT = 5.0
+#: A void marker outlives any plausible delay of the attempt it voids.
+MIN_VOID_TTL = 60.0
+
+_ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_LOCK_KEY, _BAD_META_KEY = 1, 2, 0, 3, -1, -2
+_STILL_HELD, _RELEASED, _NOT_HELD = 1, 2, 0
+
+
+_Send = Callable[[], Awaitable[object]]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+class LockCore:
+    def __init__(self, manager: LockManager, client: Client, keyspace: KeySpace) -> None:
+        self.manager = manager
+        self.client = client
+        self.keyspace = keyspace
+        self.registry = HoldRegistry(on_lost=self._on_lost)
+        self.hub = WaiterHub(client.redis, keyspace.manager_id)
+        self.watchdog = Watchdog(client, self.registry, manager.lease)
+        self.cleanup = Cleanup()
+        self._ids = itertools.count(1)
+        self._meta_ttl_ms = _ms(manager.fence_ttl)
+
+    def _on_lost(self, hold: Hold) -> None:
+        # The lock may be free now (or soon): the local head should try for it.
+        self.hub.wake(hold.keys.channel)
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def acquire(
+        self, keys: LockKeys, owner: str, timeout: float | None, lease: float | None
+    ) -> Hold:
+        hold = self.registry.get(keys.lock, owner)
+        if hold is not None:
+            return await self._reenter(hold, lease)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        # A task that finds others queued goes behind them (no barging), unless it only
+        # wants one attempt.
+        if timeout == 0 or not self.hub.queued(keys.channel):
+            hold, _ = await self._attempt(keys, owner, lease)
+            if hold is not None:
+                return hold
+            if timeout == 0:
+                raise self._timeout_error(keys, timeout)
+        return await self._wait(keys, owner, lease, deadline, timeout)
+
+    async def _reenter(self, hold: Hold, lease: float | None) -> Hold:
+        if hold.renew:
+            lease = self.manager.lease  # the outer hold decides: it stays auto-renewed
+        elif lease is None:
+            lease = hold.lease
+        new, busy_ttl = await self._attempt(hold.keys, hold.owner, lease, hold.count, hold)
+        if new is None:  # someone else holds it now: ours was lost before we noticed
+            self.registry.lose(hold, "another owner took the lock after our lease ended")
+            raise LockLostError(
+                f"lock {hold.keys.name!r} was lost before this task re-entered it "
+                f"(now held by another owner for {busy_ttl:.3f} s more)"
+            )
+        return new
+
+    async def _wait(
+        self,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        deadline: float | None,
+        timeout: float | None,
+    ) -> Hold:
+        waiter = self.hub.join(keys.channel)
+        acquired = False
+        try:
+            # The first waiter tries once its subscription is confirmed (the confirmation
+            # wakes it); later ones wait for their turn.
+            should_try = waiter.is_head and self.hub.confirmed(keys.channel)
+            ttl: float | None = READY_WAIT if waiter.is_head else None
+            while True:
+                if self.hub.closed:
+                    raise self.manager_closed()
+                if should_try:
+                    hold, busy_ttl = await self._attempt(keys, owner, lease)
+                    if hold is not None:
+                        acquired = True
+                        return hold
+                    ttl = busy_ttl if busy_ttl > 0 else self.manager.lease
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise self._timeout_error(keys, timeout)
+                should_try = (
+                    await waiter.wait(_shortest(remaining, ttl) if waiter.is_head else remaining)
+                    or waiter.is_head
+                )
+        finally:
+            self.hub.leave(waiter, acquired=acquired)
+
+    async def _attempt(
+        self,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        count: int = 0,
+        hold: Hold | None = None,
+    ) -> tuple[Hold | None, float]:
+        """One run of the acquire script: (hold, 0.0) on success, (None, ttl) if busy."""
+        lease_s = self.manager.lease if lease is None else lease
+        void = keys.void(next(self._ids))
+        args = (owner, _ms(lease_s), count, self._meta_ttl_ms)
+        sent_at = time.monotonic()
+        try:
+            code, value = await self.client.run(ACQUIRE, (keys.lock, keys.meta, void), args)
+        except (LockConnectionError, asyncio.CancelledError):
+            await self._undo(keys, owner, count, void, lease_s)  # it may have run
+            raise
+        code = as_int(code)
+        if code in (_BUSY, _VOIDED):
+            return None, max(as_int(value), 0) / 1000
+        if code == _BAD_LOCK_KEY:
+            raise key_type_error(keys.lock, value)
+        if code == _BAD_META_KEY:
+            raise key_type_error(keys.meta, value)
+        if hold is not None:  # re-entered
+            hold.count = as_int(value) if code == _REENTERED else 1
+            if not hold.renew:
+                self.registry.reset_lease(hold, lease_s, sent_at)
+            return hold, 0.0
+        hold = Hold(keys, owner, as_int(value), lease_s, renew=lease is None, sent_at=sent_at)
+        self.registry.add(hold)
+        if self.hub.closed:  # the manager closed while the attempt was in flight
+            self.registry.lose(hold, "the LockManager was closed")
+            await self._release_quietly(hold)
+            raise self.manager_closed()
+        return hold, 0.0
+
+    async def _undo(
+        self, keys: LockKeys, owner: str, count: int, void: str, lease_s: float
+    ) -> None:
+        """Revert an attempt whose outcome is unknown, or void it before it runs."""
+        args = (
+            owner,
+            count,
+            _ms(max(2 * lease_s, MIN_VOID_TTL)),
+            keys.channel,
+            self.keyspace.manager_id,
+        )
+
+        async def send() -> None:
+            undone = await self.client.run(CANCEL, (keys.lock, void), args)
+            if as_int(undone) == 1 and count == 0:
+                self.hub.wake(keys.channel)  # our own message is ignored by the hub
+
+        give_up_at = time.monotonic() + lease_s
+        await finish_despite_cancel(
+            lambda: self._or_retry(f"undo of an acquire of {keys.name!r}", send, give_up_at)
+        )
+
+    async def _or_retry(self, what: str, send: _Send, give_up_at: float) -> None:
+        """Send within SHIELD_TIMEOUT, or hand it to the background retrier."""
+        try:
+            with anyio.fail_after(SHIELD_TIMEOUT):
+                await send()
+        except (LockError, TimeoutError):
+            self.cleanup.add(what, send, give_up_at)
+
+    # -- release -----------------------------------------------------------------------
+
+    async def release(self, hold: Hold, *, everything: bool = False) -> None:
+        final = everything or hold.count <= 1
+        if final and hold.release_id is None:
+            hold.release_id = self.keyspace.release_id(next(self._ids))
+        args = (
+            hold.owner,
+            hold.count,
+            hold.release_id or "-",
+            hold.keys.channel,
+            self.keyspace.manager_id,
+            self._meta_ttl_ms,
+            "1" if everything else "0",
+        )
+
+        async def send() -> LockError | None:
+            return self._apply_release(hold, await self.client.run(RELEASE, hold.keys.pair, args))
+
+        try:
+            error = await send()
+        except asyncio.CancelledError:
+            # The command may or may not have run; sending it again is harmless.
+            what = f"release of {hold.keys.name!r}"
+            await finish_despite_cancel(lambda: self._or_retry(what, send, hold.valid_until))
+            raise
+        except LockConnectionError:
+            if final:
+                hold.renew = False  # let it expire if the retries cannot get through
+            self.cleanup.add(f"release of {hold.keys.name!r}", send, hold.valid_until)
+            raise
+        if error is not None:
+            raise error
+
+    def _apply_release(self, hold: Hold, reply: Sequence[object]) -> LockError | None:
+        """Update local state from the release script's reply; the error to raise, if any."""
+        code, value = as_int(reply[0]), reply[1]
+        if code == _STILL_HELD:
+            hold.count = as_int(value)
+            return None
+        self.registry.remove(hold)
+        hold.release_id = None
+        if code == _RELEASED:
+            hold.count = 0
+            self.hub.wake(hold.keys.channel)
+            return None
+        if not hold.lost:
+            self.registry.lose(hold, "Redis no longer had it when it was released")
+        self.registry.pop_lost(hold.keys.lock, hold.owner)
+        if code == _NOT_HELD:
+            return LockLostError(
+                f"lock {hold.keys.name!r} was no longer held by this task when it was "
+                "released: its lease ended or it was force-released, so another owner may "
+                "have entered the critical section"
+            )
+        return key_type_error(hold.keys.lock, value)
+
+    def release_lost(self, hold: Hold) -> None:
+        """A hold lost locally may still exist in Redis: free it in the background."""
+        args = self._release_args(hold)
+
+        async def send() -> None:
+            await self.client.run(RELEASE, hold.keys.pair, args)
+
+        self.cleanup.add(f"release of lost {hold.keys.name!r}", send, time.monotonic() + hold.lease)
+
+    # -- extend, force release, shutdown -----------------------------------------------
+
+    async def extend(self, hold: Hold, lease: float) -> None:
+        sent_at = time.monotonic()
+        reply = await self.client.run(RENEW, (hold.keys.lock,), (_ms(lease), hold.owner))
+        if as_int(reply[0]) == 1:
+            self.registry.reset_lease(hold, lease, sent_at)
+            return
+        self.registry.lose(hold, "Redis no longer had it when it was extended")
+        self.registry.pop_lost(hold.keys.lock, hold.owner)
+        raise LockLostError(
+            f"lock {hold.keys.name!r} could not be extended: its lease had already ended "
+            "or it was force-released"
+        )
+
+    async def force_release(self, keys: LockKeys) -> bool:
+        code, value = await self.client.run(
+            FORCE_RELEASE, (keys.lock,), (keys.channel, self.keyspace.manager_id)
+        )
+        if as_int(code) == -1:
+            raise key_type_error(keys.lock, value)
+        for hold in self.registry:
+            if hold.keys.lock == keys.lock:
+                self.registry.lose(hold, "it was force-released")
+        self.hub.wake(keys.channel)
+        return as_int(code) == 1
+
+    async def shutdown(self) -> None:
+        """Release every hold (all counts at once) and fail the bodies still using them."""
+        holds = list(self.registry)
+        for hold in holds:
+            self.registry.lose(hold, "the LockManager was closed")
+        limiter = anyio.CapacityLimiter(16)  # a few connections, not one per hold
+
+        async def release(hold: Hold) -> None:
+            async with limiter:
+                await self._release_quietly(hold)
+
+        async with anyio.create_task_group() as tg:
+            for hold in holds:
+                tg.start_soon(release, hold)
+
+    def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str]:
+        """Arguments that release every hold of *hold*'s owner, whatever the count."""
+        return (
+            hold.owner,
+            max(hold.count, 1),
+            "-",
+            hold.keys.channel,
+            self.keyspace.manager_id,
+            self._meta_ttl_ms,
+            "1",
+        )
+
+    async def _release_quietly(self, hold: Hold) -> None:
+        try:
+            await self.client.run(RELEASE, hold.keys.pair, self._release_args(hold))
+        except LockError as exc:
+            hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
+
+    # -- errors ------------------------------------------------------------------------
+
+    def manager_closed(self) -> ManagerNotOpenError:
+        return ManagerNotOpenError(
+            "the LockManager was closed while this task waited for a lock; "
+            "open a new LockManager to keep using locks"
+        )
+
+    @staticmethod
+    def _timeout_error(keys: LockKeys, timeout: float | None) -> LockTimeoutError:
+        return LockTimeoutError(
+            f"lock {keys.name!r} is held by another owner and was not released within "
+            f"{timeout} s; pass a longer timeout, or timeout=None to wait as long as it takes"
+        )
+
+
+def _shortest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,74 @@
+"""Exceptions raised by aiolock.
+
+Everything aiolock raises on purpose derives from :class:`LockError`, except bad
+arguments, which raise the built-in ``ValueError`` / ``TypeError`` at the call::
+
+    LockError
+    ├── LockTimeoutError       (also a TimeoutError) the wait ran out
+    ├── LockNotOwnedError      release/extend of a hold the current task does not have
+    │   └── LockLostError      the task held the lock, and its lease was lost
+    ├── LockKeyTypeError       a lock's key holds a value of another Redis type
+    ├── ManagerNotOpenError    (also a RuntimeError) the LockManager is not open
+    └── LockBackendError       Redis failed: unreachable, refused or errored
+        ├── LockConnectionError    connecting, sending or reading timed out or failed
+        └── LockPermissionError    authentication failed, or an ACL forbids a command
+
+Backend errors are chained (``raise ... from``) from the redis-py exception that caused
+them, so the original is always at hand in ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LockBackendError",
+    "LockConnectionError",
+    "LockError",
+    "LockKeyTypeError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockPermissionError",
+    "LockTimeoutError",
+    "ManagerNotOpenError",
+]
+
+
+class LockError(Exception):
+    """Root of every error aiolock raises about locks and their backend."""
+
+
+class LockTimeoutError(LockError, TimeoutError):
+    """The lock could not be acquired within the given timeout."""
+
+
+class LockNotOwnedError(LockError):
+    """The current task does not hold the lock it tried to release or extend."""
+
+
+class LockLostError(LockNotOwnedError):
+    """A hold was lost while the task believed it held the lock.
+
+    The lease expired, an administrator force-released the lock, or the key was
+    replaced, so another owner may now be inside the critical section. Raised from the
+    ``async with`` whose body was cancelled because of the loss, or from the next
+    ``release()`` / ``extend()`` outside ``async with``.
+    """
+
+
+class LockKeyTypeError(LockError):
+    """A lock's Redis key holds a value that aiolock did not write (another type)."""
+
+
+class ManagerNotOpenError(LockError, RuntimeError):
+    """The LockManager is not open: enter it with ``async with`` first."""
+
+
+class LockBackendError(LockError):
+    """Redis could not serve a request; the redis-py exception is ``__cause__``."""
+
+
+class LockConnectionError(LockBackendError):
+    """Connecting to Redis, or a command's round trip, failed or timed out."""
+
+
+class LockPermissionError(LockBackendError):
+    """Redis refused the client: a wrong password, or an ACL rule forbids a command or key."""

@@ -1,0 +1,146 @@
+"""Key, channel and owner-field naming: the wire format, in one place.
+
+For a manager prefix ``P`` and a lock name ``N`` (UTF-8), the lock uses:
+
+==========================  =========================================================
+``P:{N}``                   hash: ``<owner field>`` -> hold count (one owner at a time)
+``P:{N}:meta``              hash: ``fence`` (last fencing token), ``released`` (the id
+                            of the last final release, so a retried release succeeds)
+``P:{N}:void:<attempt>``    marker: an acquire attempt that was cancelled in flight
+``P:{N}:released``          pub/sub channel: a message per final release
+==========================  =========================================================
+
+Every key and the channel share the hash tag ``{N}``, so one lock's scripts touch a
+single Redis Cluster slot. Names may contain any character, ``{`` and ``}`` included:
+the suffixes after the closing ``}`` contain no ``}``, so two different names can never
+produce the same key (the last ``}`` separates the name from the suffix).
+
+Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
+(``secrets``), the serial numbers the asyncio tasks that manager has seen.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "KeySpace",
+    "LockKeys",
+    "check_lease",
+    "check_name",
+    "check_prefix",
+    "check_timeout",
+    "new_manager_id",
+]
+
+#: A lock name longer than this many UTF-8 bytes is refused: it would be sent with every
+#: command of the lock, and a name that long is almost certainly a bug.
+MAX_NAME_BYTES = 4096
+
+
+def new_manager_id() -> str:
+    """128 random bits, hex: unique per LockManager, unguessable by other clients."""
+    return secrets.token_hex(16)
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("lock name must not be empty")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(
+            "lock name must be encodable as UTF-8 (it contains a lone surrogate)"
+        ) from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"lock name is {size} bytes in UTF-8; at most {MAX_NAME_BYTES} allowed")
+    return name
+
+
+def _check_seconds(value: object, what: str) -> float:
+    # bool is an int subclass, and True seconds is surely a mistake.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
+    return seconds
+
+
+#: Leases are sent to Redis in whole milliseconds; below 1 ms there is nothing to send,
+#: and beyond ~100 years PEXPIRE would overflow the server's clock arithmetic.
+MIN_LEASE = 0.001
+MAX_LEASE = 3_153_600_000.0
+
+
+def check_lease(lease: object, what: str = "lease") -> float:
+    seconds = _check_seconds(lease, what)
+    if not MIN_LEASE <= seconds <= MAX_LEASE:
+        raise ValueError(
+            f"{what} must be between {MIN_LEASE} and {MAX_LEASE:.0f} seconds, got {lease!r}"
+        )
+    return seconds
+
+
+def check_timeout(timeout: object, what: str = "timeout") -> float | None:
+    """``None`` means wait forever; ``0`` means one attempt."""
+    if timeout is None:
+        return None
+    seconds = _check_seconds(timeout, what)
+    if seconds < 0:
+        raise ValueError(f"{what} must be >= 0 seconds or None (wait forever), got {timeout!r}")
+    return seconds
+
+
+def check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+    if not prefix:
+        raise ValueError("prefix must not be empty: it keeps aiolock's keys apart from others")
+    if "{" in prefix or "}" in prefix:
+        # A brace in the prefix would become the Cluster hash tag of every lock, putting
+        # them all in one slot, and would break the uniqueness argument above.
+        raise ValueError(f"prefix must not contain '{{' or '}}', got {prefix!r}")
+    return prefix
+
+
+class LockKeys:
+    """The keys and channel of one lock name, computed once per handle."""
+
+    __slots__ = ("channel", "lock", "meta", "name", "pair", "void_prefix")
+
+    def __init__(self, prefix: str, name: str) -> None:
+        base = f"{prefix}:{{{name}}}"
+        self.name = name
+        self.lock = base
+        self.meta = f"{base}:meta"
+        self.channel = f"{base}:released"
+        self.void_prefix = f"{base}:void:"
+        #: the KEYS of the release script
+        self.pair = (self.lock, self.meta)
+
+    def void(self, attempt: int) -> str:
+        return f"{self.void_prefix}{attempt}"
+
+
+class KeySpace:
+    """Naming for one manager: its prefix, its id, and its owners' field names."""
+
+    __slots__ = ("manager_id", "prefix")
+
+    def __init__(self, prefix: str, manager_id: str) -> None:
+        self.prefix = check_prefix(prefix)
+        self.manager_id = manager_id
+
+    def keys(self, name: str) -> LockKeys:
+        return LockKeys(self.prefix, name)
+
+    def owner(self, serial: int) -> str:
+        return f"{self.manager_id}:{serial}"
+
+    def release_id(self, number: int) -> str:
+        return f"{self.manager_id}:r{number}"

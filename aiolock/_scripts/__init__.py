@@ -1,0 +1,31 @@
+"""The Lua scripts, one operation per ``.lua`` file, loaded once from the package.
+
+Each :class:`Script` carries its source and SHA1; :mod:`aiolock._client` runs it with
+EVALSHA and loads it on NOSCRIPT (a restarted or flushed server forgets scripts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+
+__all__ = ["ACQUIRE", "CANCEL", "FORCE_RELEASE", "RELEASE", "RENEW", "Script"]
+
+
+class Script:
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = resources.files(__name__).joinpath(f"{name}.lua").read_text("utf-8")
+        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+ACQUIRE = Script("acquire")
+RELEASE = Script("release")
+RENEW = Script("renew")
+CANCEL = Script("cancel")
+FORCE_RELEASE = Script("force_release")

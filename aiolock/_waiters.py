@@ -1,0 +1,319 @@
+"""The pub/sub hub: one subscription connection per manager, and local waiter queues.
+
+Waiting tasks never poll and never hold a connection. Each lock name with waiters has a
+:class:`ChannelQueue`: a first-in first-out queue of :class:`Waiter` objects and one
+reference-counted subscription to the lock's release channel. Only the *head* of a
+queue talks to Redis; the others wait for their turn, so a release wakes exactly one
+task in this process, and a task that releases and asks again queues behind the tasks
+already waiting (no barging).
+
+Progress rests on one invariant: the head of a non-empty queue is either awake, or
+asleep with a timer at the holder's lease expiry, or asleep while a task of this same
+manager holds the lock (whose release or loss wakes it). Hence:
+
+* a release message, a local release, a local loss, a confirmed (re)subscription and a
+  head that leaves without the lock each wake the (new) head;
+* a wake that arrives while the head is busy is kept (``pending``), never dropped;
+* a waiter cancelled after being woken passes the wake on.
+
+Bookkeeping (join, leave, wake) is synchronous and never awaits; all I/O happens in
+two background tasks: the *pump* sends SUBSCRIBE/UNSUBSCRIBE for the channels whose
+demand changed, in batches, and the *reader* receives messages and confirmations. If
+the connection drops, every head is woken (a release may have been missed), the
+subscriptions are re-established, and each confirmation wakes its head again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from redis import exceptions as rex
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from ._client import as_text
+
+__all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
+
+logger = logging.getLogger("aiolock")
+
+
+class Waiter:
+    """One task waiting for one lock; lives in its channel's queue until it leaves."""
+
+    __slots__ = ("_future", "pending", "queue")
+
+    def __init__(self, queue: ChannelQueue) -> None:
+        self.queue = queue
+        #: a wake that arrived while the waiter was not blocked; consumed by wait()
+        self.pending = False
+        self._future: asyncio.Future[bool] | None = None
+
+    @property
+    def is_head(self) -> bool:
+        return bool(self.queue.waiters) and self.queue.waiters[0] is self
+
+    def wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(True)
+        else:
+            self.pending = True
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Sleep until woken (True) or until *timeout* seconds pass (False)."""
+        if self.pending:
+            self.pending = False
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._future = future
+        timer = None if timeout is None else loop.call_later(timeout, _expire, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Woken in the same loop iteration as the cancellation: keep the wake so
+            # that leave() passes it on instead of losing it.
+            if future.done() and not future.cancelled() and future.result():
+                self.pending = True
+            raise
+        finally:
+            self._future = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _expire(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
+
+
+class ChannelQueue:
+    """The local waiters of one lock, and the state of its subscription."""
+
+    __slots__ = ("channel", "confirmed", "waiters")
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.waiters: deque[Waiter] = deque()
+        #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
+        self.confirmed = False
+
+    def wake_head(self) -> None:
+        if self.waiters:
+            self.waiters[0].wake()
+
+
+@dataclass(frozen=True)
+class HubStatistics:
+    """A snapshot of the hub, for debugging and tests."""
+
+    #: lock names with at least one local waiter
+    queues: int
+    #: tasks waiting, over all names
+    waiters: int
+    #: channels subscribed on the server (confirmed)
+    subscriptions: int
+    #: release messages received from other clients
+    messages: int
+    #: times the pub/sub connection was lost and re-established
+    reconnects: int
+
+
+class WaiterHub:
+    """Local waiter queues plus the one pub/sub connection that feeds them."""
+
+    #: how long the reader may hear nothing before it PINGs the server
+    PING_INTERVAL = 15.0
+
+    def __init__(self, redis: Redis, manager_id: str) -> None:
+        self._redis = redis
+        self._manager_id = manager_id
+        self._queues: dict[str, ChannelQueue] = {}
+        self._subscribed: set[str] = set()  # SUBSCRIBE sent on the current connection
+        self._dirty = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._pubsub: PubSub | None = None
+        self._messages = 0
+        self._reconnects = 0
+        self.closed = False
+
+    # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
+
+    def join(self, channel: str) -> Waiter:
+        """Queue a new waiter at the tail of *channel*'s queue."""
+        queue = self._queues.get(channel)
+        if queue is None:
+            queue = self._queues[channel] = ChannelQueue(channel)
+        waiter = Waiter(queue)
+        queue.waiters.append(waiter)
+        if channel not in self._subscribed:
+            self._dirty.set()
+        return waiter
+
+    def leave(self, waiter: Waiter, *, acquired: bool) -> None:
+        """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
+        queue = waiter.queue
+        was_head = waiter.is_head
+        try:
+            queue.waiters.remove(waiter)
+        except ValueError:
+            return  # already gone (the hub was closed)
+        if not acquired and (was_head or waiter.pending):
+            queue.wake_head()
+        if not queue.waiters:
+            self._dirty.set()
+
+    def queued(self, channel: str) -> int:
+        queue = self._queues.get(channel)
+        return len(queue.waiters) if queue is not None else 0
+
+    def confirmed(self, channel: str) -> bool:
+        queue = self._queues.get(channel)
+        return queue is not None and queue.confirmed
+
+    def wake(self, channel: str) -> None:
+        """The lock behind *channel* may be free: let its head try."""
+        queue = self._queues.get(channel)
+        if queue is not None:
+            queue.wake_head()
+
+    def close(self) -> None:
+        """Wake every waiter; they find the hub closed and give up."""
+        self.closed = True
+        for queue in self._queues.values():
+            for waiter in queue.waiters:
+                waiter.wake()
+
+    def statistics(self) -> HubStatistics:
+        return HubStatistics(
+            queues=sum(1 for q in self._queues.values() if q.waiters),
+            waiters=sum(len(q.waiters) for q in self._queues.values()),
+            subscriptions=sum(1 for q in self._queues.values() if q.confirmed),
+            messages=self._messages,
+            reconnects=self._reconnects,
+        )
+
+    # -- I/O: two background tasks in the manager's task group -------------------------
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._pump)
+                tg.start_soon(self._reader)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                await self._drop_connection()
+
+    async def _pump(self) -> None:
+        """Bring the server's subscriptions in line with the queues, in batches."""
+        backoff = 0.05
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            try:
+                await self._sync_subscriptions()
+                backoff = 0.05
+            except (rex.RedisError, OSError) as exc:
+                logger.warning("pub/sub subscription change failed, will retry: %s", exc)
+                self._dirty.set()
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _sync_subscriptions(self) -> None:
+        wanted = {name for name, queue in self._queues.items() if queue.waiters}
+        to_add = sorted(wanted - self._subscribed)
+        to_drop = sorted(self._subscribed - wanted)
+        if to_add:
+            pubsub = self._ensure_pubsub()
+            await pubsub.subscribe(*to_add)
+            self._subscribed.update(to_add)
+            self._connected.set()
+        if to_drop and self._pubsub is not None:
+            self._subscribed.difference_update(to_drop)
+            for name in to_drop:
+                queue = self._queues.get(name)
+                if queue is not None:
+                    queue.confirmed = False
+            await self._pubsub.unsubscribe(*to_drop)
+        # Forget queues nobody uses any more (including ones never subscribed).
+        idle = [n for n, q in self._queues.items() if not q.waiters and n not in self._subscribed]
+        for name in idle:
+            del self._queues[name]
+
+    def _ensure_pubsub(self) -> PubSub:
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub()
+        return self._pubsub
+
+    async def _reader(self) -> None:
+        backoff = 0.05
+        last_heard = time.monotonic()
+        ping_sent = False
+        while True:
+            await self._connected.wait()
+            pubsub = self._pubsub
+            if pubsub is None or pubsub.connection is None:
+                self._connected.clear()
+                continue
+            try:
+                message = await pubsub.get_message(timeout=self.PING_INTERVAL)
+                if message is None:
+                    if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
+                        raise rex.ConnectionError("no answer to PING on the pub/sub connection")
+                    if not ping_sent:
+                        await pubsub.ping()
+                        ping_sent = True
+                    continue
+            except (rex.RedisError, OSError) as exc:
+                await self._reconnect(exc, backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            last_heard, ping_sent, backoff = time.monotonic(), False, 0.05
+            self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = as_text(message.get("type"))
+        channel = as_text(message.get("channel"))
+        queue = self._queues.get(channel)
+        if kind == "message":
+            # Our own releases already woke the local head directly.
+            if as_text(message.get("data")) != self._manager_id:
+                self._messages += 1
+                if queue is not None:
+                    queue.wake_head()
+        elif kind == "subscribe" and queue is not None:
+            # First confirmation: the head may now retry without missing a release.
+            # A repeated one follows a reconnect made inside redis-py, during which
+            # releases may have been missed: either way, wake the head.
+            queue.confirmed = True
+            queue.wake_head()
+        elif kind == "unsubscribe" and queue is not None and channel not in self._subscribed:
+            queue.confirmed = False
+
+    async def _reconnect(self, exc: BaseException, backoff: float) -> None:
+        """The connection failed: wake every head, then start over on a new connection."""
+        logger.warning("pub/sub connection lost, reconnecting: %s", exc)
+        self._reconnects += 1
+        for queue in self._queues.values():
+            queue.confirmed = False
+            queue.wake_head()  # a release may have been missed; heads fall back to TTL waits
+        await self._drop_connection()
+        await anyio.sleep(backoff)
+        self._dirty.set()
+
+    async def _drop_connection(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        self._subscribed.clear()
+        self._connected.clear()
+        if pubsub is not None:
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except (rex.RedisError, OSError) as exc:  # the connection is already broken
+                logger.debug("closing the pub/sub connection: %s", exc)

@@ -1,0 +1,220 @@
+"""Throwaway ``redis-server`` processes for tests, examples and benchmarks.
+
+:class:`RedisServer` starts a private ``redis-server`` on a free loopback port, with no
+persistence and a temporary working directory, and stops it by its pid. It never touches
+port 6379 or any server it did not start. The test suite, ``examples/`` and
+``benchmarks/`` all use it, so there is one way to get a disposable server.
+
+>>> with RedisServer() as server:          # doctest: +SKIP
+...     client = redis.asyncio.Redis.from_url(server.url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+__all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
+
+#: The well-known Redis port: a server there belongs to somebody else, so it is never used.
+_RESERVED_PORTS = frozenset({6379})
+
+
+class RedisServerError(RuntimeError):
+    """A throwaway ``redis-server`` could not be found, started or reached."""
+
+
+def find_redis_server() -> str:
+    """Return the path of a ``redis-server`` binary, or raise :class:`RedisServerError`.
+
+    ``$REDIS_SERVER`` wins when set; otherwise ``PATH`` is searched.
+    """
+    explicit = os.environ.get("REDIS_SERVER")
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise RedisServerError(f"REDIS_SERVER={explicit!r} is not an executable file")
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RedisServerError(
+            "no redis-server binary on PATH; install one (Debian/Ubuntu: "
+            "'apt-get install redis-server', macOS: 'brew install redis') or set "
+            "REDIS_SERVER to its path, or point at a running server with REDIS_URL"
+        )
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Ask the kernel for a free TCP port on *host*, never a reserved one."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _RESERVED_PORTS:
+            return port
+    raise RedisServerError("could not find a free loopback port")
+
+
+class RedisServer:
+    """A private ``redis-server`` on a free loopback port, stopped by pid on exit.
+
+    Args:
+        extra_args: more ``redis-server`` options, e.g. ``["--requirepass", "s3cret"]``.
+        port: a fixed port (default: a free one, chosen at start).
+        startup_timeout: seconds to wait for the server to answer PING.
+        password: sent with the readiness PING when the server requires one.
+    """
+
+    def __init__(
+        self,
+        extra_args: Sequence[str] = (),
+        *,
+        port: int | None = None,
+        startup_timeout: float = 10.0,
+        password: str | None = None,
+    ) -> None:
+        if port is not None and port in _RESERVED_PORTS:
+            raise ValueError(f"port {port} is reserved for a server this tool did not start")
+        self.host = "127.0.0.1"
+        self.port = port or 0
+        self.extra_args = list(extra_args)
+        self.startup_timeout = startup_timeout
+        self.password = password
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0`` of the running server."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def workdir(self) -> str:
+        if self._dir is None:
+            raise RedisServerError("the server is not running")
+        return self._dir.name
+
+    def start(self) -> RedisServer:
+        """Start the server and wait until it answers PING; idempotent while running."""
+        if self.process is not None and self.process.poll() is None:
+            return self
+        binary = find_redis_server()
+        self._dir = self._dir or tempfile.TemporaryDirectory(prefix="aiolock-redis-")
+        fixed = self.port != 0
+        for _ in range(1 if fixed else 5):
+            if not fixed:
+                self.port = free_port(self.host)
+            self.process = subprocess.Popen(
+                [binary, *self._base_args(), *self.extra_args],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+            )
+            if self._wait_ready():
+                return self
+            self._kill()
+        raise RedisServerError(
+            f"redis-server did not start on {self.host}:{self.port}; "
+            f"see {os.path.join(self.workdir, 'redis.log')}"
+        )
+
+    def stop(self) -> None:
+        """Stop the server by its pid (SIGTERM, then SIGKILL) and remove its directory."""
+        self._kill()
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def restart(self) -> None:
+        """Stop and start the server on the same port, losing all data (no persistence)."""
+        self._kill()
+        fixed_port = self.port
+        binary = find_redis_server()
+        for _ in range(50):
+            self.process = subprocess.Popen(
+                [binary, *self._base_args(), *self.extra_args],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+            )
+            if self._wait_ready():
+                return
+            self._kill()
+            time.sleep(0.1)  # the old socket may linger briefly in the kernel
+        raise RedisServerError(f"redis-server did not restart on port {fixed_port}")
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.process and self.process.poll() is None else "stopped"
+        return f"<RedisServer {self.host}:{self.port} pid={self.pid} {state}>"
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _base_args(self) -> list[str]:
+        return [
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+            "--dir", self.workdir,
+            "--logfile", os.path.join(self.workdir, "redis.log"),
+        ]  # fmt: skip
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                return False
+            if self._ping():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _ping(self) -> bool:
+        """A raw RESP PING, so this module needs no client library and no event loop."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as sock:
+                if self.password is not None:
+                    pw = self.password.encode()
+                    sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+                    if not sock.recv(64).startswith(b"+OK"):
+                        return False
+                sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def _kill(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)

@@ -1,0 +1,52 @@
+"""Workload names and the parameters of the quick and full profiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Workload id -> one-line description (the report's section titles).
+WORKLOADS: dict[str, str] = {
+    "w0": "W0 floor: raw redis.asyncio, two EVALSHA of a trivial script per cycle, one task",
+    "w1": "W1 uncontended: one task, acquire+release cycles on one name",
+    "w2": "W2 concurrency: 64 tasks on distinct names",
+    "w3": "W3 contention: 16 tasks on one name, one process",
+    "w3mp": "W3 contention: 4 processes x 4 tasks on one name",
+    "w4": "W4 many waiters: one holder keeps the lock while 500 tasks wait",
+    "w5": "W5 many holds: 10,000 locks held at once with renewal on",
+}
+#: Workloads run once per library (W0 is library-independent and runs once, as "floor").
+LIB_WORKLOADS = [w for w in WORKLOADS if w != "w0"]
+FLOOR = "floor"
+
+#: Lease used by W1-W4 (long enough that nothing expires during a run).
+LEASE = 10.0
+#: Per-acquire timeout in W1-W4; a run that hits it reports an error instead of numbers.
+ACQUIRE_TIMEOUT = 20.0
+
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "quick": {
+        "w0": {"cycles": 3000, "seconds": 0.6},
+        "w1": {"cycles": 3000, "seconds": 0.6},
+        "w2": {"tasks": 64, "seconds": 0.6},
+        "w3": {"tasks": 16, "seconds": 0.8},
+        "w3mp": {"procs": 4, "tasks": 4, "seconds": 0.8},
+        "w4": {"waiters": 500, "hold": 1.0, "settle": 0.3, "serve_timeout": 10.0},
+        "w5": {"locks": 1000, "lease": 2.0, "periods": 1.0, "acquire_seconds": 20.0},
+    },
+    "full": {
+        "w0": {"cycles": 20000, "seconds": 8.0},
+        "w1": {"cycles": 20000, "seconds": 8.0},
+        "w2": {"tasks": 64, "seconds": 4.0},
+        "w3": {"tasks": 16, "seconds": 4.0},
+        "w3mp": {"procs": 4, "tasks": 4, "seconds": 4.0},
+        "w4": {"waiters": 500, "hold": 3.0, "settle": 0.5, "serve_timeout": 20.0},
+        "w5": {"locks": 10000, "lease": 6.0, "periods": 2.0, "acquire_seconds": 60.0},
+    },
+}
+#: How often each workload is repeated (fresh process each time); the report shows medians.
+REPEATS: dict[str, dict[str, int]] = {
+    "quick": {},
+    "full": {"w0": 3, "w1": 3, "w2": 3, "w3": 3, "w3mp": 3},
+}
+#: Wall-clock limit for one worker process, in seconds.
+RUN_TIMEOUT = {"quick": 60.0, "full": 240.0}

@@ -1,0 +1,320 @@
+"""Measurement helpers: client-side command/round-trip counters, server-side INFO
+commandstats deltas, CLIENT LIST connection counts, latency summaries and memory.
+
+Counting method (also documented in ``benchmarks/README.md``):
+
+* **Round trips** are counted on the client, as the number of socket writes a library
+  makes: every call of ``send_packed_command`` on a redis-py connection (asyncio or
+  sync) is one round trip, so a pipeline flush counts once whatever its length, and a
+  pub/sub SUBSCRIBE counts once. For aioredis 1.x (used by aioredlock) every
+  ``RedisConnection.execute`` call is one round trip (aioredis writes each command as it
+  is issued).
+* **Top-level commands** are counted on the client too, by command name, at
+  ``pack_command`` (redis-py; pipelines pack each command through it) or ``execute``
+  (aioredis). These are the commands the client sends: EVALSHA, SET, PUBLISH, ...
+* **All commands** come from the server: the delta of ``INFO commandstats``
+  (``calls + rejected_calls``) over the measured window. Redis counts every command a
+  Lua script runs with ``redis.call`` here as well, so ``all - top-level`` is the
+  number of commands run inside scripts. The harness's own INFO / CLIENT LIST calls are
+  tallied and subtracted exactly.
+* **Connections** come from ``CLIENT LIST``, excluding the harness's own connection
+  (named ``bench-admin``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.connection
+
+ADMIN_NAME = "bench-admin"
+
+
+# -- client-side counters -------------------------------------------------------------
+
+
+@dataclass
+class ClientCounts:
+    """What a client sent: socket writes (round trips) and top-level commands by name."""
+
+    round_trips: int = 0
+    commands: Counter[str] = field(default_factory=Counter)
+
+    def copy(self) -> ClientCounts:
+        return ClientCounts(self.round_trips, Counter(self.commands))
+
+    def minus(self, earlier: ClientCounts) -> ClientCounts:
+        diff = Counter(self.commands)
+        diff.subtract(earlier.commands)
+        return ClientCounts(self.round_trips - earlier.round_trips, +diff)
+
+    @property
+    def total_commands(self) -> int:
+        return sum(self.commands.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round_trips": self.round_trips, "commands": dict(self.commands)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClientCounts:
+        return cls(int(data["round_trips"]), Counter({str(k): int(v) for k, v in data["commands"].items()}))
+
+    def add(self, other: ClientCounts) -> None:
+        self.round_trips += other.round_trips
+        self.commands.update(other.commands)
+
+
+#: The process-wide counters every instrumented connection adds to.
+COUNTS = ClientCounts()
+_SYNC_GUARD = threading.Lock()
+
+_CONTAINER_COMMANDS = frozenset(
+    {"client", "config", "script", "function", "command", "memory", "object", "xinfo",
+     "cluster", "acl", "latency", "module", "pubsub", "slowlog", "debug"}
+)  # fmt: skip
+
+
+def command_name(args: Sequence[object]) -> str:
+    """The commandstats-style name of a command (``evalsha``, ``client|setinfo``)."""
+    if not args:
+        return "?"
+    parts: list[str] = []
+    for arg in args[:2]:
+        if isinstance(arg, (bytes, bytearray, memoryview)):
+            parts.extend(bytes(arg).decode("ascii", "replace").split())
+        else:
+            parts.extend(str(arg).split())
+    if not parts:
+        return "?"
+    head = parts[0].lower()
+    if head in _CONTAINER_COMMANDS and len(parts) > 1:
+        return f"{head}|{parts[1].lower()}"
+    return head
+
+
+def _is_counted(conn: object) -> bool:
+    return not getattr(conn, "bench_uncounted", False)
+
+
+def install_client_counters() -> None:
+    """Patch redis-py (asyncio and sync) and, when importable, aioredis 1.x."""
+    _patch_redis_py_async()
+    _patch_redis_py_sync()
+
+
+def _patch_redis_py_async() -> None:
+    cls: Any = redis.asyncio.connection.AbstractConnection
+    if getattr(cls, "_bench_patched", False):
+        return
+    orig_send: Callable[..., Any] = cls.send_packed_command
+    orig_pack: Callable[..., Any] = cls.pack_command
+
+    async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        if _is_counted(self):
+            COUNTS.round_trips += 1
+        await orig_send(self, command, check_health)
+
+    def pack_command(self: Any, *args: Any) -> Any:
+        if _is_counted(self):
+            COUNTS.commands[command_name(args)] += 1
+        return orig_pack(self, *args)
+
+    cls.send_packed_command = send_packed_command
+    cls.pack_command = pack_command
+    cls._bench_patched = True
+
+
+def _patch_redis_py_sync() -> None:
+    # The sync connection packs through a packer object, not pack_command: count names
+    # at send_command (single commands) and pack_commands (pipelines).
+    cls: Any = redis.connection.AbstractConnection
+    if getattr(cls, "_bench_patched", False):
+        return
+    orig_send: Callable[..., Any] = cls.send_packed_command
+    orig_command: Callable[..., Any] = cls.send_command
+    orig_pack_many: Callable[..., Any] = cls.pack_commands
+
+    def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        if _is_counted(self):
+            with _SYNC_GUARD:
+                COUNTS.round_trips += 1
+        orig_send(self, command, check_health)
+
+    def send_command(self: Any, *args: Any, **kwargs: Any) -> None:
+        if _is_counted(self):
+            name = command_name(args)
+            with _SYNC_GUARD:
+                COUNTS.commands[name] += 1
+        orig_command(self, *args, **kwargs)
+
+    def pack_commands(self: Any, commands: Iterable[Sequence[Any]]) -> Any:
+        commands = list(commands)
+        if _is_counted(self):
+            names = [command_name(c) for c in commands]
+            with _SYNC_GUARD:
+                COUNTS.commands.update(names)
+        return orig_pack_many(self, commands)
+
+    cls.send_packed_command = send_packed_command
+    cls.send_command = send_command
+    cls.pack_commands = pack_commands
+    cls._bench_patched = True
+
+
+def install_aioredis_counters() -> None:
+    """Patch aioredis 1.x ``RedisConnection.execute`` (and pub/sub execute)."""
+    module: Any = importlib.import_module("aioredis.connection")
+    cls: Any = module.RedisConnection
+    if getattr(cls, "_bench_patched", False):
+        return
+    orig_execute: Callable[..., Any] = cls.execute
+    orig_pubsub: Callable[..., Any] = cls.execute_pubsub
+
+    def execute(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        COUNTS.round_trips += 1
+        COUNTS.commands[command_name([command, *args[:1]])] += 1
+        return orig_execute(self, command, *args, **kwargs)
+
+    def execute_pubsub(self: Any, command: Any, *channels: Any) -> Any:
+        COUNTS.round_trips += 1
+        COUNTS.commands[command_name([command])] += 1
+        return orig_pubsub(self, command, *channels)
+
+    cls.execute = execute
+    cls.execute_pubsub = execute_pubsub
+    cls._bench_patched = True
+
+
+# -- server-side: commandstats, client list ------------------------------------------
+
+
+class _AdminConnection(redis.asyncio.connection.Connection):
+    """A connection the client-side counters ignore."""
+
+    bench_uncounted = True
+
+
+@dataclass(frozen=True)
+class ServerSnapshot:
+    calls: dict[str, int]
+    admin_tally: dict[str, int]
+
+
+class Admin:
+    """The harness's own connection to the server: stats, CLIENT LIST, DBSIZE."""
+
+    def __init__(self, url: str) -> None:
+        pool = redis.asyncio.ConnectionPool.from_url(
+            url, connection_class=_AdminConnection, client_name=ADMIN_NAME
+        )
+        self._client = redis.asyncio.Redis(connection_pool=pool)
+        self._tally: Counter[str] = Counter()
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def ping(self) -> None:
+        await self._client.ping()
+
+    async def snapshot(self) -> ServerSnapshot:
+        tally = dict(self._tally)
+        self._tally["info"] += 1
+        info: dict[str, Any] = await self._client.info("commandstats")
+        return ServerSnapshot(parse_commandstats(info), tally)
+
+    async def connections(self) -> list[dict[str, Any]]:
+        """Clients other than the harness's own (``CLIENT LIST``)."""
+        self._tally["client|list"] += 1
+        clients: list[dict[str, Any]] = await self._client.client_list()
+        return [c for c in clients if c.get("name") != ADMIN_NAME]
+
+    async def dbsize(self) -> int:
+        self._tally["dbsize"] += 1
+        return int(await self._client.dbsize())
+
+
+def parse_commandstats(info: dict[str, Any]) -> dict[str, int]:
+    calls: dict[str, int] = {}
+    for key, value in info.items():
+        if not key.startswith("cmdstat_") or not isinstance(value, dict):
+            continue
+        calls[key[len("cmdstat_") :]] = int(value.get("calls", 0)) + int(
+            value.get("rejected_calls", 0)
+        )
+    return calls
+
+
+def server_delta(before: ServerSnapshot, after: ServerSnapshot) -> Counter[str]:
+    """Commands the server ran between two snapshots, minus the harness's own."""
+    delta: Counter[str] = Counter()
+    for name, calls in after.calls.items():
+        delta[name] = calls - before.calls.get(name, 0)
+    for name, n in after.admin_tally.items():
+        delta[name] -= n - before.admin_tally.get(name, 0)
+    return +delta
+
+
+def sub_count(clients: Iterable[dict[str, Any]]) -> int:
+    """Connections in pub/sub mode among *clients*."""
+    n = 0
+    for c in clients:
+        subs = sum(int(c.get(k, 0) or 0) for k in ("sub", "psub", "ssub"))
+        if subs > 0:
+            n += 1
+    return n
+
+
+# -- latency and memory ---------------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (*q* in 0..100) of already sorted values."""
+    if not sorted_values:
+        return math.nan
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return float(sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac)
+
+
+def latency_summary(samples_s: Iterable[float], prefix: str) -> dict[str, float | int]:
+    """p50/p90/p99/max in microseconds and the sample count."""
+    values = sorted(samples_s)
+    return {
+        f"{prefix}_n": len(values),
+        f"{prefix}_p50_us": percentile(values, 50) * 1e6,
+        f"{prefix}_p90_us": percentile(values, 90) * 1e6,
+        f"{prefix}_p99_us": percentile(values, 99) * 1e6,
+        f"{prefix}_max_us": (values[-1] * 1e6) if values else math.nan,
+    }
+
+
+def quantile_sample(samples_s: Iterable[float], k: int = 1000) -> list[float]:
+    """*k* evenly spaced quantiles of the samples, in microseconds (for plots)."""
+    values = sorted(samples_s)
+    if len(values) <= k:
+        return [v * 1e6 for v in values]
+    return [percentile(values, 100.0 * i / (k - 1)) * 1e6 for i in range(k)]
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            pages = int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    import os
+
+    return pages * os.sysconf("SC_PAGE_SIZE")

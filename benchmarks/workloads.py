@@ -1,0 +1,419 @@
+"""The workloads. Each runs inside one worker process and returns a JSON-able dict.
+
+All loops are bounded by a cycle count and/or a deadline, and every acquire has a
+timeout. Times are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux, so
+records from several processes on one machine can be merged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+
+from benchmarks import metrics
+from benchmarks.adapters import AcquireTimeout, LockAdapter
+from benchmarks.config import ACQUIRE_TIMEOUT, LEASE
+from benchmarks.metrics import COUNTS, Admin, ClientCounts, ServerSnapshot
+
+Result = dict[str, Any]
+#: (worker id, acquire-return time, release-return time) of one acquisition.
+Record = tuple[str, float, float]
+
+SUBSCRIBE_COMMANDS = frozenset(
+    {"subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe"}
+)
+
+
+@dataclass
+class Window:
+    """Client counts, server commandstats, CPU and wall time at one instant."""
+
+    client: ClientCounts
+    server: ServerSnapshot | None
+    cpu: float
+    wall: float
+
+    @classmethod
+    async def take(cls, admin: Admin | None) -> Window:
+        server = await admin.snapshot() if admin is not None else None
+        return cls(COUNTS.copy(), server, time.process_time(), time.monotonic())
+
+    def until(self, later: Window) -> Result:
+        """Deltas between this window start and *later*, as report fields."""
+        client = later.client.minus(self.client)
+        out: Result = {
+            "wall_s": later.wall - self.wall,
+            "cpu_s": later.cpu - self.cpu,
+            "round_trips": client.round_trips,
+            "top_level_commands": client.total_commands,
+            "top_level_by_name": dict(client.commands),
+        }
+        if self.server is not None and later.server is not None:
+            server = metrics.server_delta(self.server, later.server)
+            out["all_commands"] = sum(server.values())
+            out["all_by_name"] = dict(server)
+            out["in_script_commands"] = max(0, out["all_commands"] - client.total_commands)
+        return out
+
+
+def per(total: Result, n: int, keys: Sequence[str] = ()) -> Result:
+    """``<key>_per`` fields: *total* counts divided by *n* operations."""
+    out: Result = {}
+    for key in ("round_trips", "top_level_commands", "all_commands", "in_script_commands",
+                *keys):  # fmt: skip
+        if key in total and n > 0:
+            out[f"{key}_per_op"] = total[key] / n
+    return out
+
+
+async def _sample_connections(admin: Admin, delay: float) -> int:
+    await asyncio.sleep(delay)
+    return len(await admin.connections())
+
+
+# -- W0 floor ------------------------------------------------------------------------
+
+
+async def w0_floor(url: str, admin: Admin, params: Result) -> Result:
+    """Raw client, two EVALSHA of ``return 1`` per cycle: the cost floor of a lock cycle."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        sha = await client.script_load("return 1")
+        for _ in range(50):  # warm-up
+            await client.evalsha(sha, 1, "floor")
+        return await _cycles(admin, params, _floor_cycle(client, sha))
+    finally:
+        await client.aclose()
+
+
+def _floor_cycle(client: redis.asyncio.Redis, sha: str) -> Any:
+    async def cycle() -> None:
+        await client.evalsha(sha, 1, "floor")  # type: ignore[misc]
+        await client.evalsha(sha, 1, "floor")  # type: ignore[misc]
+
+    return cycle
+
+
+async def _cycles(admin: Admin, params: Result, cycle: Any) -> Result:
+    max_cycles = int(params["cycles"])
+    latencies: list[float] = []
+    conns = asyncio.ensure_future(_sample_connections(admin, min(0.2, params["seconds"] / 2)))
+    start = await Window.take(admin)
+    deadline = start.wall + float(params["seconds"])
+    now = start.wall
+    while len(latencies) < max_cycles and now < deadline:
+        t0 = time.monotonic()
+        await cycle()
+        now = time.monotonic()
+        latencies.append(now - t0)
+    end = await Window.take(admin)
+    total = start.until(end)
+    n = len(latencies)
+    return {
+        "cycles": n,
+        "cycles_per_s": n / sum(latencies) if latencies else 0.0,
+        **metrics.latency_summary(latencies, "cycle"),
+        **total,
+        **per(total, n),
+        "connections": await conns,
+    }
+
+
+# -- W1 uncontended --------------------------------------------------------------------
+
+
+async def w1_uncontended(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    for _ in range(50):  # warm-up: connections, script loading
+        await adapter.release(await adapter.acquire("w1", ACQUIRE_TIMEOUT))
+
+    async def cycle() -> None:
+        await adapter.release(await adapter.acquire("w1", ACQUIRE_TIMEOUT))
+
+    return await _cycles(admin, params, cycle)
+
+
+# -- W2 concurrency --------------------------------------------------------------------
+
+
+async def w2_concurrency(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    tasks = int(params["tasks"])
+    seconds = float(params["seconds"])
+
+    async def warm(i: int) -> None:
+        await adapter.release(await adapter.acquire(f"w2:{i}", ACQUIRE_TIMEOUT))
+
+    await asyncio.gather(*(warm(i) for i in range(tasks)))
+    counts = [0] * tasks
+    conns = asyncio.ensure_future(_sample_connections(admin, seconds / 2))
+    start = await Window.take(admin)
+    deadline = start.wall + seconds
+
+    async def worker(i: int) -> None:
+        name = f"w2:{i}"
+        while time.monotonic() < deadline:
+            await adapter.release(await adapter.acquire(name, ACQUIRE_TIMEOUT))
+            counts[i] += 1
+
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    end = await Window.take(admin)
+    total = start.until(end)
+    n = sum(counts)
+    return {
+        "tasks": tasks,
+        "cycles": n,
+        "cycles_per_s": n / total["wall_s"],
+        "min_task_cycles": min(counts),
+        **total,
+        **per(total, n),
+        "connections": await conns,
+    }
+
+
+# -- W3 contention ---------------------------------------------------------------------
+
+
+async def contend(
+    adapter: LockAdapter, tasks: int, deadline: float, worker_prefix: str
+) -> tuple[list[Record], int]:
+    """*tasks* tasks loop acquire/release on one name until *deadline*.
+
+    Returns the records and the number of mutual-exclusion violations seen in this
+    process (two tasks between acquire-return and release-call at once).
+    """
+    records: list[Record] = []
+    inside = 0
+    violations = 0
+
+    async def worker(i: int) -> None:
+        nonlocal inside, violations
+        wid = f"{worker_prefix}{i}"
+        while time.monotonic() < deadline:
+            handle = await adapter.acquire("w3", ACQUIRE_TIMEOUT)
+            t_acq = time.monotonic()
+            inside += 1
+            if inside > 1:
+                violations += 1
+            inside -= 1
+            await adapter.release(handle)
+            records.append((wid, t_acq, time.monotonic()))
+
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    return records, violations
+
+
+def contention_metrics(records: Sequence[Record], start: float, end: float) -> Result:
+    """Throughput, handoff latency, owner changes and fairness from merged records."""
+    ordered = sorted(records, key=lambda r: r[1])
+    in_window = [r for r in ordered if start <= r[1] <= end]
+    per_worker = Counter(r[0] for r in ordered)
+    handoffs: list[float] = []
+    change_handoffs: list[float] = []
+    changes = 0
+    negative = 0
+    for prev, cur in zip(ordered, ordered[1:]):
+        gap = cur[1] - prev[2]
+        if gap < 0:
+            negative += 1
+        handoffs.append(gap)
+        if cur[0] != prev[0]:
+            changes += 1
+            change_handoffs.append(gap)
+    n = len(ordered)
+    return {
+        "acquisitions": n,
+        "acquisitions_per_s": len(in_window) / (end - start) if end > start else 0.0,
+        "owner_change_share": changes / (n - 1) if n > 1 else 0.0,
+        "workers": len(per_worker),
+        "min_worker_acquisitions": min(per_worker.values()) if per_worker else 0,
+        "max_worker_share": max(per_worker.values()) / n if n else 0.0,
+        "negative_handoffs": negative,
+        **metrics.latency_summary(handoffs, "handoff"),
+        **metrics.latency_summary(change_handoffs, "change_handoff"),
+        "handoff_samples_us": metrics.quantile_sample(change_handoffs or handoffs),
+    }
+
+
+async def w3_contention(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    tasks = int(params["tasks"])
+    seconds = float(params["seconds"])
+    # Warm-up: every task contends briefly, so connections and scripts exist already.
+    await contend(adapter, tasks, time.monotonic() + min(0.2, seconds / 4), "warm")
+    conns = asyncio.ensure_future(_sample_connections(admin, seconds / 2))
+    start = await Window.take(admin)
+    deadline = start.wall + seconds
+    records, violations = await contend(adapter, tasks, deadline, "t")
+    end = await Window.take(admin)
+    total = start.until(end)
+    out = contention_metrics(records, start.wall, deadline)
+    return {
+        "tasks": tasks,
+        **out,
+        "mutex_violations": violations,
+        **total,
+        **per(total, out["acquisitions"]),
+        "connections": await conns,
+    }
+
+
+# -- W4 many waiters -------------------------------------------------------------------
+
+
+async def w4_waiters(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    waiters = int(params["waiters"])
+    hold = float(params["hold"])
+    settle = float(params["settle"])
+    serve_timeout = float(params["serve_timeout"])
+    await adapter.release(await adapter.acquire("w4", ACQUIRE_TIMEOUT))  # warm-up
+    holder = await adapter.acquire("w4", ACQUIRE_TIMEOUT)
+    t_held = time.monotonic()
+    tracemalloc.start()
+    mem0, rss0 = tracemalloc.get_traced_memory()[0], metrics.rss_bytes()
+    served: list[float] = []
+    errors: Counter[str] = Counter()
+    timeout = hold + serve_timeout
+
+    async def waiter() -> None:
+        try:
+            handle = await adapter.acquire("w4", timeout)
+        except AcquireTimeout:
+            errors["timeout"] += 1
+            return
+        served.append(time.monotonic())
+        await adapter.release(handle)
+
+    begin = await Window.take(admin)
+    tasks = [asyncio.ensure_future(waiter()) for _ in range(waiters)]
+    await asyncio.sleep(settle)
+    wait_start = await Window.take(admin)
+    samples: list[list[dict[str, Any]]] = []
+    wait_end_at = t_held + hold
+    for i in range(3):  # three CLIENT LIST samples spread over the wait
+        target = wait_start.wall + (wait_end_at - wait_start.wall) * (i + 1) / 4
+        await asyncio.sleep(max(0.0, target - time.monotonic()))
+        samples.append(await admin.connections())
+    await asyncio.sleep(max(0.0, wait_end_at - time.monotonic()))
+    wait_end = await Window.take(admin)
+    mem1, rss1 = tracemalloc.get_traced_memory()[0], metrics.rss_bytes()
+    tracemalloc.stop()
+    early = len(served)
+    await adapter.release(holder)
+    t_rel = time.monotonic()
+    done, pending = await asyncio.wait(tasks, timeout=serve_timeout)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=5)
+    end = await Window.take(admin)
+    startup = begin.until(wait_start)
+    wait = wait_start.until(wait_end)
+    serve = wait_end.until(end)
+    wait_by_name: dict[str, int] = wait.get("all_by_name", {})
+    after = sorted(t - t_rel for t in served)
+    return {
+        "waiters": waiters,
+        "served": len(served),
+        "served_before_release": early,
+        "errors": dict(errors),
+        "cancelled": len(pending),
+        "all_served_s": after[-1] if len(served) == waiters else None,
+        "served_p50_s": metrics.percentile(after, 50),
+        "wait_seconds": wait["wall_s"],
+        "wait_commands": wait.get("all_commands"),
+        "wait_commands_per_s": (wait.get("all_commands") or 0) / wait["wall_s"],
+        "wait_non_subscribe_commands": sum(
+            n for name, n in wait_by_name.items() if name not in SUBSCRIBE_COMMANDS
+        ),
+        "wait_round_trips": wait["round_trips"],
+        "wait_by_name": wait_by_name,
+        "startup_commands": startup.get("all_commands"),
+        "startup_by_name": startup.get("all_by_name", {}),
+        "serve_commands": serve.get("all_commands"),
+        "serve_round_trips": serve["round_trips"],
+        "connections": max(len(s) for s in samples),
+        "subscribed_connections": max(metrics.sub_count(s) for s in samples),
+        "tracemalloc_growth_bytes": mem1 - mem0,
+        "rss_growth_bytes": rss1 - rss0,
+        "memory_per_waiter_bytes": (mem1 - mem0) / waiters,
+        "wait_cpu_s": wait["cpu_s"],
+    }
+
+
+# -- W5 many holds ---------------------------------------------------------------------
+
+
+async def w5_holds(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    n = int(params["locks"])
+    lease = float(params["lease"])
+    periods = float(params["periods"])
+    acquire_deadline = time.monotonic() + float(params["acquire_seconds"])
+    await adapter.release(await adapter.acquire("w5:warm", ACQUIRE_TIMEOUT))
+    base_keys = await admin.dbsize()
+    tracemalloc.start()
+    mem0, rss0 = tracemalloc.get_traced_memory()[0], metrics.rss_bytes()
+    handles: list[object] = []
+    t0 = time.monotonic()
+    while len(handles) < n and time.monotonic() < acquire_deadline:
+        handles.append(await adapter.acquire(f"w5:{len(handles)}", ACQUIRE_TIMEOUT))
+    acquire_s = time.monotonic() - t0
+    mem1, rss1 = tracemalloc.get_traced_memory()[0], metrics.rss_bytes()
+    tracemalloc.stop()
+    held = len(handles)
+    out: Result = {
+        "locks": held,
+        "lease_s": lease,
+        "acquire_all_s": acquire_s,
+        "memory_per_lock_bytes": (mem1 - mem0) / held if held else None,
+        "rss_per_lock_bytes": (rss1 - rss0) / held if held else None,
+        "renewal": "auto" if adapter.auto_renews else "manual pass",
+    }
+    try:
+        if held < n:
+            out["error"] = f"only {held} of {n} locks acquired in {acquire_s:.1f} s"
+            return out
+        start = await Window.take(admin)
+        if adapter.auto_renews:
+            await asyncio.sleep(lease * periods)
+            per_period = periods
+        else:
+            await adapter.renew(handles)
+            per_period = 1.0
+        end = await Window.take(admin)
+        total = start.until(end)
+        out.update(
+            {
+                "observed_s": total["wall_s"],
+                "periods": per_period,
+                "renew_round_trips_per_period": total["round_trips"] / per_period,
+                "renew_commands_per_period": total.get("all_commands", 0) / per_period,
+                "renew_top_level_per_period": total["top_level_commands"] / per_period,
+                "renew_cpu_s_per_period": total["cpu_s"] / per_period,
+                "renew_by_name": total.get("all_by_name", {}),
+                "keys_after": await admin.dbsize() - base_keys,
+                "connections": len(await admin.connections()),
+            }
+        )
+        return out
+    finally:
+        deadline = time.monotonic() + float(params["acquire_seconds"])
+        for h in handles:
+            if time.monotonic() > deadline:
+                break
+            await adapter.release(h)
+
+
+LOCK_WORKLOADS = {
+    "w1": w1_uncontended,
+    "w2": w2_concurrency,
+    "w3": w3_contention,
+    "w4": w4_waiters,
+    "w5": w5_holds,
+}
+CONCURRENCY = {"w1": 1, "w2": 64, "w3": 16, "w3mp": 4, "w4": 501, "w5": 1}
+DEFAULT_LEASE = LEASE

@@ -1,0 +1,50 @@
+"""Shared fixtures: private redis-server processes and open LockManagers.
+
+The suite starts its own ``redis-server`` on a free loopback port (see
+:mod:`aiolock.testing`) and stops it by pid. Set ``AIOLOCK_TEST_REDIS_URL`` to run the
+suite against a server of your choosing instead; tests never flush a database, each uses
+its own key prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock.testing import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    explicit = os.environ.get("AIOLOCK_TEST_REDIS_URL")
+    if explicit:
+        yield explicit
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own: no two tests share keys, and none flushes."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    async with aiolock.LockManager(redis, prefix=prefix) as manager:
+        yield manager

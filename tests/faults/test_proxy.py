@@ -1,0 +1,202 @@
+"""FaultProxy against a real redis-server and a plain redis.asyncio client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.exceptions
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from aiolock.testing import RedisServer
+
+from .proxy import FaultProxy
+
+
+def no_retry(url: str, **kwargs: Any) -> Redis:
+    """A client that surfaces every failure: redis-py >= 6 retries 3 times by default."""
+    return Redis.from_url(url, retry=Retry(NoBackoff(), 0), **kwargs)
+
+
+@pytest.fixture
+async def client_factory() -> AsyncIterator[Callable[..., Redis]]:
+    made: list[Redis] = []
+
+    def make(url: str, **kwargs: Any) -> Redis:
+        client = no_retry(url, **kwargs)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+async def timed_ping(client: Redis) -> float:
+    start = time.perf_counter()
+    assert await client.ping()
+    return time.perf_counter() - start
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll *predicate* every 10 ms, for at most *timeout* seconds."""
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+async def test_forwards_and_counts(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    client = client_factory(fault_proxy.url)
+    key = f"proxy-{uuid.uuid4().hex}"
+    assert await client.set(key, b"v" * 1000)
+    assert await client.get(key) == b"v" * 1000
+    stats = fault_proxy.stats
+    assert stats.connections_accepted == 1
+    assert stats.connections_active == 1
+    assert stats.bytes_upstream > 1000  # the SET carried the value up
+    assert stats.bytes_downstream > 1000  # the GET carried it down
+    assert fault_proxy.url == f"redis://127.0.0.1:{fault_proxy.port}/0"
+    await client.aclose()
+    await wait_for(lambda: fault_proxy.stats.connections_active == 0)
+
+
+async def test_latency_delays_each_direction(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    client = client_factory(fault_proxy.url)
+    baseline = min([await timed_ping(client) for _ in range(3)])
+    assert baseline < 0.1
+    fault_proxy.set_latency(0.15)
+    delayed = await timed_ping(client)
+    assert 0.3 <= delayed < 0.3 + 1.0  # 0.15 up + 0.15 down
+    fault_proxy.set_latency(0)
+    assert await timed_ping(client) < 0.1
+
+
+async def test_latency_keeps_order_and_throughput(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    client = client_factory(fault_proxy.url)
+    key = f"proxy-{uuid.uuid4().hex}"
+    fault_proxy.set_latency(0.1)
+    start = time.perf_counter()
+    async with client.pipeline(transaction=False) as pipe:
+        for i in range(200):
+            pipe.rpush(key, i)
+        pipe.lrange(key, 0, -1)
+        results = await pipe.execute()
+    elapsed = time.perf_counter() - start
+    assert [int(x) for x in results[-1]] == list(range(200))
+    assert 0.2 <= elapsed < 1.5  # one delayed round trip, not one per chunk
+
+
+async def test_blackhole_times_out_then_restore_recovers(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    client = client_factory(fault_proxy.url, socket_timeout=0.3)
+    assert await client.ping()
+    fault_proxy.blackhole()
+    assert fault_proxy.blackholed
+    start = time.perf_counter()
+    with pytest.raises(redis.exceptions.TimeoutError):
+        await client.ping()
+    assert 0.25 <= time.perf_counter() - start < 2.0
+    # the proxy kept its sockets: no error reached the client, only silence
+    assert fault_proxy.stats.connections_active >= 1
+    assert fault_proxy.stats.bytes_blackholed_upstream > 0
+    fault_proxy.restore()
+    assert await client.ping()  # redis-py reconnects after the timeout
+
+
+async def test_blackhole_downstream_runs_command_but_loses_reply(
+    fault_proxy: FaultProxy,
+    fault_redis_server: RedisServer,
+    client_factory: Callable[..., Redis],
+) -> None:
+    client = client_factory(fault_proxy.url, socket_timeout=0.3)
+    direct = client_factory(fault_redis_server.url)
+    key = f"proxy-{uuid.uuid4().hex}"
+    assert await client.ping()
+    fault_proxy.blackhole("downstream")
+    with pytest.raises(redis.exceptions.TimeoutError):
+        await client.set(key, "written")
+    assert await direct.get(key) == b"written"  # it ran; only the reply was lost
+    assert fault_proxy.stats.bytes_blackholed_downstream > 0
+    fault_proxy.restore()
+    assert await client.get(key) == b"written"
+
+
+async def test_drop_all_resets_connections(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    client = client_factory(fault_proxy.url, socket_timeout=2.0)
+    assert await client.ping()
+    fault_proxy.set_latency(0.5)  # keep the next PING in flight while we drop
+    in_flight = asyncio.ensure_future(client.ping())
+    await asyncio.sleep(0.1)
+    assert fault_proxy.drop_all() == 1
+    assert fault_proxy.stats.connections_active == 0
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await in_flight
+    fault_proxy.set_latency(0)
+    assert await client.ping()  # a fresh connection works
+    assert fault_proxy.stats.connections_accepted == 2
+    assert fault_proxy.stats.connections_dropped == 1
+
+
+async def test_refuse_new_connections_only(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    existing = client_factory(fault_proxy.url, socket_timeout=2.0)
+    assert await existing.ping()
+    fault_proxy.refuse(True)
+    newcomer = client_factory(fault_proxy.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        await newcomer.ping()
+    assert fault_proxy.stats.connections_refused >= 1
+    assert await existing.ping()  # the open connection is untouched
+    fault_proxy.refuse(False)
+    assert await newcomer.ping()
+
+
+async def test_upstream_down_and_back(client_factory: Callable[..., Redis]) -> None:
+    with RedisServer() as server:
+        async with FaultProxy(server.host, server.port) as proxy:
+            client = client_factory(proxy.url, socket_timeout=2.0)
+            assert await client.ping()
+            await asyncio.to_thread(server.restart)  # same port, new process
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await client.ping()  # the old upstream connection died
+            assert await client.ping()
+            server.stop()
+            for _ in range(2):  # the stale connection, then a connect through the proxy
+                with pytest.raises(redis.exceptions.ConnectionError):
+                    await client.ping()
+            await wait_for(lambda: proxy.stats.upstream_connect_failures >= 1)
+
+
+async def test_stop_closes_everything(client_factory: Callable[..., Redis]) -> None:
+    with RedisServer() as server:
+        proxy = await FaultProxy(server.host, server.port).start()
+        client = client_factory(proxy.url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        assert await client.ping()
+        proxy.blackhole()
+        await proxy.stop()
+        assert proxy.stats.connections_active == 0
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await client.ping()
+
+
+def test_only_loopback_upstreams() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        FaultProxy("10.0.0.1", 1234)

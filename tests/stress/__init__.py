@@ -1,0 +1,1 @@
+"""Multi-process safety checks for aiolock (see :mod:`.checker`)."""

@@ -1,0 +1,67 @@
+"""Small runs of the multi-process safety checker (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from .checker import CheckConfig, run_check
+
+
+def _explain(report: dict[str, Any]) -> str:
+    keep = ["requested", "acquisitions", "overlaps", "local_overlaps", "fenced_writes_rejected"]
+    keep += ["locks_lost", "errors", "samples", "server", "workers"]
+    return json.dumps({k: report[k] for k in keep}, indent=1)
+
+
+def _assert_safe(report: dict[str, Any], requested: int) -> None:
+    assert report["overlaps"] == 0, _explain(report)
+    assert report["local_overlaps"] == 0, _explain(report)
+    assert report["fenced_writes_rejected"] == 0, _explain(report)
+    assert report["server"]["rejected"] == 0, _explain(report)
+    assert report["server"]["inside_nonzero"] == {}, _explain(report)
+    assert report["locks_lost"] == 0, _explain(report)
+    assert report["errors"] == {}, _explain(report)
+    assert report["acquisitions"] == requested, _explain(report)
+    # every section wrote twice (entry and exit), and Redis saw exactly those writes
+    assert report["fenced_writes_accepted"] == 2 * requested, _explain(report)
+    assert report["server"]["accepted"] == 2 * requested, _explain(report)
+    assert report["ok"], _explain(report)
+
+
+def test_checker_catches_missing_exclusion() -> None:
+    """Negative control: without a lock the same checks must see overlaps."""
+    config = CheckConfig(
+        processes=2, tasks=4, names=1, acquisitions=200, hold_ms=(0.5, 2.0), no_lock=True
+    )
+    report = run_check(config)
+    assert report["overlaps"] > 0, _explain(report)
+    assert not report["ok"]
+
+
+def test_mutual_exclusion_across_processes() -> None:
+    config = CheckConfig(
+        processes=3, tasks=6, names=2, acquisitions=600, max_seconds=90.0, seed=1234
+    )
+    report = run_check(config)
+    _assert_safe(report, 600)
+
+
+@pytest.mark.slow
+def test_mutual_exclusion_with_renewal() -> None:
+    """Short lease; a tenth of the sections outlive it and rely on background renewal."""
+    config = CheckConfig.for_mode(
+        long=True,
+        processes=2,
+        tasks=3,
+        names=2,
+        acquisitions=60,
+        lease=0.5,
+        long_fraction=0.1,
+        max_seconds=90.0,
+        seed=99,
+    )
+    report = run_check(config)
+    _assert_safe(report, 60)
