@@ -6,7 +6,9 @@ optional per-command time limit and EVALSHA's NOSCRIPT fallback live in one plac
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections import deque
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -89,53 +91,172 @@ else:  # pragma: no cover - Python 3.10
     _timeout_cm = anyio.fail_after
 
 
+class _Request:
+    """A command waiting for a pipeline slot."""
+
+    __slots__ = ("command", "future", "key", "script", "what")
+
+    def __init__(
+        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
+    ) -> None:
+        self.command = command
+        self.script = script
+        self.what = what
+        self.key = key
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+
 class Client:
     """Runs aiolock's scripts and commands on a ``redis.asyncio.Redis``.
 
+    redis-py sends one command per connection at a time, so N concurrent commands would
+    open N connections. Instead, at most *max_in_flight* commands or pipelines are in
+    flight at once; a command that finds them all busy is queued, and everything queued
+    is sent as one pipeline (``transaction=False``) as soon as a slot frees up. A lone
+    caller pays nothing for this: with a free slot its command is sent directly.
+
     Args:
         redis: the client; aiolock never changes its settings.
-        command_timeout: seconds one command may take before it fails with
+        command_timeout: seconds one command (or pipeline) may take before it fails with
             :class:`LockConnectionError`; ``None`` leaves it to the client's
             ``socket_timeout``.
+        max_in_flight: commands or pipelines in flight at once (~ connections used).
     """
 
-    __slots__ = ("command_timeout", "redis")
+    #: the most commands sent in one pipeline
+    MAX_BATCH = 512
 
-    def __init__(self, redis: Redis, command_timeout: float | None = None) -> None:
+    def __init__(
+        self, redis: Redis, command_timeout: float | None = None, max_in_flight: int = 3
+    ) -> None:
         self.redis = redis
         self.command_timeout = command_timeout
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._queue: deque[_Request] = deque()
+        self._flushes: set[asyncio.Task[None]] = set()
+        #: pipelines sent, and commands sent in them (for statistics)
+        self.pipelines = 0
+        self.pipelined = 0
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """EVALSHA *script*, loading it first if the server does not know it."""
-        try:
-            try:
-                return await self._bounded(
-                    _send(self.redis, "EVALSHA", script.sha, len(keys), *keys, *args)
-                )
-            except rex.NoScriptError:
-                await self._bounded(_send(self.redis, "SCRIPT LOAD", script.source))
-                return await self._bounded(
-                    _send(self.redis, "EVALSHA", script.sha, len(keys), *keys, *args)
-                )
-        except rex.RedisError as exc:
-            raise translate(exc, f"the {script.name} script", keys[0] if keys else None) from exc
-        except TimeoutError as exc:
-            raise LockConnectionError(
-                f"the {script.name} script got no answer from Redis within "
-                f"{self.command_timeout} s (command_timeout)"
-            ) from exc
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        what = f"the {script.name} script"
+        return await self._execute(command, script, what, keys[0] if keys else None)
 
     async def call(self, *args: Arg, key: str | None = None) -> Any:
         """Send one plain command."""
+        return await self._execute(args, None, f"the {as_text(args[0])} command", key)
+
+    async def aclose(self) -> None:
+        """Wait for the pipelines in flight; fail what is still queued."""
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(
+                    LockConnectionError(f"{request.what} was not sent: the manager closed")
+                )
+        if self._flushes:
+            await asyncio.wait(self._flushes)
+
+    async def _execute(
+        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
+    ) -> Any:
+        if self._in_flight < self.max_in_flight and not self._queue:
+            self._in_flight += 1
+            try:
+                return await self._direct(command, script, what, key)
+            finally:
+                self._in_flight -= 1
+                self._kick()
+        request = _Request(command, script, what, key)
+        self._queue.append(request)
+        self._kick()
+        # If the caller is cancelled before the flush, the future is cancelled too and
+        # the flush skips it: the command is never sent.
+        return await request.future
+
+    async def _direct(
+        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
+    ) -> Any:
         try:
-            return await self._bounded(_send(self.redis, *args))
+            try:
+                return await self._bounded(_send(self.redis, *command))
+            except rex.NoScriptError:
+                if script is None:
+                    raise
+                await self._bounded(_send(self.redis, "SCRIPT LOAD", script.source))
+                return await self._bounded(_send(self.redis, *command))
         except rex.RedisError as exc:
-            raise translate(exc, f"the {as_text(args[0])} command", key) from exc
+            raise translate(exc, what, key) from exc
         except TimeoutError as exc:
-            raise LockConnectionError(
-                f"the {as_text(args[0])} command got no answer from Redis within "
-                f"{self.command_timeout} s (command_timeout)"
-            ) from exc
+            raise self._timed_out(what) from exc
+
+    def _kick(self) -> None:
+        """Send what is queued, as pipelines, while slots are free."""
+        while self._queue and self._in_flight < self.max_in_flight:
+            batch: list[_Request] = []
+            while self._queue and len(batch) < self.MAX_BATCH:
+                request = self._queue.popleft()
+                if not request.future.done():  # a cancelled caller's command is dropped
+                    batch.append(request)
+            if not batch:
+                return
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._flush(batch))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self, batch: list[_Request]) -> None:
+        """Send *batch* as one pipeline and settle every caller's future."""
+        try:
+            replies = await self._bounded(self._pipeline([r.command for r in batch]))
+            missing = {
+                id(r.script): r.script
+                for r, reply in zip(batch, replies, strict=True)
+                if isinstance(reply, rex.NoScriptError) and r.script is not None
+            }
+            if missing:  # the server forgot our scripts (restart, SCRIPT FLUSH): load, resend
+                for script in missing.values():
+                    await self._bounded(_send(self.redis, "SCRIPT LOAD", script.source))
+                replies = await self._bounded(self._pipeline([r.command for r in batch]))
+            for request, reply in zip(batch, replies, strict=True):
+                if request.future.done():
+                    continue
+                if isinstance(reply, rex.RedisError):
+                    request.future.set_exception(translate(reply, request.what, request.key))
+                else:
+                    request.future.set_result(reply)
+        except BaseException as exc:
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(self._batch_error(exc, request))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._in_flight -= 1
+            self._kick()
+
+    async def _pipeline(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
+        self.pipelines += 1
+        self.pipelined += len(commands)
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(raise_on_error=False)
+
+    def _batch_error(self, exc: BaseException, request: _Request) -> LockError:
+        if isinstance(exc, rex.RedisError):
+            return translate(exc, request.what, request.key)
+        if isinstance(exc, TimeoutError):
+            return self._timed_out(request.what)
+        return LockConnectionError(f"{request.what} failed: {exc!r}")
+
+    def _timed_out(self, what: str) -> LockConnectionError:
+        return LockConnectionError(
+            f"{what} got no answer from Redis within {self.command_timeout} s (command_timeout)"
+        )
 
     async def _bounded(self, awaitable: Awaitable[T]) -> T:
         if self.command_timeout is None:

@@ -16,12 +16,11 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 
 from ._client import Client
 from ._core import LockCore
-from ._errors import ManagerNotOpenError
+from ._errors import LockError, ManagerNotOpenError
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
 from ._lock import Lock
 from ._waiters import HubStatistics, WaiterHub
@@ -30,7 +29,9 @@ __all__ = ["LockManager", "ManagerStatistics"]
 
 logger = logging.getLogger("aiolock")
 
-_MANAGER_OPTIONS = frozenset({"prefix", "lease", "command_timeout", "close_timeout", "fence_ttl"})
+_MANAGER_OPTIONS = frozenset(
+    {"prefix", "lease", "command_timeout", "close_timeout", "fence_ttl", "max_in_flight"}
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class LockManager:
             :class:`~aiolock.LockConnectionError`; ``None`` leaves it to the client.
         close_timeout: seconds closing the manager may spend releasing held locks.
         fence_ttl: seconds a lock's fencing counter outlives the lock's last use.
+        max_in_flight: commands (or pipelines) the manager has in flight at once, hence
+            about how many connections it uses besides its one pub/sub connection; more
+            concurrent operations are coalesced into pipelines.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class LockManager:
         command_timeout: float | None = None,
         close_timeout: float = 5.0,
         fence_ttl: float = 86_400.0,
+        max_in_flight: int = 3,
     ) -> None:
         if not isinstance(redis, Redis):
             raise TypeError(
@@ -87,8 +92,13 @@ class LockManager:
             command_timeout = check_lease(command_timeout, "command_timeout")
         self.close_timeout = check_lease(close_timeout, "close_timeout")
         self.fence_ttl = check_lease(fence_ttl, "fence_ttl")
-        self._client = Client(redis, command_timeout)
-        self._task_group: TaskGroup | None = None
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            raise TypeError(f"max_in_flight must be an int, not {type(max_in_flight).__name__}")
+        if not 1 <= max_in_flight <= 1024:
+            raise ValueError(f"max_in_flight must be between 1 and 1024, got {max_in_flight}")
+        self._client = Client(redis, command_timeout, max_in_flight)
+        self._stop = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
         self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
             weakref.WeakKeyDictionary()
         )
@@ -101,7 +111,7 @@ class LockManager:
         """A manager with its own client made by ``Redis.from_url(url, ...)``.
 
         The manager's own options (``prefix``, ``lease``, ``command_timeout``,
-        ``close_timeout``, ``fence_ttl``) are taken from *options*; the rest go to
+        ``close_timeout``, ``fence_ttl``, ``max_in_flight``) are taken from *options*; the rest go to
         ``Redis.from_url``. The client is closed when the manager closes.
         """
         if not isinstance(url, str):
@@ -159,41 +169,73 @@ class LockManager:
                 f"this LockManager is {self._state}; a manager can be opened once; "
                 "create a new LockManager instead"
             )
-        self._state = "opening"
-        core = LockCore(self, self._client, self._keyspace)
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group, self._core = task_group, core
-        task_group.start_soon(core.hub.run, name="aiolock pub/sub hub")
-        task_group.start_soon(core.watchdog.run, name="aiolock lease watchdog")
-        task_group.start_soon(core.cleanup.run, name="aiolock cleanup")
+        core = self._core = LockCore(self, self._client, self._keyspace)
+        # The background tasks run in a task group owned by a supervisor task, not by
+        # the task that opens the manager: opening and closing may then happen in
+        # different tasks (pytest fixtures, lifespan hooks), and a crash of a background
+        # task is logged and fails the manager instead of cancelling an unrelated caller.
+        self._stop = asyncio.Event()
+        self._supervisor = asyncio.create_task(self._supervise(core), name="aiolock manager")
+        self._supervisor.add_done_callback(self._supervisor_done)
         self._state = "open"
         return self
+
+    async def _supervise(self, core: LockCore) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(core.hub.run, name="aiolock pub/sub hub")
+            tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
+            tg.start_soon(core.cleanup.run, name="aiolock cleanup")
+            await self._stop.wait()
+            tg.cancel_scope.cancel()
+
+    def _supervisor_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None or self._state != "open":
+            return
+        logger.error(
+            "aiolock's background tasks failed; the LockManager is unusable",
+            exc_info=task.exception(),
+        )
+        self._state = "failed"
+        if self._core is not None:
+            self._core.hub.close()
 
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        if self._state != "open" or self._task_group is None or self._core is None:
-            return None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the manager: release held locks (bounded in time), stop background tasks.
+
+        Idempotent. Tasks still inside ``async with`` of this manager's locks get
+        :class:`LockLostError`; waiting tasks get :class:`ManagerNotOpenError`.
+        """
+        supervisor = self._supervisor
+        if self._state not in ("open", "failed") or self._core is None or supervisor is None:
+            return
+        failed = self._state == "failed"
         self._state = "closing"
         core = self._core
         try:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
-                await core.shutdown()
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(self.close_timeout):
+                    await core.shutdown()
+                core.hub.close()
+                self._stop.set()
+                await asyncio.wait((supervisor,))
+                await self._client.aclose()
         finally:
-            core.hub.close()
-            self._task_group.cancel_scope.cancel()
-            try:
-                suppress = await self._task_group.__aexit__(exc_type, exc, tb)
-            finally:
-                self._state = "closed"
-                if self._owns_client:
-                    with anyio.CancelScope(shield=True):
-                        await self._redis.aclose()
-        return suppress
+            self._state = "closed"
+            if self._owns_client:
+                with anyio.CancelScope(shield=True):
+                    await self._redis.aclose()
+        if failed and not supervisor.cancelled():
+            error = supervisor.exception()
+            if error is not None:
+                raise LockError("aiolock's background tasks had failed") from error
 
     def __repr__(self) -> str:
         held = len(self._core.registry) if self._core is not None else 0
@@ -204,7 +246,7 @@ class LockManager:
     def _open_core(self) -> LockCore:
         if self._state == "open" and self._core is not None:
             return self._core
-        if self._state in ("new", "opening"):
+        if self._state == "new":
             raise ManagerNotOpenError(
                 "the LockManager is not open: use it as 'async with LockManager(redis) as "
                 "locks:' (or 'await manager.__aenter__()') before acquiring locks"

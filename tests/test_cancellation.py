@@ -1,0 +1,116 @@
+"""Cancellation at any await never leaves a lock held; releases are idempotent."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._client import Client
+from aiolock._scripts import ACQUIRE, RELEASE
+
+from .helpers import eventually
+
+NAMES = ("c0", "c1", "c2")
+
+
+async def test_random_cancellations_leave_nothing_held(locks: aiolock.LockManager) -> None:
+    rng = random.Random(20261120)
+
+    async def user(name: str) -> None:
+        async with locks.lock(name):
+            await asyncio.sleep(rng.choice((0, 0, 0.001, 0.003)))
+
+    cancelled = 0
+    for _ in range(60):
+        tasks = [asyncio.create_task(user(rng.choice(NAMES))) for _ in range(10)]
+        await asyncio.sleep(rng.uniform(0, 0.004))
+        for task in tasks:
+            if rng.random() < 0.6:
+                task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        cancelled += sum(isinstance(r, asyncio.CancelledError) for r in results)
+        assert not [r for r in results if isinstance(r, Exception)], results
+    assert cancelled > 100
+    await eventually(lambda: locks.statistics().pending_cleanups == 0, what="cleanups")
+    for name in NAMES:
+        assert not await locks.lock(name).locked(), name
+    stats = locks.statistics()
+    assert stats.held == 0
+    assert stats.hub.waiters == 0
+    await eventually(lambda: locks.statistics().hub.queues == 0, what="queues to drain")
+
+
+async def test_cancelling_a_release_still_releases(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("rel")
+    for delay in (0, 0.0001, 0.0005, 0.001):
+        await lock.acquire()
+        task = asyncio.create_task(lock.release())
+        await asyncio.sleep(delay)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        # Whether the release had been sent or not, no hold survives the cancelled call
+        # unless the call was cancelled before it ever ran.
+        if await lock.owned():
+            assert locks.statistics().held == 1
+            await lock.release()
+        assert not await lock.locked()
+        assert locks.statistics().held == 0
+
+
+async def test_cancelled_waiters_leave_their_queue(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("leave")
+    await lock.acquire()
+    served: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with lock:
+            served.append(i)
+
+    tasks = []
+    for i in range(20):  # one at a time, so that the queue order is known
+        tasks.append(asyncio.create_task(waiter(i)))
+        await eventually(lambda: locks.statistics().hub.waiters == len(tasks), what="a waiter")
+    for task in tasks[::2]:
+        task.cancel()
+    await asyncio.gather(*tasks[::2], return_exceptions=True)
+    assert locks.statistics().hub.waiters == 10
+    await lock.release()
+    await asyncio.wait_for(asyncio.gather(*tasks[1::2]), 5)
+    assert served == list(range(1, 20, 2))  # first in, first out
+    assert not await lock.locked()
+    await eventually(lambda: locks.statistics().hub.queues == 0, what="queues to drain")
+
+
+async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None:
+    """redis-py resends a command after a dropped connection: the script must not count twice."""
+    client = Client(redis)
+    lock, meta, channel = f"{prefix}:{{idem}}", f"{prefix}:{{idem}}:meta", "ch"
+    owner = "owner-1"
+    code, _ = await client.run(ACQUIRE, (lock, meta, f"{lock}:void:1"), (owner, 5000, 0, 60000))
+    assert code == 1
+    code, count = await client.run(ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000))
+    assert (code, count) == (2, 2)
+    # the same re-entry sent twice counts once
+    code, count = await client.run(ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000))
+    assert (code, count) == (2, 2)
+    partial = (owner, 2, "-", channel, "m", 60000, "0")
+    assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]
+    assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]  # resent: still 1
+    final = (owner, 1, "rel-7", channel, "m", 60000, "0")
+    assert await client.run(RELEASE, (lock, meta), final) == [2, 0]
+    assert await client.run(RELEASE, (lock, meta), final) == [2, 0]  # resent: same answer
+    other = (owner, 1, "rel-8", channel, "m", 60000, "0")
+    assert await client.run(RELEASE, (lock, meta), other) == [0, 0]  # a new call: not held
+
+
+async def test_a_resent_new_acquisition_returns_the_same_token(redis: Redis, prefix: str) -> None:
+    client = Client(redis)
+    lock, meta = f"{prefix}:{{tok}}", f"{prefix}:{{tok}}:meta"
+    keys = (lock, meta, f"{lock}:void:9")
+    first = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000))
+    again = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000))
+    assert first == again
+    assert await redis.hget(lock, "o") == b"1"

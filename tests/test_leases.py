@@ -1,0 +1,134 @@
+"""Leases: fixed ones expire, renewed ones survive, lost ones are never silent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+
+
+async def test_a_fixed_lease_expires_and_is_not_renewed(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("fixed", lease=0.3)
+    await lock.acquire()
+    ttl = await lock.ttl()
+    assert ttl is not None and 0 < ttl <= 0.3
+    await asyncio.sleep(0.5)
+    assert not await lock.locked()
+
+    async def other() -> bool:
+        return await lock.try_acquire()
+
+    assert await asyncio.create_task(other())  # someone else can take it now
+    with pytest.raises(aiolock.LockLostError, match="lost"):
+        await lock.release()  # the first holder learns it lost the lock
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await lock.release()  # and only once
+
+
+async def test_renewal_keeps_a_hold_across_several_leases(
+    redis: Redis, prefix: str
+) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix, lease=0.3) as locks:
+        lock = locks.lock("renewed")
+        async with lock:
+            await asyncio.sleep(1.2)  # four leases
+            assert await lock.owned()
+            ttl = await lock.ttl()
+            assert ttl is not None and ttl > 0.1
+        stats = locks.statistics()
+        assert stats.renewal_rounds >= 3
+        assert not await lock.locked()
+
+
+async def test_a_lost_lease_cancels_the_body_and_raises(redis: Redis, prefix: str) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6) as locks:
+        lock = locks.lock("lost")
+        reached_end = False
+        started = time.monotonic()
+        with pytest.raises(aiolock.LockLostError, match="lost inside 'async with'"):
+            async with lock:
+                await redis.delete(lock.key)  # an administrator deletes it behind our back
+                await asyncio.sleep(5)
+                reached_end = True
+        assert not reached_end
+        assert time.monotonic() - started < 1.5  # found at the next renewal (every 0.2 s)
+        assert locks.statistics().held == 0
+        async with lock:  # the lock is usable again
+            assert await lock.owned()
+
+
+async def test_a_fixed_lease_running_out_inside_async_with_raises(
+    locks: aiolock.LockManager,
+) -> None:
+    with pytest.raises(aiolock.LockLostError, match="fixed lease ran out"):
+        async with locks.lock("short", lease=0.2):
+            await asyncio.sleep(2)
+
+
+async def test_force_release_wakes_a_waiter_and_the_holder_learns(
+    locks: aiolock.LockManager,
+) -> None:
+    lock = locks.lock("forced")
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with lock:
+            entered.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(holder())
+    await entered.wait()
+    waiter = asyncio.create_task(lock.acquire(timeout=5))
+    await asyncio.sleep(0.05)
+    assert await lock.force_release() is True
+    with pytest.raises(aiolock.LockLostError):
+        await task
+    await asyncio.wait_for(waiter, 2)  # woken, not left to wait out the lease
+    assert await lock.locked()  # now held by the (finished) waiter task
+    assert await lock.force_release() is True
+    assert await lock.force_release() is False
+
+
+async def test_extend_a_fixed_lease(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("ext", lease=0.3)
+    async with lock:
+        await lock.extend(5)
+        ttl = await lock.ttl()
+        assert ttl is not None and ttl > 4
+        await asyncio.sleep(0.5)  # beyond the original lease, still inside
+        assert await lock.owned()
+    renewed = locks.lock("auto")
+    async with renewed:
+        with pytest.raises(aiolock.LockError, match="renewed automatically"):
+            await renewed.extend(5)
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await lock.extend(1)
+
+
+async def test_extend_after_expiry_raises_lost(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("late", lease=0.2)
+    await lock.acquire()
+    await asyncio.sleep(0.4)
+    with pytest.raises(aiolock.LockLostError):
+        await lock.extend(1)
+
+
+async def test_closing_the_manager_releases_and_fails_holders(redis: Redis, prefix: str) -> None:
+    entered = asyncio.Event()
+    async with aiolock.LockManager(redis, prefix=prefix) as locks:
+        lock = locks.lock("held-at-close")
+
+        async def holder() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.sleep(10)
+
+        task = asyncio.create_task(holder())
+        await entered.wait()
+    with pytest.raises(aiolock.LockLostError, match="closed"):
+        await task
+    assert await redis.exists(f"{prefix}:{{held-at-close}}") == 0

@@ -1,0 +1,96 @@
+"""The pub/sub hub: no polling, one connection, survives a killed connection; round trips."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+
+import aiolock
+
+from .helpers import counting_client, eventually
+
+
+async def test_an_uncontended_cycle_costs_two_round_trips(redis_url: str, prefix: str) -> None:
+    client, trips = counting_client(redis_url)
+    async with aiolock.LockManager(client, prefix=prefix) as locks:
+        lock = locks.lock("rt")
+        async with lock:  # warm up: scripts loaded, connection open
+            pass
+        trips.sends = 0
+        for _ in range(10):
+            async with lock:
+                pass
+        assert trips.sends == 20
+        trips.sends = 0
+        await lock.acquire()
+        await lock.acquire()  # re-entry: one round trip
+        await lock.release()
+        await lock.release()
+        assert trips.sends == 4
+    await client.aclose()
+
+
+async def test_waiting_tasks_send_no_commands(redis_url: str, prefix: str) -> None:
+    client, trips = counting_client(redis_url, client_name=f"{prefix}-waiters")
+    async with (
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30) as holder_side,
+        aiolock.LockManager(client, prefix=prefix, lease=30) as locks,
+    ):
+        await holder_side.lock("quiet").acquire()
+        tasks = [asyncio.create_task(locks.lock("quiet").acquire()) for _ in range(200)]
+        await eventually(lambda: locks.statistics().hub.waiters == 200, what="200 waiters")
+        await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
+        await asyncio.sleep(0.1)  # let the head's post-subscription retry finish
+        before = trips.sends
+        await asyncio.sleep(1.0)
+        assert trips.sends == before  # not one command while 200 tasks wait
+        clients = await holder_side.redis.client_list()
+        ours = [c for c in clients if c.get("name") == f"{prefix}-waiters"]
+        assert 1 <= len(ours) <= 4, ours  # a few command connections plus one pub/sub
+        await holder_side.lock("quiet").release()
+        # every waiter gets the lock once; each must release it for the next
+        await asyncio.wait_for(tasks[0], 5)
+        assert locks.statistics().hub.waiters == 199
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await holder_side.redis.aclose()
+    await client.aclose()
+
+
+async def test_waiters_survive_a_killed_pubsub_connection(
+    redis_url: str, prefix: str, redis: Redis
+) -> None:
+    async with (
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30) as holder_side,
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30) as locks,
+    ):
+        held = holder_side.lock("killed")
+        await held.acquire()
+        got: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with locks.lock("killed"):
+                got.append(i)
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(10)]
+        await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
+        for round_ in range(1, 4):
+            killed = await redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            assert int(killed) >= 1
+            await eventually(
+                lambda: locks.statistics().hub.subscriptions == 1
+                and locks.statistics().hub.reconnects >= round_,  # noqa: B023
+                what="the hub to reconnect and resubscribe",
+            )
+            assert len(got) == 0  # still held by the other manager
+        started = time.monotonic()
+        await held.release()  # may land while the hub is reconnecting
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert time.monotonic() - started < 5  # far below the 30 s lease
+        assert sorted(got) == list(range(10))
+        await eventually(lambda: locks.statistics().hub.subscriptions == 0, what="unsubscribe")
+        await holder_side.redis.aclose()
+        await locks.redis.aclose()

@@ -1,0 +1,127 @@
+"""Waiting: woken by releases, not by polling; fair within a process; bounded by timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+
+from .helpers import eventually
+
+
+async def test_a_waiter_wakes_on_release_without_waiting_out_the_lease(
+    redis_url: str, prefix: str
+) -> None:
+    async with (
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30) as holder_side,
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30) as waiter_side,
+    ):
+        held = holder_side.lock("wake")
+        await held.acquire()
+        waiting = asyncio.create_task(waiter_side.lock("wake").acquire(timeout=10))
+        await eventually(lambda: waiter_side.statistics().hub.subscriptions == 1,
+                         what="the waiter's subscription")
+        released_at = time.monotonic()
+        await held.release()
+        await asyncio.wait_for(waiting, 5)
+        assert time.monotonic() - released_at < 1.0  # a message, not the 30 s lease
+        assert waiter_side.statistics().hub.messages >= 1
+        await holder_side.redis.aclose()
+        await waiter_side.redis.aclose()
+
+
+CRASHING_HOLDER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from redis.asyncio import Redis
+    import aiolock
+
+    async def main() -> None:
+        async with aiolock.LockManager(Redis.from_url(sys.argv[1]), prefix=sys.argv[2],
+                                       lease=1.0) as locks:
+            await locks.lock("crash").acquire()
+            print("held", flush=True)
+            os._exit(0)  # vanish without releasing: no cleanup runs
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_waiter_takes_a_lock_whose_holder_vanished_at_expiry(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CRASHING_HOLDER, redis_url, prefix,
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert out.strip() == b"held"
+    lock = locks.lock("crash")
+    assert await lock.locked()
+    started = time.monotonic()
+    await lock.acquire(timeout=5)
+    waited = time.monotonic() - started
+    assert waited < 1.5  # the 1 s lease, not the 5 s timeout
+    await lock.release()
+
+
+async def test_timeout_raises_and_try_acquire_returns_false(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("busy")
+    await lock.acquire()
+
+    async def contender() -> None:
+        started = time.monotonic()
+        with pytest.raises(aiolock.LockTimeoutError, match="not released within 0.2 s"):
+            await lock.acquire(timeout=0.2)
+        assert 0.15 < time.monotonic() - started < 1.0
+        assert await lock.try_acquire(timeout=0.1) is False
+        with pytest.raises(TimeoutError):  # LockTimeoutError is a TimeoutError too
+            async with locks.lock("busy", timeout=0):
+                pass
+
+    await asyncio.create_task(contender())
+    stats = locks.statistics().hub
+    assert stats.waiters == 0  # timed-out waiters left their queue
+    await lock.release()
+
+
+async def test_handoff_is_fifo_and_a_releaser_cannot_barge(locks: aiolock.LockManager) -> None:
+    order: list[int] = []
+
+    async def worker(i: int) -> None:
+        for _ in range(20):
+            async with locks.lock("fair"):
+                order.append(i)
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(worker(i) for i in range(8)))
+    counts = Counter(order)
+    assert set(counts.values()) == {20}
+    changes = sum(1 for a, b in zip(order, order[1:], strict=False) if a != b)
+    assert changes / (len(order) - 1) > 0.9  # each release hands over to another task
+
+
+async def test_waiters_are_served_one_after_another(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("queue")
+    await lock.acquire()
+    got: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with locks.lock("queue"):
+            got.append(i)
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(50)]
+    await eventually(lambda: locks.statistics().hub.waiters == 50, what="50 waiters")
+    await lock.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert sorted(got) == list(range(50))
+    assert locks.statistics().hub.waiters == 0
