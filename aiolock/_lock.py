@@ -187,7 +187,7 @@ class Lock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         task = asyncio.current_task()
         stack = self._entered.get(task) if task is not None else None
         if not stack:
@@ -212,10 +212,9 @@ class Lock:
                 "body was cancelled because another owner may have entered"
             ) from (None if swallowed else exc)
         if hold.lost:
-            return False
+            return  # cancelled from outside: that cancellation goes on
         core = self._manager._open_core()
         await core.release(hold)
-        return False
 
     # -- helpers -------------------------------------------------------------------------
 

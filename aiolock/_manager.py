@@ -111,8 +111,8 @@ class LockManager:
         """A manager with its own client made by ``Redis.from_url(url, ...)``.
 
         The manager's own options (``prefix``, ``lease``, ``command_timeout``,
-        ``close_timeout``, ``fence_ttl``, ``max_in_flight``) are taken from *options*; the rest go to
-        ``Redis.from_url``. The client is closed when the manager closes.
+        ``close_timeout``, ``fence_ttl``, ``max_in_flight``) are taken from *options*;
+        the rest go to ``Redis.from_url``. The client is closed when the manager closes.
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")

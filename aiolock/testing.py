@@ -16,12 +16,19 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 
-__all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
+__all__ = [
+    "RedisServer",
+    "RedisServerError",
+    "find_redis_server",
+    "free_port",
+    "redis_url_from_env",
+]
 
 #: The well-known Redis port: a server there belongs to somebody else, so it is never used.
 _RESERVED_PORTS = frozenset({6379})
@@ -218,3 +225,21 @@ class RedisServer:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def redis_url_from_env(variable: str = "REDIS_URL") -> Iterator[str]:
+    """Yield ``$REDIS_URL`` when set; otherwise start a throwaway server and yield its URL.
+
+    Used by the examples, so they run on a machine with only ``redis-server`` installed.
+    """
+    url = os.environ.get(variable)
+    if url:
+        yield url
+        return
+    with RedisServer() as server:
+        print(
+            f"(no {variable} set: started a throwaway redis-server on {server.url})",
+            file=sys.stderr,
+        )
+        yield server.url

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 from redis.asyncio import Redis
@@ -89,9 +90,7 @@ async def test_exclusion_across_tasks_and_managers(redis_url: str, prefix: str) 
         await two.redis.aclose()
 
 
-async def test_fencing_tokens_increase_strictly_across_holders(
-    redis_url: str, prefix: str
-) -> None:
+async def test_fencing_tokens_increase_strictly_across_holders(redis_url: str, prefix: str) -> None:
     tokens: list[int] = []
     async with (
         aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as one,
@@ -109,7 +108,7 @@ async def test_fencing_tokens_increase_strictly_across_holders(
         await one.redis.aclose()
         await two.redis.aclose()
     assert len(tokens) == 60
-    assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False)), tokens
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
 
 
 async def test_fencing_tokens_keep_increasing_when_the_server_clock_lags(

@@ -29,9 +29,7 @@ async def test_a_fixed_lease_expires_and_is_not_renewed(locks: aiolock.LockManag
         await lock.release()  # and only once
 
 
-async def test_renewal_keeps_a_hold_across_several_leases(
-    redis: Redis, prefix: str
-) -> None:
+async def test_renewal_keeps_a_hold_across_several_leases(redis: Redis, prefix: str) -> None:
     async with aiolock.LockManager(redis, prefix=prefix, lease=0.3) as locks:
         lock = locks.lock("renewed")
         async with lock:

@@ -90,8 +90,14 @@ async def test_bad_leases_fail_at_the_call(
 
 @pytest.mark.parametrize(
     ("timeout", "error"),
-    [(-0.1, ValueError), (math.nan, ValueError), (-math.inf, ValueError), (math.inf, ValueError),
-     ("1", TypeError), (False, TypeError)],
+    [
+        (-0.1, ValueError),
+        (math.nan, ValueError),
+        (-math.inf, ValueError),
+        (math.inf, ValueError),
+        ("1", TypeError),
+        (False, TypeError),
+    ],
 )
 async def test_bad_timeouts_fail_at_the_call(
     locks: aiolock.LockManager, timeout: Any, error: type[Exception]
@@ -123,7 +129,7 @@ async def test_bad_manager_options(
 
 
 def test_manager_needs_an_async_redis_client() -> None:
-    with pytest.raises(TypeError, match="redis.asyncio.Redis"):
+    with pytest.raises(TypeError, match=r"redis\.asyncio\.Redis"):
         aiolock.LockManager("redis://localhost")  # type: ignore[arg-type]
 
 
@@ -147,9 +153,8 @@ async def test_from_url_owns_its_client(redis_url: str, prefix: str) -> None:
     manager = aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=5, socket_timeout=5)
     assert manager.lease == 5
     assert manager.prefix == prefix
-    async with manager as locks:
-        async with locks.lock("a") as lock:
-            assert await lock.owned()
+    async with manager as locks, locks.lock("a") as lock:
+        assert await lock.owned()
     assert not manager.is_open
 
 

@@ -78,13 +78,14 @@ async def test_waiters_survive_a_killed_pubsub_connection(
         tasks = [asyncio.create_task(waiter(i)) for i in range(10)]
         await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
         for round_ in range(1, 4):
-            killed = await redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            killed = await redis.client_kill_filter(_type="pubsub")
             assert int(killed) >= 1
-            await eventually(
-                lambda: locks.statistics().hub.subscriptions == 1
-                and locks.statistics().hub.reconnects >= round_,  # noqa: B023
-                what="the hub to reconnect and resubscribe",
-            )
+
+            def resubscribed(after: int = round_) -> bool:
+                hub = locks.statistics().hub
+                return hub.subscriptions == 1 and hub.reconnects >= after
+
+            await eventually(resubscribed, what="the hub to reconnect and resubscribe")
             assert len(got) == 0  # still held by the other manager
         started = time.monotonic()
         await held.release()  # may land while the hub is reconnecting

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -27,8 +28,10 @@ async def test_a_waiter_wakes_on_release_without_waiting_out_the_lease(
         held = holder_side.lock("wake")
         await held.acquire()
         waiting = asyncio.create_task(waiter_side.lock("wake").acquire(timeout=10))
-        await eventually(lambda: waiter_side.statistics().hub.subscriptions == 1,
-                         what="the waiter's subscription")
+        await eventually(
+            lambda: waiter_side.statistics().hub.subscriptions == 1,
+            what="the waiter's subscription",
+        )
         released_at = time.monotonic()
         await held.release()
         await asyncio.wait_for(waiting, 5)
@@ -80,7 +83,7 @@ async def test_timeout_raises_and_try_acquire_returns_false(locks: aiolock.LockM
 
     async def contender() -> None:
         started = time.monotonic()
-        with pytest.raises(aiolock.LockTimeoutError, match="not released within 0.2 s"):
+        with pytest.raises(aiolock.LockTimeoutError, match=r"not released within 0\.2 s"):
             await lock.acquire(timeout=0.2)
         assert 0.15 < time.monotonic() - started < 1.0
         assert await lock.try_acquire(timeout=0.1) is False
@@ -106,7 +109,7 @@ async def test_handoff_is_fifo_and_a_releaser_cannot_barge(locks: aiolock.LockMa
     await asyncio.gather(*(worker(i) for i in range(8)))
     counts = Counter(order)
     assert set(counts.values()) == {20}
-    changes = sum(1 for a, b in zip(order, order[1:], strict=False) if a != b)
+    changes = sum(1 for a, b in itertools.pairwise(order) if a != b)
     assert changes / (len(order) - 1) > 0.9  # each release hands over to another task
 
 

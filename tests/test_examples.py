@@ -1,0 +1,40 @@
+"""The examples run end to end against the suite's server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("script", ["quickstart.py", "red_packet.py"])
+def test_example_runs(script: str, redis_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    if script == "quickstart.py":
+        assert "hold count when re-entered: 2" in result.stdout
+        assert "impatient task gave up" in result.stdout
+    else:
+        assert "10 users got a share" in result.stdout
+
+
+def test_example_starts_its_own_server_without_redis_url() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "started a throwaway redis-server" in result.stderr
