@@ -221,9 +221,9 @@ class LockManager:
         core = self._core
         try:
             with anyio.CancelScope(shield=True):
+                core.hub.close()  # waiting tasks give up first, so none acquires anew
                 with anyio.move_on_after(self.close_timeout):
                     await core.shutdown()
-                core.hub.close()
                 self._stop.set()
                 await asyncio.wait((supervisor,))
                 await self._client.aclose()

@@ -220,7 +220,7 @@ class WaiterHub:
             try:
                 await self._sync_subscriptions()
                 backoff = 0.05
-            except (rex.RedisError, OSError) as exc:
+            except Exception as exc:  # any failure of this I/O is retried, never fatal
                 logger.warning("pub/sub subscription change failed, will retry: %s", exc)
                 self._dirty.set()
                 await anyio.sleep(backoff)
@@ -271,7 +271,7 @@ class WaiterHub:
                         await pubsub.ping()
                         ping_sent = True
                     continue
-            except (rex.RedisError, OSError) as exc:
+            except Exception as exc:  # e.g. RedisError, OSError, or redis-py's RuntimeError
                 await self._reconnect(exc, backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -315,5 +315,5 @@ class WaiterHub:
         if pubsub is not None:
             try:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except (rex.RedisError, OSError) as exc:  # the connection is already broken
+            except Exception as exc:  # the connection is already broken
                 logger.debug("closing the pub/sub connection: %s", exc)
