@@ -85,12 +85,6 @@ def key_type_error(key: str, kind: object) -> LockKeyTypeError:
     )
 
 
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout_cm
-else:  # pragma: no cover - Python 3.10
-    _timeout_cm = anyio.fail_after
-
-
 class _Request:
     """A command waiting for a pipeline slot."""
 
@@ -261,5 +255,8 @@ class Client:
     async def _bounded(self, awaitable: Awaitable[T]) -> T:
         if self.command_timeout is None:
             return await awaitable
-        with _timeout_cm(self.command_timeout):
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(self.command_timeout):
+                return await awaitable
+        with anyio.fail_after(self.command_timeout):  # pragma: no cover - Python 3.10
             return await awaitable

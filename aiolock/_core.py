@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -41,6 +42,8 @@ from ._waiters import WaiterHub
 
 if TYPE_CHECKING:
     from ._manager import LockManager
+
+logger = logging.getLogger("aiolock")
 
 __all__ = ["LockCore"]
 
@@ -103,7 +106,7 @@ class LockCore:
             lease = self.manager.lease  # the outer hold decides: it stays auto-renewed
         elif lease is None:
             lease = hold.lease
-        new, busy_ttl = await self._attempt(hold.keys, hold.owner, lease, hold.count, hold)
+        new, busy_ttl = await self._attempt(hold.keys, hold.owner, lease, hold)
         if new is None:  # someone else holds it now: ours was lost before we noticed
             self.registry.lose(hold, "another owner took the lock after our lease ended")
             raise LockLostError(
@@ -147,22 +150,24 @@ class LockCore:
             self.hub.leave(waiter, acquired=acquired)
 
     async def _attempt(
-        self,
-        keys: LockKeys,
-        owner: str,
-        lease: float | None,
-        count: int = 0,
-        hold: Hold | None = None,
+        self, keys: LockKeys, owner: str, lease: float | None, hold: Hold | None = None
     ) -> tuple[Hold | None, float]:
-        """One run of the acquire script: (hold, 0.0) on success, (None, ttl) if busy."""
+        """One run of the acquire script: (hold, 0.0) on success, (None, ttl) if busy.
+
+        With *hold*, the attempt re-enters it; otherwise it is a new acquisition under a
+        hash field of its own (the owner plus this attempt's number).
+        """
         lease_s = self.manager.lease if lease is None else lease
-        void = keys.void(next(self._ids))
-        args = (owner, _ms(lease_s), count, self._meta_ttl_ms)
+        attempt = next(self._ids)
+        field = f"{owner}:{attempt}" if hold is None else hold.field
+        count = 0 if hold is None else hold.count
+        void = keys.void(attempt)
+        args = (field, _ms(lease_s), count, self._meta_ttl_ms)
         sent_at = time.monotonic()
         try:
             code, value = await self.client.run(ACQUIRE, (keys.lock, keys.meta, void), args)
         except (LockConnectionError, asyncio.CancelledError):
-            await self._undo(keys, owner, count, void, lease_s)  # it may have run
+            await self._undo(keys, field, count, void, lease_s)  # it may have run
             raise
         code = as_int(code)
         if code in (_BUSY, _VOIDED):
@@ -176,7 +181,7 @@ class LockCore:
             if not hold.renew:
                 self.registry.reset_lease(hold, lease_s, sent_at)
             return hold, 0.0
-        hold = Hold(keys, owner, as_int(value), lease_s, renew=lease is None, sent_at=sent_at)
+        hold = Hold(keys, owner, field, as_int(value), lease_s, lease is None, sent_at)
         self.registry.add(hold)
         if self.hub.closed:  # the manager closed while the attempt was in flight
             self.registry.lose(hold, "the LockManager was closed")
@@ -185,11 +190,11 @@ class LockCore:
         return hold, 0.0
 
     async def _undo(
-        self, keys: LockKeys, owner: str, count: int, void: str, lease_s: float
+        self, keys: LockKeys, field: str, count: int, void: str, lease_s: float
     ) -> None:
         """Revert an attempt whose outcome is unknown, or void it before it runs."""
         args = (
-            owner,
+            field,
             count,
             _ms(max(2 * lease_s, MIN_VOID_TTL)),
             keys.channel,
@@ -217,34 +222,80 @@ class LockCore:
     # -- release -----------------------------------------------------------------------
 
     async def release(self, hold: Hold, *, everything: bool = False) -> None:
-        final = everything or hold.count <= 1
-        if final and hold.release_id is None:
+        if not (everything or hold.count <= 1):
+            await self._release_one(hold)
+            return
+        if hold.release_id is None:
             hold.release_id = self.keyspace.release_id(next(self._ids))
         args = (
-            hold.owner,
+            hold.field,
             hold.count,
-            hold.release_id or "-",
+            hold.release_id,
             hold.keys.channel,
             self.keyspace.manager_id,
             self._meta_ttl_ms,
             "1" if everything else "0",
         )
+        what = f"release of {hold.keys.name!r}"
 
         async def send() -> LockError | None:
             return self._apply_release(hold, await self.client.run(RELEASE, hold.keys.pair, args))
+
+        def hand_over() -> None:
+            # Unconfirmed: the retrier owns the hold now. Parked, it no longer counts as
+            # held, so this task's next acquire takes a new field and simply waits for
+            # the old hold to be released (or to expire): it never re-enters it.
+            self.registry.park(hold)
+            self.cleanup.add(what, send, hold.valid_until)
 
         try:
             error = await send()
         except asyncio.CancelledError:
             # The command may or may not have run; sending it again is harmless.
-            what = f"release of {hold.keys.name!r}"
-            await finish_despite_cancel(lambda: self._or_retry(what, send, hold.valid_until))
+            async def resend() -> None:
+                try:
+                    with anyio.fail_after(SHIELD_TIMEOUT):
+                        await send()
+                except (LockError, TimeoutError):
+                    hand_over()
+
+            await finish_despite_cancel(resend)
             raise
         except LockConnectionError:
-            if final:
-                hold.renew = False  # let it expire if the retries cannot get through
-            self.cleanup.add(f"release of {hold.keys.name!r}", send, hold.valid_until)
+            hand_over()
             raise
+        if error is not None:
+            raise error
+
+    async def _release_one(self, hold: Hold) -> None:
+        """Release one of several holds: only the count changes, and the client's count rules.
+
+        The script sets the count to the client's count minus one, and the final release
+        deletes the lock whatever the count, so an unconfirmed decrement needs no retry:
+        the local count goes down regardless, and a lost or resent command changes nothing
+        that matters.
+        """
+        args = (
+            hold.field,
+            hold.count,
+            "-",
+            hold.keys.channel,
+            self.keyspace.manager_id,
+            self._meta_ttl_ms,
+            "0",
+        )
+        hold.count -= 1  # whatever becomes of the command, even if it is cancelled
+        try:
+            reply = await self.client.run(RELEASE, hold.keys.pair, args)
+        except LockConnectionError as exc:
+            logger.warning(
+                "lock %r: a nested release was not confirmed (%s); the outer "
+                "release will settle it",
+                hold.keys.name,
+                exc,
+            )
+            return
+        error = self._apply_release(hold, reply)
         if error is not None:
             raise error
 
@@ -255,6 +306,7 @@ class LockCore:
             hold.count = as_int(value)
             return None
         self.registry.remove(hold)
+        self.registry.unpark(hold)
         hold.release_id = None
         if code == _RELEASED:
             hold.count = 0
@@ -284,7 +336,7 @@ class LockCore:
 
     async def extend(self, hold: Hold, lease: float) -> None:
         sent_at = time.monotonic()
-        reply = await self.client.run(RENEW, (hold.keys.lock,), (_ms(lease), hold.owner))
+        reply = await self.client.run(RENEW, (hold.keys.lock,), (_ms(lease), hold.field))
         if as_int(reply[0]) == 1:
             self.registry.reset_lease(hold, lease, sent_at)
             return
@@ -325,7 +377,7 @@ class LockCore:
     def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str]:
         """Arguments that release every hold of *hold*'s owner, whatever the count."""
         return (
-            hold.owner,
+            hold.field,
             max(hold.count, 1),
             "-",
             hold.keys.channel,

@@ -22,6 +22,7 @@ __all__ = ["Hold"]
 class Hold:
     __slots__ = (
         "count",
+        "field",
         "keys",
         "lease",
         "lost",
@@ -36,10 +37,21 @@ class Hold:
     )
 
     def __init__(
-        self, keys: LockKeys, owner: str, token: int, lease: float, renew: bool, sent_at: float
+        self,
+        keys: LockKeys,
+        owner: str,
+        field: str,
+        token: int,
+        lease: float,
+        renew: bool,
+        sent_at: float,
     ) -> None:
         self.keys = keys
+        #: the task that holds it (``<manager id>:<task serial>``): the registry's key
         self.owner = owner
+        #: the hash field in Redis: the owner plus a number unique to this acquisition, so a
+        #: late or resent command about an earlier hold can never touch this one
+        self.field = field
         self.token = token
         self.count = 1
         self.lease = lease

@@ -123,6 +123,11 @@ class Lock:
         interrupted by a cancellation still completes (shielded, bounded in time).
         """
         core = self._manager._open_core()
+        owner = self._manager._owner()
+        parked = core.registry.parked(self._keys.lock, owner)
+        if parked is not None and core.registry.get(self._keys.lock, owner) is None:
+            await core.release(parked)  # an unconfirmed release, sent again (idempotent)
+            return
         await core.release(self._owned_hold())
 
     async def extend(self, lease: float) -> None:
@@ -158,8 +163,12 @@ class Lock:
     async def hold_count(self) -> int:
         """How many times the current task holds the lock, per Redis (0 if not)."""
         core = self._manager._open_core()
-        owner = self._manager._owner()
-        count = await core.client.call("HGET", self._keys.lock, owner, key=self._keys.lock)
+        hold = core.registry.get(self._keys.lock, self._manager._owner())
+        if hold is None:
+            # Still ask Redis, so that a key of another type is reported as such.
+            await core.client.call("HEXISTS", self._keys.lock, "-", key=self._keys.lock)
+            return 0
+        count = await core.client.call("HGET", self._keys.lock, hold.field, key=self._keys.lock)
         return 0 if count is None else as_int(count)
 
     async def ttl(self) -> float | None:

@@ -38,11 +38,18 @@ LOST_MEMORY = 10_000
 
 
 class HoldRegistry:
-    """Every live hold of one manager, keyed by (lock key, owner field)."""
+    """Every live hold of one manager, keyed by (lock key, owner task).
+
+    Besides live holds it remembers *lost* holds (so the owner learns of the loss) and
+    *parked* ones: holds whose final release could not be confirmed and is being retried
+    in the background. A parked hold no longer counts as held: the task that owned it
+    acquires anew (with a new hash field), never re-enters it.
+    """
 
     def __init__(self, on_lost: Callable[[Hold], None]) -> None:
         self._holds: dict[tuple[str, str], Hold] = {}
         self._lost: OrderedDict[tuple[str, str], Hold] = OrderedDict()
+        self._parked: dict[tuple[str, str], Hold] = {}
         self._on_lost = on_lost
 
     def __len__(self) -> int:
@@ -96,6 +103,19 @@ class HoldRegistry:
     def pop_lost(self, key: str, owner: str) -> Hold | None:
         return self._lost.pop((key, owner), None)
 
+    def park(self, hold: Hold) -> None:
+        """Its final release is unconfirmed: stop counting it as held, stop renewing it."""
+        self.remove(hold)
+        hold.renew = False
+        self._parked[(hold.keys.lock, hold.owner)] = hold
+
+    def unpark(self, hold: Hold) -> None:
+        if self._parked.get((hold.keys.lock, hold.owner)) is hold:
+            del self._parked[(hold.keys.lock, hold.owner)]
+
+    def parked(self, key: str, owner: str) -> Hold | None:
+        return self._parked.get((key, owner))
+
     def renewable(self) -> list[Hold]:
         return [hold for hold in self._holds.values() if hold.renew]
 
@@ -146,7 +166,7 @@ class Watchdog:
 
     async def _renew_batch(self, batch: list[Hold]) -> bool:
         keys = [hold.keys.lock for hold in batch]
-        args: list[str | int] = [self._lease_ms, *(hold.owner for hold in batch)]
+        args: list[str | int] = [self._lease_ms, *(hold.field for hold in batch)]
         sent_at = time.monotonic()
         self.round_trips += 1
         try:

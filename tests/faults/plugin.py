@@ -3,9 +3,8 @@
 Active for tests under ``tests/faults/`` (via its ``conftest.py``). To use them anywhere,
 add to the root ``tests/conftest.py``::
 
-    pytest_plugins = ["faults.plugin"]   # tests/ is on sys.path under pytest's default
-                                         # import mode; "tests.faults.plugin" if the
-                                         # repository root is on sys.path instead
+    pytest_plugins = ["tests.faults.plugin"]   # with tests/__init__.py present;
+                                               # "faults.plugin" without it
 
 Fixtures:
 

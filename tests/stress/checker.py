@@ -35,12 +35,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -51,7 +54,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: KEYS[1] = store hash; ARGV = token, section id, value.
-#: Returns {1, token} when accepted, {0, highest accepted token} when rejected.
+#: Returns {1, token} when accepted, {0, highest accepted token, its section} when not.
 FENCED_WRITE = """
 local cur = redis.call('HMGET', KEYS[1], 'token', 'section')
 local token = tonumber(ARGV[1])
@@ -61,12 +64,15 @@ if token == nil then
 end
 if best ~= nil and (token < best or (token == best and cur[2] ~= ARGV[2])) then
   redis.call('HINCRBY', KEYS[1], 'rejected', 1)
-  return {0, cur[1]}
+  return {0, cur[1], cur[2]}
 end
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'section', ARGV[2], 'value', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'accepted', 1)
 return {1, ARGV[1]}
 """
+
+#: error kinds that network faults may legitimately cause (``--faults``)
+FAULT_ERRORS = frozenset({"LockConnectionError", "LockTimeoutError"})
 
 _MAX_SAMPLES = 10  # error / violation descriptions kept per worker
 
@@ -91,17 +97,36 @@ class CheckConfig:
     #: negative control: take no lock at all (tokens from INCR), so the checker must
     #: report overlaps; proves the checks can fail
     no_lock: bool = False
+    #: put a FaultProxy between the lock clients and Redis, injecting short faults
+    #: (resets, latency, blackholes, refused connects) every ``fault_interval`` seconds;
+    #: the checks' own client always goes straight to Redis
+    faults: bool = False
+    fault_interval: tuple[float, float] = (0.2, 0.8)
+    #: LockManager(command_timeout=...) and the lock client's socket_timeout
+    command_timeout: float | None = None
+    socket_timeout: float | None = None
 
     @classmethod
-    def for_mode(cls, *, long: bool, **overrides: Any) -> CheckConfig:
+    def for_mode(cls, *, long: bool = False, faults: bool = False, **overrides: Any) -> CheckConfig:
         """Defaults for the quick mode, or for ``--long``: a 1 s lease, and 2 % of the
-        sections held 1.6 leases, so that only background renewal keeps them."""
-        base = cls(long=long)
+        sections held 1.6 leases, so that only background renewal keeps them. With
+        ``faults`` a 2 s command timeout, since a blackhole loses replies for good."""
+        base = cls(long=long, faults=faults)
         if long:
             base = dataclasses.replace(
                 base, lease=1.0, long_fraction=0.02, hold_ms=(0.0, 5.0), max_seconds=1800.0
             )
+        if faults:
+            base = dataclasses.replace(base, command_timeout=2.0)
         return dataclasses.replace(base, **overrides)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckConfig:
+        fields: dict[str, Any] = dict(data)
+        for key in ("hold_ms", "fault_interval"):
+            if key in fields:
+                fields[key] = tuple(fields[key])
+        return cls(**fields)
 
 
 @dataclasses.dataclass
@@ -115,9 +140,15 @@ class Tally:
     fenced_writes_accepted: int = 0
     fenced_writes_rejected: int = 0
     locks_lost: int = 0
+    #: sections whose lock.fencing_token was not an int while inside
+    missing_tokens: int = 0
+    acquire_failures: int = 0
     not_attempted: int = 0
     errors: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     samples: list[str] = dataclasses.field(default_factory=list)
+    violations: list[str] = dataclasses.field(default_factory=list)
+    #: the first description of each error kind
+    first_errors: dict[str, str] = dataclasses.field(default_factory=dict)
     acquire_wait_max: float = 0.0
     acquire_wait_total: float = 0.0
 
@@ -125,12 +156,20 @@ class Tally:
         if len(self.samples) < _MAX_SAMPLES:
             self.samples.append(text)
 
+    def violation(self, text: str) -> None:
+        if len(self.violations) < _MAX_SAMPLES:
+            self.violations.append(text)
+
     def error(self, exc: BaseException, where: str) -> None:
         kind = type(exc).__name__
         self.errors[kind] += 1
         cause = exc.__cause__
         detail = f" (from {type(cause).__name__}: {cause})" if cause is not None else ""
-        self.sample(f"{where}: {kind}: {exc}{detail}")
+        text = f"{where}: {kind}: {exc}{detail}"
+        self.sample(text)
+        if kind not in self.first_errors:
+            tb = "".join(traceback.format_exception(exc)[-6:])
+            self.first_errors[kind] = f"{text}\n{tb}"[-3000:]
 
     def add(self, other: Tally) -> None:
         for field in (
@@ -141,6 +180,8 @@ class Tally:
             "fenced_writes_accepted",
             "fenced_writes_rejected",
             "locks_lost",
+            "missing_tokens",
+            "acquire_failures",
             "not_attempted",
             "acquire_wait_total",
         ):
@@ -149,6 +190,10 @@ class Tally:
         self.errors.update(other.errors)
         for text in other.samples:
             self.sample(text)
+        for text in other.violations:
+            self.violation(text)
+        for kind, text in other.first_errors.items():
+            self.first_errors.setdefault(kind, text)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -157,9 +202,12 @@ class Tally:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Tally:
-        tally = cls(**{k: v for k, v in data.items() if k not in ("errors", "samples")})
+        lists = ("errors", "samples", "violations", "first_errors")
+        tally = cls(**{k: v for k, v in data.items() if k not in lists})
         tally.errors = collections.Counter(data.get("errors", {}))
         tally.samples = list(data.get("samples", []))
+        tally.violations = list(data.get("violations", []))
+        tally.first_errors = dict(data.get("first_errors", {}))
         return tally
 
 
@@ -170,7 +218,9 @@ def _keys(run: str, name: str) -> tuple[str, str]:
     return f"{run}:inside:{{{name}}}", f"{run}:store:{{{name}}}"
 
 
-async def _worker(config: CheckConfig, url: str, run: str, index: int) -> dict[str, Any]:
+async def _worker(
+    config: CheckConfig, url: str, lock_url: str, run: str, index: int
+) -> dict[str, Any]:
     import redis.asyncio
     from redis.commands.core import AsyncScript
 
@@ -186,18 +236,25 @@ async def _worker(config: CheckConfig, url: str, run: str, index: int) -> dict[s
     pid = os.getpid()
     deadline = time.monotonic() + config.max_seconds
     check = redis.asyncio.Redis.from_url(url, socket_timeout=30.0)
-    lock_client = redis.asyncio.Redis.from_url(url)
+    lock_client = redis.asyncio.Redis.from_url(lock_url, socket_timeout=config.socket_timeout)
     fenced: AsyncScript = check.register_script(FENCED_WRITE)
+    # the last few sections of each task, for explaining violations
+    history: collections.defaultdict[str, collections.deque[str]] = collections.defaultdict(
+        lambda: collections.deque(maxlen=4)
+    )
 
     async def write(store: str, token: int, section: str, value: str) -> bool:
-        accepted, best = await fenced(keys=[store], args=[token, section, value])
-        if int(accepted) == 1:
+        reply = await fenced(keys=[store], args=[token, section, value])
+        if int(reply[0]) == 1:
             tally.fenced_writes_accepted += 1
             return True
         tally.fenced_writes_rejected += 1
-        if isinstance(best, bytes):
-            best = best.decode()
-        tally.sample(f"fenced write {value} of {section} token {token} refused: store has {best}")
+        best, by = (x.decode() if isinstance(x, bytes) else str(x) for x in reply[1:3])
+        tally.violation(
+            f"fenced write '{value}' of section {section} with token {token} refused: "
+            f"the store holds token {best} from section {by}; this task's recent sections: "
+            + " | ".join(history[section.rsplit(":", 1)[0]])
+        )
         return False
 
     async def section(locks: Any, task: int, seq: int) -> None:
@@ -214,6 +271,7 @@ async def _worker(config: CheckConfig, url: str, run: str, index: int) -> dict[s
             hold = config.long_hold * config.lease
         started = time.monotonic()
         entered = False
+        events = history[f"{pid}:{task}"]
         try:
             async with lock:
                 entered = True
@@ -223,14 +281,19 @@ async def _worker(config: CheckConfig, url: str, run: str, index: int) -> dict[s
                 tally.acquisitions += 1
                 if name in held_here:
                     tally.local_overlaps += 1
-                    tally.sample(f"{section_id}: {name} already held in this process")
+                    tally.violation(f"{section_id}: {name} already held in this process")
                 held_here.add(name)
                 count = await check.incr(inside)
                 try:
                     if count != 1:
                         tally.overlaps += 1
-                        tally.sample(f"{section_id}: entered {name}, inside counter {count}")
+                        tally.violation(f"{section_id}: entered {name}, inside counter {count}")
                     token = lock.fencing_token
+                    events.append(f"{section_id} {name} token {token}")
+                    if not isinstance(token, int):
+                        tally.missing_tokens += 1
+                        tally.violation(f"{section_id}: inside {name} but fencing_token={token!r}")
+                        token = -1  # the store refuses it: counted as a rejected write too
                     await write(store, token, section_id, "enter")
                     if hold > 0:
                         await asyncio.sleep(hold)
@@ -242,13 +305,22 @@ async def _worker(config: CheckConfig, url: str, run: str, index: int) -> dict[s
                     left = await asyncio.shield(check.decr(inside))
                     if left != 0:
                         tally.overlaps += 1
-                        tally.sample(f"{section_id}: leaving {name}, inside counter {left}")
+                        tally.violation(f"{section_id}: leaving {name}, inside counter {left}")
+            if entered:
+                events.append(f"{section_id} released")
         except lost_error as exc:
+            events.append(f"{section_id} {name} {type(exc).__name__}")
             tally.locks_lost += 1
             tally.sample(f"{section_id}: {name} lost after {time.monotonic() - started:.3f}s")
             if not entered:  # lost before the body ran: surprising, so an error too
+                tally.acquire_failures += 1
                 tally.error(exc, f"{section_id} acquire")
         except Exception as exc:
+            events.append(
+                f"{section_id} {name} {'after entry' if entered else 'acquire'}: {exc!r}"[:300]
+            )
+            if not entered:
+                tally.acquire_failures += 1
             tally.error(exc, f"{section_id} {'body/release' if entered else 'acquire'}")
 
     async def task_loop(locks: Any, task: int, quota: int) -> None:
@@ -272,7 +344,10 @@ async def _worker(config: CheckConfig, url: str, run: str, index: int) -> dict[s
             elapsed = await contend(None)
         else:
             async with aiolock.LockManager(
-                lock_client, prefix=f"{run}-locks", lease=config.lease
+                lock_client,
+                prefix=f"{run}-locks",
+                lease=config.lease,
+                command_timeout=config.command_timeout,
             ) as locks:
                 elapsed = await contend(locks)
                 manager = dataclasses.asdict(locks.statistics())
@@ -318,9 +393,11 @@ def _split(total: int, parts: int) -> list[int]:
 
 def _worker_entry(payload: str) -> int:
     spec = json.loads(payload)
-    config = CheckConfig(**{**spec["config"], "hold_ms": tuple(spec["config"]["hold_ms"])})
+    config = CheckConfig.from_json(spec["config"])
     try:
-        result = asyncio.run(_worker(config, spec["url"], spec["run"], spec["index"]))
+        result = asyncio.run(
+            _worker(config, spec["url"], spec["lock_url"], spec["run"], spec["index"])
+        )
     except BaseException as exc:
         tally = Tally(requested=config.acquisitions, not_attempted=config.acquisitions)
         tally.error(exc, f"worker {spec['index']}")
@@ -346,6 +423,19 @@ def run_check(config: CheckConfig, redis_url: str | None = None) -> dict[str, An
 
 
 def _run(config: CheckConfig, url: str) -> dict[str, Any]:
+    if not config.faults:
+        return _run_workers(config, url, url)
+    host, _, port = url.split("://", 1)[1].split("/", 1)[0].rpartition(":")
+    with _ChaosProxy(host, int(port), config) as chaos:
+        report = _run_workers(config, url, chaos.url)
+    report["faults"] = {"injected": dict(sorted(chaos.counts.items())), "proxy": chaos.stats}
+    if chaos.error is not None:
+        report["faults"]["error"] = repr(chaos.error)
+        report["ok"] = False
+    return report
+
+
+def _run_workers(config: CheckConfig, url: str, lock_url: str) -> dict[str, Any]:
     run = f"stress-{uuid.uuid4().hex[:10]}"
     shares = _split(config.acquisitions, config.processes)
     env = dict(os.environ)
@@ -356,6 +446,7 @@ def _run(config: CheckConfig, url: str) -> dict[str, Any]:
         spec = {
             "config": dataclasses.asdict(dataclasses.replace(config, acquisitions=share)),
             "url": url,
+            "lock_url": lock_url,
             "run": run,
             "index": index,
         }
@@ -405,16 +496,34 @@ def _run(config: CheckConfig, url: str) -> dict[str, Any]:
     }
     report["acquire_wait_max"] = round(total.acquire_wait_max, 4)
     report["acquire_wait_total"] = round(total.acquire_wait_total, 3)
-    report["ok"] = (
-        total.acquisitions == config.acquisitions
-        and total.overlaps == 0
+    report["accounted"] = total.acquisitions + total.acquire_failures + total.not_attempted
+    safe = (
+        total.overlaps == 0
         and total.local_overlaps == 0
         and total.fenced_writes_rejected == 0
-        and total.locks_lost == 0
-        and not total.errors
+        and total.missing_tokens == 0
         and server["inside_nonzero"] == {}
         and server["accepted"] == total.fenced_writes_accepted
     )
+    report["safe"] = safe
+    if config.faults:
+        # Faults may fail acquisitions, with connection errors or timeouts only; every
+        # request must still be accounted for, and some must succeed.
+        unexpected = {k: n for k, n in total.errors.items() if k not in FAULT_ERRORS}
+        report["unexpected_errors"] = unexpected
+        report["ok"] = (
+            safe
+            and report["accounted"] == config.acquisitions
+            and total.acquisitions > 0
+            and not unexpected
+        )
+    else:
+        report["ok"] = (
+            safe
+            and total.acquisitions == config.acquisitions
+            and total.locks_lost == 0
+            and not total.errors
+        )
     return report
 
 
@@ -460,6 +569,106 @@ def _server_side(url: str, run: str, names: int) -> dict[str, Any]:
         client.close()
 
 
+# -- fault injection ---------------------------------------------------------------------
+
+
+def _fault_proxy_class() -> Any:
+    """FaultProxy from ``tests/faults/proxy.py``, loaded by path: this module runs as
+    ``tests.stress.checker``, as ``stress.checker`` under pytest, and as a script."""
+    name = "_aiolock_stress_fault_proxy"
+    module = sys.modules.get(name)
+    if module is None:
+        path = REPO_ROOT / "tests" / "faults" / "proxy.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module.FaultProxy
+
+
+class _ChaosProxy:
+    """A FaultProxy on an event loop in a thread of its own, injecting one short fault
+    every ``config.fault_interval`` seconds: reset every connection, 10-100 ms latency
+    for 0.5 s, a blackhole (both ways, or replies only) for 0.1-0.3 s, or refused
+    connects for 0.3 s. Each fault is far shorter than the lease."""
+
+    ACTIONS = ("drop", "latency", "blackhole", "blackhole_replies", "refuse")
+
+    def __init__(self, upstream_host: str, upstream_port: int, config: CheckConfig) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.config = config
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.stats: dict[str, Any] = {}
+        self.url = ""
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="chaos-proxy", daemon=True)
+
+    def __enter__(self) -> _ChaosProxy:
+        self._thread.start()
+        if not self._ready.wait(10.0) or not self.url:
+            self._halt()
+            raise RuntimeError(f"the chaos proxy did not start: {self.error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt()
+
+    def _halt(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop may have just closed
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(timeout=15.0)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._chaos())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self._ready.set()
+
+    async def _chaos(self) -> None:
+        proxy_class = _fault_proxy_class()
+        self._loop = asyncio.get_running_loop()
+        stop = self._stop = asyncio.Event()
+        seed = self.config.seed
+        rng = random.Random(None if seed is None else seed * 7919)
+        low, high = self.config.fault_interval
+        rounds = int(self.config.max_seconds / max(low, 0.01)) + 1
+        async with proxy_class(*self.upstream) as proxy:
+            self.url = proxy.url
+            self._ready.set()
+            for _ in range(rounds):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), rng.uniform(low, high))
+                if stop.is_set():
+                    break
+                action = rng.choice(self.ACTIONS)
+                self.counts[action] += 1
+                if action == "drop":
+                    proxy.drop_all()
+                elif action == "latency":
+                    proxy.set_latency(rng.uniform(0.01, 0.1))
+                    await asyncio.sleep(0.5)
+                    proxy.set_latency(0)
+                elif action in ("blackhole", "blackhole_replies"):
+                    proxy.blackhole("both" if action == "blackhole" else "downstream")
+                    await asyncio.sleep(rng.uniform(0.1, 0.3))
+                    proxy.restore()
+                else:
+                    proxy.refuse(True)
+                    await asyncio.sleep(0.3)
+                    proxy.refuse(False)
+            proxy.restore()
+            self.stats = dataclasses.asdict(proxy.stats)
+
+
 # -- command line ------------------------------------------------------------------------
 
 
@@ -481,6 +690,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-lock", action="store_true", help="negative control: no locking, must fail"
     )
+    parser.add_argument(
+        "--faults", action="store_true", help="inject short network faults (FaultProxy)"
+    )
+    parser.add_argument(
+        "--command-timeout", type=float, help="LockManager command_timeout (0: none)"
+    )
+    parser.add_argument("--socket-timeout", type=float, help="the lock client's socket_timeout")
     args = parser.parse_args(argv)
     if args.worker is not None:
         return _worker_entry(args.worker)
@@ -495,10 +711,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seed": args.seed,
         "no_lock": args.no_lock,
     }
-    for what in ("lease", "acquire_timeout", "max_seconds"):
+    for what in ("lease", "acquire_timeout", "max_seconds", "command_timeout", "socket_timeout"):
         if getattr(args, what) is not None:
             overrides[what] = getattr(args, what)
-    config = CheckConfig.for_mode(long=args.long, **overrides)
+    if overrides.get("command_timeout") == 0:
+        overrides["command_timeout"] = None
+    config = CheckConfig.for_mode(long=args.long, faults=args.faults, **overrides)
     report = run_check(config, args.redis_url)
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1

@@ -12,7 +12,8 @@ from .checker import CheckConfig, run_check
 
 def _explain(report: dict[str, Any]) -> str:
     keep = ["requested", "acquisitions", "overlaps", "local_overlaps", "fenced_writes_rejected"]
-    keep += ["locks_lost", "errors", "samples", "server", "workers"]
+    keep += ["locks_lost", "missing_tokens", "errors", "violations", "first_errors"]
+    keep += ["samples", "server", "workers"]
     return json.dumps({k: report[k] for k in keep}, indent=1)
 
 
@@ -65,3 +66,25 @@ def test_mutual_exclusion_with_renewal() -> None:
     )
     report = run_check(config)
     _assert_safe(report, 60)
+
+
+@pytest.mark.slow
+def test_safety_under_network_faults() -> None:
+    """Resets, latency, blackholes and refused connects between the lock clients and
+    Redis: acquisitions may fail, but never two holders, never a stale token."""
+    config = CheckConfig.for_mode(
+        faults=True,
+        processes=3,
+        tasks=4,
+        names=2,
+        acquisitions=1200,
+        max_seconds=60.0,
+        seed=5,
+        fault_interval=(0.1, 0.3),
+        command_timeout=None,
+        socket_timeout=2.0,
+    )
+    report = run_check(config)
+    assert report["safe"], _explain(report)
+    assert report["accounted"] == 1200, _explain(report)
+    assert report["unexpected_errors"] == {}, _explain(report)
