@@ -23,7 +23,7 @@ from ._errors import (
     LockKeyTypeError,
     LockPermissionError,
 )
-from ._scripts import Script
+from ._scripts import REQUIRED_COMMANDS, Script
 
 __all__ = ["Client", "as_int", "as_text", "translate"]
 
@@ -57,12 +57,15 @@ def translate(exc: rex.RedisError, what: str, key: str | None = None) -> LockErr
             f"Redis rejected the client's credentials during {what}: {text}. "
             "Check the username and password in the Redis URL or client."
         )
-    if isinstance(exc, rex.NoPermissionError) or "NOPERM" in text:
+    if (
+        isinstance(exc, rex.NoPermissionError)
+        or "NOPERM" in text
+        or "can't run this command" in text  # an ACL refusal inside a script
+    ):
+        needed = ", ".join(c.upper().replace("|", " ") for c in REQUIRED_COMMANDS)
         return LockPermissionError(
-            f"Redis refused {what}: {text}. The ACL user needs EVALSHA, EVAL, SCRIPT LOAD, "
-            "PUBLISH, SUBSCRIBE, UNSUBSCRIBE, EXISTS, HGET, PTTL and the commands used inside "
-            "aiolock's scripts (TYPE, HGET, HSET, HINCRBY, HEXISTS, PEXPIRE, PTTL, DEL, SET, "
-            "TIME), on keys and channels under the manager's prefix."
+            f"Redis refused {what}: {text}. The ACL user needs these commands: {needed}; "
+            "on keys (~prefix:*) and channels (&prefix:*) under the manager's prefix."
         )
     if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)):
         return LockConnectionError(

@@ -21,6 +21,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -38,7 +39,7 @@ from ._hold import Hold
 from ._keys import KeySpace, LockKeys
 from ._renewal import HoldRegistry, Watchdog
 from ._scripts import ACQUIRE, CANCEL, FORCE_RELEASE, RELEASE, RENEW
-from ._waiters import WaiterHub
+from ._waiters import Waiter, WaiterHub
 
 if TYPE_CHECKING:
     from ._manager import LockManager
@@ -54,12 +55,31 @@ READY_WAIT = 1.0
 SHIELD_TIMEOUT = 5.0
 #: A void marker outlives any plausible delay of the attempt it voids.
 MIN_VOID_TTL = 60.0
+#: After a release that other clients listen for, this manager's tasks keep off the lock
+#: for this long, so that a waiter elsewhere (woken by the message, a little later than a
+#: local task could be) gets its turn: no starvation across processes.
+YIELD_WINDOW = 0.02
 
 _ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_LOCK_KEY, _BAD_META_KEY = 1, 2, 0, 3, -1, -2
-_STILL_HELD, _RELEASED, _NOT_HELD = 1, 2, 0
+_STILL_HELD, _RELEASED, _NOT_HELD, _HANDED_OVER = 1, 2, 0, 4
+
+
+@dataclass(frozen=True)
+class _Handoff:
+    """A local waiter chosen to receive the lock from a final release."""
+
+    keys: LockKeys
+    waiter: Waiter
+    field: str
+    lease: float
+    renew: bool
+    sent_at: float
 
 
 _Send = Callable[[], Awaitable[object]]
+
+
+_YIELD_US = round(YIELD_WINDOW * 1_000_000)
 
 
 def _ms(seconds: float) -> int:
@@ -123,7 +143,7 @@ class LockCore:
         deadline: float | None,
         timeout: float | None,
     ) -> Hold:
-        waiter = self.hub.join(keys.channel)
+        waiter = self.hub.join(keys.channel, owner, lease)
         acquired = False
         try:
             # The first waiter tries once its subscription is confirmed (the confirmation
@@ -131,6 +151,9 @@ class LockCore:
             should_try = waiter.is_head and self.hub.confirmed(keys.channel)
             ttl: float | None = READY_WAIT if waiter.is_head else None
             while True:
+                if waiter.handed is not None:  # a local releaser handed the lock over
+                    acquired = True
+                    return waiter.handed
                 if self.hub.closed:
                     raise self.manager_closed()
                 if should_try:
@@ -148,6 +171,9 @@ class LockCore:
                 )
         finally:
             self.hub.leave(waiter, acquired=acquired)
+            if not acquired and waiter.handed is not None:
+                # The lock was handed over just as this task gave up: pass it on.
+                await self._release_quietly(waiter.handed, pass_on=True)
 
     async def _attempt(
         self, keys: LockKeys, owner: str, lease: float | None, hold: Hold | None = None
@@ -161,8 +187,10 @@ class LockCore:
         attempt = next(self._ids)
         field = f"{owner}:{attempt}" if hold is None else hold.field
         count = 0 if hold is None else hold.count
-        void = keys.void(attempt)
-        args = (field, _ms(lease_s), count, self._meta_ttl_ms)
+        # Unique across clients: a marker left by another process's cancelled attempt
+        # must never void this one.
+        void = keys.void(f"{self.keyspace.manager_id}:{attempt}")
+        args = (field, _ms(lease_s), count, self._meta_ttl_ms, self.keyspace.manager_id)
         sent_at = time.monotonic()
         try:
             code, value = await self.client.run(ACQUIRE, (keys.lock, keys.meta, void), args)
@@ -221,25 +249,27 @@ class LockCore:
 
     # -- release -----------------------------------------------------------------------
 
-    async def release(self, hold: Hold, *, everything: bool = False) -> None:
-        if not (everything or hold.count <= 1):
+    async def release(self, hold: Hold) -> None:
+        """Release one hold; the last one frees the lock or hands it to the next local waiter."""
+        if hold.count > 1:
             await self._release_one(hold)
             return
         if hold.release_id is None:
             hold.release_id = self.keyspace.release_id(next(self._ids))
-        args = (
-            hold.field,
-            hold.count,
-            hold.release_id,
-            hold.keys.channel,
-            self.keyspace.manager_id,
-            self._meta_ttl_ms,
-            "1" if everything else "0",
-        )
+        handoff = self._reserve_successor(hold)
+        args = (hold.field, 1, hold.release_id, hold.keys.channel, self.keyspace.manager_id,
+                self._meta_ttl_ms, handoff.field if handoff else "",
+                _ms(handoff.lease) if handoff else 0, _YIELD_US)  # fmt: skip
         what = f"release of {hold.keys.name!r}"
 
         async def send() -> LockError | None:
-            return self._apply_release(hold, await self.client.run(RELEASE, hold.keys.pair, args))
+            reply = await self.client.run(RELEASE, hold.keys.pair, args)
+            if handoff is not None:
+                handoff.waiter.reserved = False
+            error = self._apply_release(hold, reply)
+            if handoff is not None and as_int(reply[0]) == _HANDED_OVER:
+                await self._deliver(handoff, as_int(reply[1]))
+            return error
 
         def hand_over() -> None:
             # Unconfirmed: the retrier owns the hold now. Parked, it no longer counts as
@@ -247,6 +277,9 @@ class LockCore:
             # the old hold to be released (or to expire): it never re-enters it.
             self.registry.park(hold)
             self.cleanup.add(what, send, hold.valid_until)
+            if handoff is not None:  # let the successor fend for itself meanwhile
+                handoff.waiter.reserved = False
+                handoff.waiter.wake()
 
         try:
             error = await send()
@@ -266,6 +299,26 @@ class LockCore:
             raise
         if error is not None:
             raise error
+
+    def _reserve_successor(self, hold: Hold) -> _Handoff | None:
+        waiter = self.hub.successor(hold.keys.channel)
+        if waiter is None:
+            return None
+        waiter.reserved = True
+        lease = self.manager.lease if waiter.lease is None else waiter.lease
+        field = f"{waiter.owner}:{next(self._ids)}"
+        return _Handoff(hold.keys, waiter, field, lease, waiter.lease is None, time.monotonic())
+
+    async def _deliver(self, handoff: _Handoff, token: int) -> None:
+        """Redis handed the lock to *handoff*'s waiter: give it the hold, or pass it on."""
+        waiter = handoff.waiter
+        hold = Hold(handoff.keys, waiter.owner, handoff.field, token,
+                    handoff.lease, handoff.renew, handoff.sent_at)  # fmt: skip
+        self.registry.add(hold)
+        if waiter.left or self.hub.closed:  # it gave up meanwhile
+            await self._release_quietly(hold, pass_on=True)
+        else:
+            waiter.give(hold)
 
     async def _release_one(self, hold: Hold) -> None:
         """Release one of several holds: only the count changes, and the client's count rules.
@@ -310,7 +363,13 @@ class LockCore:
         hold.release_id = None
         if code == _RELEASED:
             hold.count = 0
-            self.hub.wake(hold.keys.channel)
+            if as_int(value) == 1:  # others listen: our own tasks yield to them for a while
+                self.hub.wake_later(hold.keys.channel, YIELD_WINDOW)
+            else:
+                self.hub.wake(hold.keys.channel)
+            return None
+        if code == _HANDED_OVER:
+            hold.count = 0
             return None
         if not hold.lost:
             self.registry.lose(hold, "Redis no longer had it when it was released")
@@ -374,23 +433,22 @@ class LockCore:
             for hold in holds:
                 tg.start_soon(release, hold)
 
-    def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str]:
-        """Arguments that release every hold of *hold*'s owner, whatever the count."""
-        return (
-            hold.field,
-            max(hold.count, 1),
-            "-",
-            hold.keys.channel,
-            self.keyspace.manager_id,
-            self._meta_ttl_ms,
-            "1",
-        )
+    def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str, int, int]:
+        """Arguments that release *hold* at once, whatever its count, handing over to nobody."""
+        return (hold.field, 1, "-", hold.keys.channel, self.keyspace.manager_id,
+                self._meta_ttl_ms, "", 0, _YIELD_US)  # fmt: skip
 
-    async def _release_quietly(self, hold: Hold) -> None:
+    async def _release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
+        """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
         try:
-            await self.client.run(RELEASE, hold.keys.pair, self._release_args(hold))
+            if pass_on:
+                hold.count = 1
+                await self.release(hold)
+            else:
+                await self.client.run(RELEASE, hold.keys.pair, self._release_args(hold))
         except LockError as exc:
             hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
+            logger.warning("could not release lock %r: %s", hold.keys.name, exc)
 
     # -- errors ------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ For a manager prefix ``P`` and a lock name ``N`` (UTF-8), the lock uses:
 ``P:{N}``                   hash: ``<owner field>`` -> hold count (one owner at a time)
 ``P:{N}:meta``              hash: ``fence`` (last fencing token), ``released`` (the id
                             of the last final release, so a retried release succeeds)
-``P:{N}:void:<attempt>``    marker: an acquire attempt that was cancelled in flight
+``P:{N}:void:<attempt id>`` marker: an acquire attempt that was cancelled in flight;
+                            the id is ``<manager id>:<number>``, unique across clients
 ``P:{N}:released``          pub/sub channel: a message per final release
 ==========================  =========================================================
 
@@ -123,8 +124,9 @@ class LockKeys:
         #: the KEYS of the release script
         self.pair = (self.lock, self.meta)
 
-    def void(self, attempt: int) -> str:
-        return f"{self.void_prefix}{attempt}"
+    def void(self, attempt_id: str) -> str:
+        """The void marker of one acquire attempt; *attempt_id* must be unique across clients."""
+        return f"{self.void_prefix}{attempt_id}"
 
 
 class KeySpace:

@@ -38,6 +38,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from ._client import as_text
+from ._hold import Hold
 
 __all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
 
@@ -45,15 +46,33 @@ logger = logging.getLogger("aiolock")
 
 
 class Waiter:
-    """One task waiting for one lock; lives in its channel's queue until it leaves."""
+    """One task waiting for one lock; lives in its channel's queue until it leaves.
 
-    __slots__ = ("_future", "pending", "queue")
+    A releasing task of the same manager may hand the lock straight to the head waiter
+    (one round trip instead of a release, a wake-up and an acquire): it *reserves* the
+    waiter, and once Redis confirms, :meth:`give` delivers the new hold.
+    """
 
-    def __init__(self, queue: ChannelQueue) -> None:
+    __slots__ = ("_future", "handed", "lease", "left", "owner", "pending", "queue", "reserved")
+
+    def __init__(self, queue: ChannelQueue, owner: str, lease: float | None) -> None:
         self.queue = queue
+        #: the waiting task's owner id, and the fixed lease it asked for (None: renewed)
+        self.owner = owner
+        self.lease = lease
         #: a wake that arrived while the waiter was not blocked; consumed by wait()
         self.pending = False
         self._future: asyncio.Future[bool] | None = None
+        #: a hand-over to this waiter is in flight
+        self.reserved = False
+        #: the hold handed over to this waiter
+        self.handed: Hold | None = None
+        self.left = False
+
+    def give(self, hold: Hold) -> None:
+        self.reserved = False
+        self.handed = hold
+        self.wake()
 
     @property
     def is_head(self) -> bool:
@@ -146,12 +165,12 @@ class WaiterHub:
 
     # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
 
-    def join(self, channel: str) -> Waiter:
+    def join(self, channel: str, owner: str, lease: float | None) -> Waiter:
         """Queue a new waiter at the tail of *channel*'s queue."""
         queue = self._queues.get(channel)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel)
-        waiter = Waiter(queue)
+        waiter = Waiter(queue, owner, lease)
         queue.waiters.append(waiter)
         if channel not in self._subscribed:
             self._dirty.set()
@@ -161,14 +180,24 @@ class WaiterHub:
         """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
         queue = waiter.queue
         was_head = waiter.is_head
+        waiter.left = True
         try:
             queue.waiters.remove(waiter)
         except ValueError:
             return  # already gone (the hub was closed)
-        if not acquired and (was_head or waiter.pending):
+        # A reserved waiter's releaser passes the lock on itself when the hand-over lands.
+        if not acquired and not waiter.reserved and (was_head or waiter.pending):
             queue.wake_head()
         if not queue.waiters:
             self._dirty.set()
+
+    def successor(self, channel: str) -> Waiter | None:
+        """The waiter a releasing task of this manager may hand the lock to, if any."""
+        queue = self._queues.get(channel)
+        if queue is None or self.closed or not queue.waiters:
+            return None
+        head = queue.waiters[0]  # first come, first served: only the head
+        return head if not head.reserved and head.handed is None else None
 
     def queued(self, channel: str) -> int:
         queue = self._queues.get(channel)
@@ -183,6 +212,10 @@ class WaiterHub:
         queue = self._queues.get(channel)
         if queue is not None:
             queue.wake_head()
+
+    def wake_later(self, channel: str, delay: float) -> None:
+        """Wake *channel*'s head after *delay* seconds (if another client has not by then)."""
+        asyncio.get_running_loop().call_later(delay, self.wake, channel)
 
     def close(self) -> None:
         """Wake every waiter; they find the hub closed and give up."""

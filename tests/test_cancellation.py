@@ -89,20 +89,26 @@ async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None
     client = Client(redis)
     lock, meta, channel = f"{prefix}:{{idem}}", f"{prefix}:{{idem}}:meta", "ch"
     owner = "owner-1"
-    code, _ = await client.run(ACQUIRE, (lock, meta, f"{lock}:void:1"), (owner, 5000, 0, 60000))
+    code, _ = await client.run(
+        ACQUIRE, (lock, meta, f"{lock}:void:1"), (owner, 5000, 0, 60000, "m")
+    )
     assert code == 1
-    code, count = await client.run(ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000))
+    code, count = await client.run(
+        ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000, "m")
+    )
     assert (code, count) == (2, 2)
     # the same re-entry sent twice counts once
-    code, count = await client.run(ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000))
+    code, count = await client.run(
+        ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000, "m")
+    )
     assert (code, count) == (2, 2)
-    partial = (owner, 2, "-", channel, "m", 60000, "0")
+    partial = (owner, 2, "-", channel, "m", 60000, "", 0, 0)
     assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]
     assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]  # resent: still 1
-    final = (owner, 1, "rel-7", channel, "m", 60000, "0")
+    final = (owner, 1, "rel-7", channel, "m", 60000, "", 0, 0)
     assert await client.run(RELEASE, (lock, meta), final) == [2, 0]
     assert await client.run(RELEASE, (lock, meta), final) == [2, 0]  # resent: same answer
-    other = (owner, 1, "rel-8", channel, "m", 60000, "0")
+    other = (owner, 1, "rel-8", channel, "m", 60000, "", 0, 0)
     assert await client.run(RELEASE, (lock, meta), other) == [0, 0]  # a new call: not held
 
 
@@ -110,7 +116,7 @@ async def test_a_resent_new_acquisition_returns_the_same_token(redis: Redis, pre
     client = Client(redis)
     lock, meta = f"{prefix}:{{tok}}", f"{prefix}:{{tok}}:meta"
     keys = (lock, meta, f"{lock}:void:9")
-    first = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000))
-    again = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000))
+    first = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000, "m"))
+    again = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000, "m"))
     assert first == again
     assert await redis.hget(lock, "o") == b"1"

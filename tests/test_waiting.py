@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 import aiolock
 
-from .helpers import eventually
+from .helpers import counting_client, eventually
 
 
 async def test_a_waiter_wakes_on_release_without_waiting_out_the_lease(
@@ -128,3 +128,56 @@ async def test_waiters_are_served_one_after_another(locks: aiolock.LockManager) 
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert sorted(got) == list(range(50))
     assert locks.statistics().hub.waiters == 0
+
+
+async def test_a_local_handoff_costs_one_round_trip(redis_url: str, prefix: str) -> None:
+    client, trips = counting_client(redis_url)
+    async with aiolock.LockManager(client, prefix=prefix) as locks:
+        lock = locks.lock("handoff")
+        await lock.acquire()
+        served: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with locks.lock("handoff") as mine:
+                served.append(i)
+                assert mine.fencing_token is not None
+
+        tasks = []
+        for i in range(10):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await eventually(lambda: locks.statistics().hub.waiters == len(tasks), what="queue")
+        await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
+        await asyncio.sleep(0.05)  # the head's post-subscription attempt
+        trips.sends = 0
+        await lock.release()  # hands the lock to the head, which hands it on, ...
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert served == list(range(10))
+        # 10 hand-overs and one final release; nobody re-acquires, nobody is woken to retry
+        # (the pub/sub UNSUBSCRIBE at the end may or may not have been sent yet)
+        assert trips.sends in (11, 12)
+        assert not await lock.locked()
+    await client.aclose()
+
+
+async def test_no_handoff_starves_a_waiter_of_another_process(redis_url: str, prefix: str) -> None:
+    async with (
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as busy,
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as other,
+    ):
+        stop = asyncio.Event()
+
+        async def hog() -> None:
+            while not stop.is_set():
+                async with busy.lock("hog"):
+                    await asyncio.sleep(0.001)
+
+        hogs = [asyncio.create_task(hog()) for _ in range(4)]
+        await asyncio.sleep(0.1)  # the hogs hand the lock around among themselves
+        started = time.monotonic()
+        async with other.lock("hog", timeout=5):
+            waited = time.monotonic() - started
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*hogs), 5)
+        assert waited < 1.0  # woken by a message: hand-overs stop once it listens too
+        await busy.redis.aclose()
+        await other.redis.aclose()

@@ -9,7 +9,15 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 
-__all__ = ["ACQUIRE", "CANCEL", "FORCE_RELEASE", "RELEASE", "RENEW", "Script"]
+__all__ = [
+    "ACQUIRE",
+    "CANCEL",
+    "FORCE_RELEASE",
+    "RELEASE",
+    "RENEW",
+    "REQUIRED_COMMANDS",
+    "Script",
+]
 
 
 class Script:
@@ -29,3 +37,15 @@ RELEASE = Script("release")
 RENEW = Script("renew")
 CANCEL = Script("cancel")
 FORCE_RELEASE = Script("force_release")
+
+
+#: Every Redis command aiolock sends, or calls from its scripts: what an ACL user needs
+#: (with ``~<prefix>:*`` keys and ``&<prefix>:*`` channels). Keep in step with the scripts.
+REQUIRED_COMMANDS: tuple[str, ...] = (
+    # sent by the client
+    "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
+    "exists", "hget", "hexists", "pttl",
+    # called from the scripts
+    "type", "hmget", "hset", "hincrby", "pexpire", "del", "set", "time",
+    "publish", "pubsub|numsub",
+)  # fmt: skip

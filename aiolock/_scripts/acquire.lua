@@ -7,11 +7,13 @@
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  hold count the client believes it has (0 for a new acquisition)
 -- ARGV[4]  lifetime of the meta hash in milliseconds
+-- ARGV[5]  the acquiring manager's id
 --
 -- Returns {code, value}:
 --   { 1, token}  acquired anew; token is the new fencing token
 --   { 2, count}  re-entered; count is the new hold count
---   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none)
+--   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none);
+--               or free, but this manager yields to other clients for pttl ms more
 --   { 3, 0    }  voided: a cancel reached Redis before this attempt did; nothing done
 --   {-1, type }  KEYS[1] holds a value of another Redis type; nothing done
 --   {-2, type }  KEYS[2] likewise
@@ -29,11 +31,17 @@ if kind == 'none' then
   if meta_kind ~= 'none' and meta_kind ~= 'hash' then
     return {-2, meta_kind}
   end
+  local now = redis.call('time')
+  local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  -- The last release by this manager had listeners elsewhere: let them go first.
+  local yield = redis.call('hmget', KEYS[2], 'yield', 'yield_until')
+  if yield[1] == ARGV[5] and now_us < tonumber(yield[2]) then
+    return {0, math.ceil((tonumber(yield[2]) - now_us) / 1000)}
+  end
   -- Fencing token: the server's clock in microseconds, forced above the last token of
   -- this name, so tokens keep increasing even after the meta hash expired or the server
   -- restarted without persistence (as long as its clock is not set back).
-  local now = redis.call('time')
-  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local token = now_us
   local last = tonumber(redis.call('hget', KEYS[2], 'fence') or 0)
   if token <= last then
     token = last + 1

@@ -1,24 +1,35 @@
--- aiolock: release one hold of a reentrant lock (or all of them), waking a waiter.
+-- aiolock: release one hold of a reentrant lock; on the last one, wake or hand over.
 --
 -- KEYS[1]  lock hash: {owner field -> hold count}
 -- KEYS[2]  meta hash: {fence -> last fencing token, released -> id of the last final release}
 -- ARGV[1]  owner field
--- ARGV[2]  hold count the client has before this release (>= 1)
--- ARGV[3]  release id, unique per release call
+-- ARGV[2]  hold count the client has before this release (>= 1); 1 = the last hold
+-- ARGV[3]  release id, unique per final release ('-' for a nested one)
 -- ARGV[4]  release channel
 -- ARGV[5]  message to publish (the releasing manager's id)
 -- ARGV[6]  lifetime of the meta hash in milliseconds
--- ARGV[7]  '1': release every hold of this owner at once; '0': one hold
+-- ARGV[7]  owner field of a local successor to hand the lock to, or '' for none
+-- ARGV[8]  the successor's lease in milliseconds
+-- ARGV[9]  fairness window in microseconds (see below)
 --
 -- Returns {code, value}:
 --   { 1, count}  one hold released, still held; count holds are left
---   { 2, 0    }  released: key deleted, a message published
+--   { 2, n    }  released: key deleted, a message published; n = 1 if other clients
+--                listen on the channel (the releaser's manager then yields, below)
+--   { 4, token}  handed over: the successor now holds the lock with this fencing token
 --   { 0, 0    }  this owner does not hold the lock
 --   {-1, type }  KEYS[1] holds a value of another Redis type; nothing done
 --
+-- The hand-over happens only when no other client listens on the channel (PUBSUB
+-- NUMSUB <= 1, the one listener being the releaser's own manager): a waiter elsewhere
+-- is always woken by a message instead, so other processes are never starved. When
+-- others listen, the meta hash also records that the releasing manager yields for
+-- ARGV[9] microseconds: the acquire script refuses that manager's tasks meanwhile, so a
+-- task that releases and asks again cannot beat the waiters that the message wakes.
+--
 -- Idempotent, so a resent command is harmless: the count is set to the client's count
--- minus one (not decremented again), and a final release leaves its id in the meta hash
--- so that a resend of it finds the key gone and still answers "released".
+-- minus one (not decremented again), and a final release leaves its id in the meta hash,
+-- so a resend finds the key gone or handed over and answers as the first run did.
 
 local kind = redis.call('type', KEYS[1]).ok
 if kind ~= 'hash' and kind ~= 'none' then
@@ -32,15 +43,15 @@ end
 if count == 0 then
   if redis.call('type', KEYS[2]).ok == 'hash'
       and redis.call('hget', KEYS[2], 'released') == ARGV[3] then
+    if ARGV[7] ~= '' and redis.call('hexists', KEYS[1], ARGV[7]) == 1 then
+      return {4, tonumber(redis.call('hget', KEYS[2], 'fence'))}
+    end
     return {2, 0}
   end
   return {0, 0}
 end
 
 local left = tonumber(ARGV[2]) - 1
-if ARGV[7] == '1' then
-  left = 0
-end
 if left > 0 then
   redis.call('hset', KEYS[1], ARGV[1], left)
   return {1, left}
@@ -52,5 +63,30 @@ if redis.call('type', KEYS[2]).ok ~= 'hash' then
 end
 redis.call('hset', KEYS[2], 'released', ARGV[3])
 redis.call('pexpire', KEYS[2], ARGV[6])
+
+if ARGV[7] ~= '' and redis.call('pubsub', 'numsub', ARGV[4])[2] <= 1 then
+  -- Same token rule as the acquire script: the server's clock in microseconds, forced
+  -- above the last token of this name.
+  local now = redis.call('time')
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('hget', KEYS[2], 'fence') or 0)
+  if token <= last then
+    token = last + 1
+  end
+  redis.call('hset', KEYS[2], 'fence', string.format('%.0f', token))
+  redis.call('hset', KEYS[1], ARGV[7], 1)
+  redis.call('pexpire', KEYS[1], ARGV[8])
+  return {4, token}
+end
+
+local listeners = redis.call('pubsub', 'numsub', ARGV[4])[2]
+if listeners > 1 then
+  local now = redis.call('time')
+  local until_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[9])
+  redis.call('hset', KEYS[2], 'yield', ARGV[5], 'yield_until', string.format('%.0f', until_us))
+end
 redis.call('publish', ARGV[4], ARGV[5])
+if listeners > 1 then
+  return {2, 1}
+end
 return {2, 0}

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+from aiolock._scripts import REQUIRED_COMMANDS
 from aiolock.testing import RedisServer, RedisServerError, find_redis_server
 
 __all__ = [
@@ -49,14 +50,9 @@ __all__ = [
 #: client sends. ``script|load`` style entries name one subcommand. Adjust once the
 #: scripts in ``aiolock/_scripts`` are final; pass your own list to :func:`acl_server`.
 AIOLOCK_COMMANDS: tuple[str, ...] = (
-    # sent by the client
-    "evalsha", "eval", "script|load", "script|exists",
-    "publish", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
-    "ping", "echo", "info", "client|id", "client|setname", "client|getname",
-    "hget", "hgetall", "hexists", "exists", "pttl", "del", "type",
-    # called from scripts
-    "hset", "hdel", "hincrby", "hlen", "get", "set", "incr", "incrby",
-    "pexpire", "pexpireat", "expire", "time",
+    *REQUIRED_COMMANDS,  # what aiolock itself sends and calls from its scripts
+    # what redis-py and the tests' own checks send
+    "eval", "info", "echo", "client|id", "client|setname", "client|getname",
 )  # fmt: skip
 
 #: what the ``noscript`` user of :func:`acl_server` lacks
