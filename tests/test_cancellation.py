@@ -120,3 +120,18 @@ async def test_a_resent_new_acquisition_returns_the_same_token(redis: Redis, pre
     again = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000, "m"))
     assert first == again
     assert await redis.hget(lock, "o") == b"1"
+
+
+async def test_another_clients_void_markers_never_void_our_attempts(
+    locks: aiolock.LockManager, redis: Redis
+) -> None:
+    """Regression: void markers were numbered per client, so one process's cancelled
+    attempt #n voided attempt #n of another, which then slept a whole lease."""
+    lock = locks.lock("voids")
+    other_id = "0" * 32
+    for n in range(1, 200):  # markers another client's cancelled attempts may leave
+        await redis.set(f"{lock.key}:void:{other_id}:{n}", "1", px=60_000)
+        await redis.set(f"{lock.key}:void:{n}", "1", px=60_000)
+    for _ in range(20):
+        assert await lock.try_acquire()
+        await lock.release()
