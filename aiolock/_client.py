@@ -31,9 +31,22 @@ T = TypeVar("T")
 Arg = str | int | float | bytes
 
 
-def _send(redis: Redis, *args: Arg) -> Awaitable[Any]:
-    # redis-py leaves execute_command untyped; this is the one place that calls it.
-    return redis.execute_command(*args)  # type: ignore[no-untyped-call]
+def _pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
+    """RESP-encode *commands* (arrays of bulk strings), ready to write in one go."""
+    parts: list[bytes] = []
+    for command in commands:
+        parts.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, str):
+                data = arg.encode("utf-8")
+            elif isinstance(arg, bytes):
+                data = arg
+            elif isinstance(arg, int):
+                data = b"%d" % arg
+            else:
+                data = repr(arg).encode("ascii")
+            parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return b"".join(parts)
 
 
 def as_text(value: object) -> str:
@@ -132,7 +145,8 @@ class Client:
         self._in_flight = 0
         self._queue: deque[_Request] = deque()
         self._flushes: set[asyncio.Task[None]] = set()
-        #: pipelines sent, and commands sent in them (for statistics)
+        #: round trips, pipelines sent, and commands sent in them (for statistics)
+        self.round_trips = 0
         self.pipelines = 0
         self.pipelined = 0
 
@@ -178,17 +192,14 @@ class Client:
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
     ) -> Any:
         try:
-            try:
-                return await self._bounded(_send(self.redis, *command))
-            except rex.NoScriptError:
-                if script is None:
-                    raise
-                await self._bounded(_send(self.redis, "SCRIPT LOAD", script.source))
-                return await self._bounded(_send(self.redis, *command))
+            (reply,) = await self._exchange([command], [script])
         except rex.RedisError as exc:
             raise translate(exc, what, key) from exc
         except TimeoutError as exc:
             raise self._timed_out(what) from exc
+        if isinstance(reply, rex.RedisError):
+            raise translate(reply, what, key) from reply
+        return reply
 
     def _kick(self) -> None:
         """Send what is queued, as pipelines, while slots are free."""
@@ -208,16 +219,7 @@ class Client:
     async def _flush(self, batch: list[_Request]) -> None:
         """Send *batch* as one pipeline and settle every caller's future."""
         try:
-            replies = await self._bounded(self._pipeline([r.command for r in batch]))
-            missing = {
-                id(r.script): r.script
-                for r, reply in zip(batch, replies, strict=True)
-                if isinstance(reply, rex.NoScriptError) and r.script is not None
-            }
-            if missing:  # the server forgot our scripts (restart, SCRIPT FLUSH): load, resend
-                for script in missing.values():
-                    await self._bounded(_send(self.redis, "SCRIPT LOAD", script.source))
-                replies = await self._bounded(self._pipeline([r.command for r in batch]))
+            replies = await self._exchange([r.command for r in batch], [r.script for r in batch])
             for request, reply in zip(batch, replies, strict=True):
                 if request.future.done():
                     continue
@@ -235,9 +237,69 @@ class Client:
             self._in_flight -= 1
             self._kick()
 
-    async def _pipeline(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
-        self.pipelines += 1
-        self.pipelined += len(commands)
+    async def _exchange(
+        self, commands: list[tuple[Arg, ...]], scripts: Sequence[Script | None]
+    ) -> list[Any]:
+        """One round trip for *commands*; replies in order, error replies as values.
+
+        A script the server does not know (restart, SCRIPT FLUSH) is loaded and its
+        commands are sent again.
+        """
+        replies = await self._bounded(self._round_trip(commands))
+        retry = [
+            i
+            for i, reply in enumerate(replies)
+            if isinstance(reply, rex.NoScriptError) and scripts[i] is not None
+        ]
+        if retry:
+            sources = {scripts[i].sha: scripts[i].source for i in retry}  # type: ignore[union-attr]
+            loads: list[tuple[Arg, ...]] = [("SCRIPT", "LOAD", src) for src in sources.values()]
+            for reply in await self._bounded(self._round_trip(loads)):
+                if isinstance(reply, rex.RedisError):
+                    raise reply  # e.g. an ACL that forbids SCRIPT LOAD
+            again = await self._bounded(self._round_trip([commands[i] for i in retry]))
+            for i, reply in zip(retry, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _round_trip(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
+        """Write *commands* at once on one pooled connection and read their replies.
+
+        This bypasses redis-py's command layer (its argument packing dominated the
+        profile) but uses its pool, connections and reply parser. A dropped connection
+        is retried once on a fresh one: every command aiolock sends is idempotent.
+        """
+        self.round_trips += 1
+        if len(commands) > 1:
+            self.pipelines += 1
+            self.pipelined += len(commands)
+        if self.redis.connection is not None:  # a single-connection client: its own path
+            return await self._via_redis_py(commands)
+        pool = self.redis.connection_pool
+        packed = _pack(commands)
+        for attempt in (1, 2):
+            conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.send_packed_command(packed)
+                replies: list[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response())
+                    except rex.ResponseError as exc:  # an error reply: the stream is intact
+                        replies.append(exc)
+                return replies
+            except (rex.ConnectionError, OSError) as exc:
+                await conn.disconnect(nowait=True)
+                if attempt == 2 or isinstance(exc, rex.AuthenticationError):
+                    raise
+            except BaseException:
+                await conn.disconnect(nowait=True)  # a reply may be pending: never reuse
+                raise
+            finally:
+                await pool.release(conn)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _via_redis_py(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)

@@ -1,9 +1,10 @@
 """The hold registry and the watchdog that renews leases.
 
 :class:`HoldRegistry` records every hold of one manager and detects a lease that ran
-out locally: each hold has a timer at ``valid_until`` (the latest moment its lease is
-surely still valid). A renewal only moves ``valid_until`` forward; the timer notices
-when it fires and re-arms itself, so renewing 10,000 holds touches no timer at all.
+out locally, with timers at ``valid_until`` (the latest moment a lease is surely still
+valid): fixed-lease holds each have one, auto-renewed holds share one at the earliest
+of their deadlines. A renewal only moves ``valid_until`` forward; a timer
+notices when it fires and re-arms itself, so renewing 10,000 holds touches no timer.
 
 :class:`Watchdog` is one loop per manager: every ``lease / 3`` it renews all
 auto-renewed holds, many per round trip, and reports each hold Redis no longer has.
@@ -50,6 +51,7 @@ class HoldRegistry:
         self._holds: dict[tuple[str, str], Hold] = {}
         self._lost: OrderedDict[tuple[str, str], Hold] = OrderedDict()
         self._parked: dict[tuple[str, str], Hold] = {}
+        self._shared: asyncio.TimerHandle | None = None
         self._on_lost = on_lost
 
     def __len__(self) -> int:
@@ -64,7 +66,10 @@ class HoldRegistry:
     def add(self, hold: Hold) -> None:
         self._holds[(hold.keys.lock, hold.owner)] = hold
         self._lost.pop((hold.keys.lock, hold.owner), None)
-        self._arm(hold)
+        if hold.renew:
+            self._arm_shared(hold.valid_until)
+        else:
+            self._arm(hold)
 
     def remove(self, hold: Hold) -> None:
         if self._holds.get((hold.keys.lock, hold.owner)) is hold:
@@ -120,6 +125,7 @@ class HoldRegistry:
         return [hold for hold in self._holds.values() if hold.renew]
 
     def _arm(self, hold: Hold) -> None:
+        """A timer of its own for a fixed-lease hold, at its deadline."""
         loop = asyncio.get_running_loop()
         # loop.time() is the monotonic clock, the same one valid_until is measured on.
         hold.timer = loop.call_at(hold.valid_until, self._check_expiry, hold)
@@ -129,10 +135,35 @@ class HoldRegistry:
         if hold.lost or self.get(hold.keys.lock, hold.owner) is not hold:
             return
         if time.monotonic() < hold.valid_until:
-            self._arm(hold)  # renewed since the timer was set
+            self._arm(hold)  # extended since the timer was set
             return
-        what = "renewal could not reach Redis in time" if hold.renew else "its fixed lease ran out"
-        self.lose(hold, f"the lease ended: {what}")
+        self.lose(hold, "the lease ended: its fixed lease ran out")
+
+    def _arm_shared(self, when: float) -> None:
+        """One timer for all auto-renewed holds, at the earliest of their deadlines.
+
+        They share the manager's lease and are renewed together, so their deadlines
+        cluster; one timer spares a timer per acquisition on the hot path.
+        """
+        if self._shared is not None:
+            if self._shared.when() <= when:
+                return
+            self._shared.cancel()
+        self._shared = asyncio.get_running_loop().call_at(when, self._check_renewed)
+
+    def _check_renewed(self) -> None:
+        self._shared = None
+        now = time.monotonic()
+        earliest: float | None = None
+        for hold in list(self._holds.values()):
+            if not hold.renew or hold.lost:
+                continue
+            if hold.valid_until <= now:
+                self.lose(hold, "the lease ended: renewal could not reach Redis in time")
+            elif earliest is None or hold.valid_until < earliest:
+                earliest = hold.valid_until
+        if earliest is not None:
+            self._arm_shared(earliest)
 
 
 class Watchdog:
