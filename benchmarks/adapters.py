@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio
 
-#: Every redis.asyncio client the harness builds gets this pool size (redis-py 8's default
+#: Every redis-py client the harness builds gets this pool size (redis-py 8's default
 #: is 100, which W4's 500 waiters would overflow with "Too many connections").
 MAX_CONNECTIONS = 1024
 #: Concurrency of a manual renewal pass (W5) for libraries without auto-renewal.
@@ -50,6 +50,7 @@ class LockAdapter(ABC):
     #: How the adapter maps the common interface onto the library.
     note: ClassVar[str] = ""
 
+    @abstractmethod
     async def setup(self, url: str, lease: float, concurrency: int = 64) -> None:
         """Create clients; *concurrency* is the most tasks that will use the adapter."""
 
@@ -63,6 +64,7 @@ class LockAdapter(ABC):
         """One manual renewal pass over *handles* (libraries without auto-renewal)."""
         raise NotImplementedError(f"{self.name} has no manual renewal")
 
+    @abstractmethod
     async def teardown(self) -> None:
         """Close clients."""
 
@@ -186,7 +188,7 @@ class PythonRedisLockAdapter(LockAdapter):
 
     async def setup(self, url: str, lease: float, concurrency: int = 64) -> None:
         self._mod: Any = importlib.import_module("redis_lock")
-        self._redis = redis.Redis.from_url(url)
+        self._redis = redis.Redis.from_url(url, max_connections=MAX_CONNECTIONS)
         self._lease = max(1, round(lease))
         self._pool = ThreadPoolExecutor(max_workers=max(4, concurrency + 2))
 

@@ -25,12 +25,12 @@ ACQUIRE_TIMEOUT = 20.0
 
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
-        "w0": {"cycles": 3000, "seconds": 0.6},
-        "w1": {"cycles": 3000, "seconds": 0.6},
-        "w2": {"tasks": 64, "seconds": 0.6},
-        "w3": {"tasks": 16, "seconds": 0.8},
-        "w3mp": {"procs": 4, "tasks": 4, "seconds": 0.8},
-        "w4": {"waiters": 500, "hold": 1.0, "settle": 0.3, "serve_timeout": 10.0},
+        "w0": {"cycles": 3000, "seconds": 0.5},
+        "w1": {"cycles": 3000, "seconds": 0.5},
+        "w2": {"tasks": 64, "seconds": 0.5},
+        "w3": {"tasks": 16, "seconds": 0.6},
+        "w3mp": {"procs": 4, "tasks": 4, "seconds": 0.6},
+        "w4": {"waiters": 500, "hold": 1.0, "settle": 0.2, "serve_timeout": 3.0},
         "w5": {"locks": 1000, "lease": 2.0, "periods": 1.0, "acquire_seconds": 20.0},
     },
     "full": {
@@ -39,8 +39,8 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "w2": {"tasks": 64, "seconds": 4.0},
         "w3": {"tasks": 16, "seconds": 4.0},
         "w3mp": {"procs": 4, "tasks": 4, "seconds": 4.0},
-        "w4": {"waiters": 500, "hold": 3.0, "settle": 0.5, "serve_timeout": 20.0},
-        "w5": {"locks": 10000, "lease": 6.0, "periods": 2.0, "acquire_seconds": 60.0},
+        "w4": {"waiters": 500, "hold": 3.0, "settle": 0.3, "serve_timeout": 20.0},
+        "w5": {"locks": 10000, "lease": 15.0, "periods": 2.0, "acquire_seconds": 60.0},
     },
 }
 #: How often each workload is repeated (fresh process each time); the report shows medians.

@@ -65,7 +65,9 @@ class ClientCounts:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClientCounts:
-        return cls(int(data["round_trips"]), Counter({str(k): int(v) for k, v in data["commands"].items()}))
+        return cls(
+            int(data["round_trips"]), Counter({str(k): int(v) for k, v in data["commands"].items()})
+        )
 
     def add(self, other: ClientCounts) -> None:
         self.round_trips += other.round_trips

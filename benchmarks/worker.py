@@ -25,6 +25,7 @@ from benchmarks.config import ACQUIRE_TIMEOUT, FLOOR, LEASE
 from benchmarks.metrics import COUNTS, Admin, ClientCounts
 
 RESULT_PREFIX = "BENCH-RESULT "
+PART_LINE_LIMIT = 256 * 1024 * 1024
 
 
 def clean(value: Any) -> Any:
@@ -63,7 +64,10 @@ async def run_lib_workload(lib: str, workload: str, url: str, params: dict[str, 
         try:
             return await workloads.LOCK_WORKLOADS[workload](adapter, admin, params)
         finally:
-            await asyncio.wait_for(adapter.teardown(), 10)
+            # No timeout wrapper here: aiolock's LockManager holds an anyio task group that
+            # must be exited in the task and cancel scope it was entered in. The process as
+            # a whole is bounded by the orchestrator's timeout.
+            await adapter.teardown()
     finally:
         await admin.close()
 
@@ -88,6 +92,21 @@ async def _read_result(stream: asyncio.StreamReader, timeout: float) -> dict[str
     raise RuntimeError("a w3part process ended without a result")
 
 
+async def _wait_ready(stream: asyncio.StreamReader, timeout: float) -> None:
+    """Skip whatever a library prints until READY; a result line here is a failure."""
+    deadline = time.monotonic() + timeout
+    for _ in range(10_000):
+        line = await _readline(stream, max(0.1, deadline - time.monotonic()))
+        if line == "READY":
+            return
+        if line.startswith(RESULT_PREFIX):
+            error = json.loads(line[len(RESULT_PREFIX) :]).get("error", "unknown error")
+            raise RuntimeError(f"w3part failed during set-up: {error}")
+        if not line and stream.at_eof():
+            break
+    raise RuntimeError("a w3part process ended before it was ready")
+
+
 async def coordinate_w3mp(lib: str, url: str, admin: Admin, params: dict[str, Any]) -> Any:
     procs = int(params["procs"])
     seconds = float(params["seconds"])
@@ -96,16 +115,24 @@ async def coordinate_w3mp(lib: str, url: str, admin: Admin, params: dict[str, An
         for p in range(procs):
             children.append(
                 await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "benchmarks.worker", lib, "w3part",
-                    "--url", url, "--params", json.dumps({**params, "part": p}),
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                )  # fmt: skip
+                    sys.executable,
+                    "-m",
+                    "benchmarks.worker",
+                    lib,
+                    "w3part",
+                    "--url",
+                    url,
+                    "--params",
+                    json.dumps({**params, "part": p}),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    limit=PART_LINE_LIMIT,  # a part's result line carries all its records
+                )
             )
         for child in children:
             assert child.stdout is not None
-            if await _readline(child.stdout, 30) != "READY":
-                raise RuntimeError("a w3part process did not get ready")
-        conns = asyncio.ensure_future(workloads._sample_connections(admin, 0.1 + seconds / 2))
+            await _wait_ready(child.stdout, 30)
+        conns = asyncio.ensure_future(workloads.sample_connections(admin, 0.1 + seconds / 2))
         start = await workloads.Window.take(admin)
         end_at = start.wall + seconds
         for child in children:
@@ -137,6 +164,7 @@ async def coordinate_w3mp(lib: str, url: str, admin: Admin, params: dict[str, An
             "tasks": procs * int(params["tasks"]),
             **out,
             "mutex_violations_within_process": sum(int(p["violations"]) for p in parts),
+            "cancelled_waits": sum(int(p["cancelled"]) for p in parts),
             **total,
             **workloads.per(total, out["acquisitions"]),
             "connections": await conns,
@@ -162,27 +190,30 @@ async def run_w3part(lib: str, url: str, params: dict[str, Any]) -> None:
     await adapter.setup(url, LEASE, int(params["tasks"]))
     try:
         # Warm-up: every task contends briefly, so connections and scripts exist already.
-        await workloads.contend(adapter, int(params["tasks"]), time.monotonic() + 0.1, "warm")
+        await workloads.contend(
+            adapter, int(params["tasks"]), time.monotonic() + 0.1, "warm", 1.0, "w3:warm"
+        )
         print("READY", flush=True)
         line = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 60)
         if not line.startswith("GO "):
             return
         end_at = float(line.split()[1])
         before, cpu0 = COUNTS.copy(), time.process_time()
-        records, violations = await workloads.contend(
+        records, violations, cancelled = await workloads.contend(
             adapter, int(params["tasks"]), end_at, f"p{params['part']}t"
         )
         emit(
             {
                 "records": records,
                 "violations": violations,
+                "cancelled": cancelled,
                 "client": COUNTS.minus(before).to_json(),
                 "cpu_s": time.process_time() - cpu0,
             }
         )
         await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), 60)
     finally:
-        await asyncio.wait_for(adapter.teardown(), 10)
+        await adapter.teardown()
 
 
 # -- entry point -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ records from several processes on one machine can be merged).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import tracemalloc
 from collections import Counter
@@ -66,14 +67,13 @@ class Window:
 def per(total: Result, n: int, keys: Sequence[str] = ()) -> Result:
     """``<key>_per`` fields: *total* counts divided by *n* operations."""
     out: Result = {}
-    for key in ("round_trips", "top_level_commands", "all_commands", "in_script_commands",
-                *keys):  # fmt: skip
+    for key in ("round_trips", "top_level_commands", "all_commands", "in_script_commands", *keys):
         if key in total and n > 0:
             out[f"{key}_per_op"] = total[key] / n
     return out
 
 
-async def _sample_connections(admin: Admin, delay: float) -> int:
+async def sample_connections(admin: Admin, delay: float) -> int:
     await asyncio.sleep(delay)
     return len(await admin.connections())
 
@@ -95,8 +95,8 @@ async def w0_floor(url: str, admin: Admin, params: Result) -> Result:
 
 def _floor_cycle(client: redis.asyncio.Redis, sha: str) -> Any:
     async def cycle() -> None:
-        await client.evalsha(sha, 1, "floor")  # type: ignore[misc]
-        await client.evalsha(sha, 1, "floor")  # type: ignore[misc]
+        await client.evalsha(sha, 1, "floor")
+        await client.evalsha(sha, 1, "floor")
 
     return cycle
 
@@ -104,7 +104,7 @@ def _floor_cycle(client: redis.asyncio.Redis, sha: str) -> Any:
 async def _cycles(admin: Admin, params: Result, cycle: Any) -> Result:
     max_cycles = int(params["cycles"])
     latencies: list[float] = []
-    conns = asyncio.ensure_future(_sample_connections(admin, min(0.2, params["seconds"] / 2)))
+    conns = asyncio.ensure_future(sample_connections(admin, min(0.2, params["seconds"] / 2)))
     start = await Window.take(admin)
     deadline = start.wall + float(params["seconds"])
     now = start.wall
@@ -151,7 +151,7 @@ async def w2_concurrency(adapter: LockAdapter, admin: Admin, params: Result) -> 
 
     await asyncio.gather(*(warm(i) for i in range(tasks)))
     counts = [0] * tasks
-    conns = asyncio.ensure_future(_sample_connections(admin, seconds / 2))
+    conns = asyncio.ensure_future(sample_connections(admin, seconds / 2))
     start = await Window.take(admin)
     deadline = start.wall + seconds
 
@@ -180,22 +180,36 @@ async def w2_concurrency(adapter: LockAdapter, admin: Admin, params: Result) -> 
 
 
 async def contend(
-    adapter: LockAdapter, tasks: int, deadline: float, worker_prefix: str
-) -> tuple[list[Record], int]:
-    """*tasks* tasks loop acquire/release on one name until *deadline*.
+    adapter: LockAdapter,
+    tasks: int,
+    deadline: float,
+    worker_prefix: str,
+    grace: float = 0.25,
+    name: str = "w3",
+) -> tuple[list[Record], int, int]:
+    """*tasks* tasks loop acquire/release on lock *name* until *deadline*.
 
-    Returns the records and the number of mutual-exclusion violations seen in this
-    process (two tasks between acquire-return and release-call at once).
+    A task still waiting in ``acquire`` *grace* seconds after the deadline is cancelled
+    (polling libraries would otherwise need seconds to let every waiter through once).
+    Returns the records, the number of mutual-exclusion violations seen in this process
+    (two tasks between acquire-return and release at once) and the number of waits
+    cancelled at the end.
     """
     records: list[Record] = []
     inside = 0
     violations = 0
+    waiting = [False] * tasks
 
     async def worker(i: int) -> None:
         nonlocal inside, violations
         wid = f"{worker_prefix}{i}"
         while time.monotonic() < deadline:
-            handle = await adapter.acquire("w3", ACQUIRE_TIMEOUT)
+            waiting[i] = True
+            try:
+                handle = await adapter.acquire(name, ACQUIRE_TIMEOUT)
+            except asyncio.CancelledError:
+                return
+            waiting[i] = False
             t_acq = time.monotonic()
             inside += 1
             if inside > 1:
@@ -204,8 +218,20 @@ async def contend(
             await adapter.release(handle)
             records.append((wid, t_acq, time.monotonic()))
 
-    await asyncio.gather(*(worker(i) for i in range(tasks)))
-    return records, violations
+    running = [asyncio.ensure_future(worker(i)) for i in range(tasks)]
+    _, pending = await asyncio.wait(running, timeout=max(0.0, deadline + grace - time.monotonic()))
+    cancelled = 0
+    for i, task in enumerate(running):
+        if task in pending and waiting[i]:
+            task.cancel()
+            cancelled += 1
+    if pending:
+        await asyncio.wait(pending, timeout=ACQUIRE_TIMEOUT)
+    for task in running:
+        error = task.exception() if task.done() and not task.cancelled() else None
+        if error is not None:
+            raise error
+    return records, violations, cancelled
 
 
 def contention_metrics(records: Sequence[Record], start: float, end: float) -> Result:
@@ -217,7 +243,7 @@ def contention_metrics(records: Sequence[Record], start: float, end: float) -> R
     change_handoffs: list[float] = []
     changes = 0
     negative = 0
-    for prev, cur in zip(ordered, ordered[1:]):
+    for prev, cur in itertools.pairwise(ordered):
         gap = cur[1] - prev[2]
         if gap < 0:
             negative += 1
@@ -244,11 +270,13 @@ async def w3_contention(adapter: LockAdapter, admin: Admin, params: Result) -> R
     tasks = int(params["tasks"])
     seconds = float(params["seconds"])
     # Warm-up: every task contends briefly, so connections and scripts exist already.
-    await contend(adapter, tasks, time.monotonic() + min(0.2, seconds / 4), "warm")
-    conns = asyncio.ensure_future(_sample_connections(admin, seconds / 2))
+    # (Another name: a wait cancelled at its end could leave that lock held.)
+    warm_end = time.monotonic() + min(0.2, seconds / 4)
+    await contend(adapter, tasks, warm_end, "warm", grace=1.0, name="w3:warm")
+    conns = asyncio.ensure_future(sample_connections(admin, seconds / 2))
     start = await Window.take(admin)
     deadline = start.wall + seconds
-    records, violations = await contend(adapter, tasks, deadline, "t")
+    records, violations, cancelled = await contend(adapter, tasks, deadline, "t")
     end = await Window.take(admin)
     total = start.until(end)
     out = contention_metrics(records, start.wall, deadline)
@@ -256,6 +284,7 @@ async def w3_contention(adapter: LockAdapter, admin: Admin, params: Result) -> R
         "tasks": tasks,
         **out,
         "mutex_violations": violations,
+        "cancelled_waits": cancelled,
         **total,
         **per(total, out["acquisitions"]),
         "connections": await conns,
@@ -263,6 +292,20 @@ async def w3_contention(adapter: LockAdapter, admin: Admin, params: Result) -> R
 
 
 # -- W4 many waiters -------------------------------------------------------------------
+
+
+async def _settle(since: float, least: float, most: float) -> float:
+    """Wait until the waiters' start-up traffic is over: at least *least* seconds, then
+    until no round trip was made for 0.1 s, at most *most* seconds. A library that polls
+    never goes quiet and gets *most*. Returns the seconds waited since *since*."""
+    await asyncio.sleep(max(0.0, since + least - time.monotonic()))
+    last = COUNTS.round_trips
+    while time.monotonic() - since < most:
+        await asyncio.sleep(0.1)
+        if COUNTS.round_trips == last:
+            break
+        last = COUNTS.round_trips
+    return time.monotonic() - since
 
 
 async def w4_waiters(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
@@ -290,7 +333,7 @@ async def w4_waiters(adapter: LockAdapter, admin: Admin, params: Result) -> Resu
 
     begin = await Window.take(admin)
     tasks = [asyncio.ensure_future(waiter()) for _ in range(waiters)]
-    await asyncio.sleep(settle)
+    settle_s = await _settle(begin.wall, settle, max(settle, hold * 0.5))
     wait_start = await Window.take(admin)
     samples: list[list[dict[str, Any]]] = []
     wait_end_at = t_held + hold
@@ -305,7 +348,7 @@ async def w4_waiters(adapter: LockAdapter, admin: Admin, params: Result) -> Resu
     early = len(served)
     await adapter.release(holder)
     t_rel = time.monotonic()
-    done, pending = await asyncio.wait(tasks, timeout=serve_timeout)
+    _, pending = await asyncio.wait(tasks, timeout=serve_timeout)
     for t in pending:
         t.cancel()
     if pending:
@@ -324,6 +367,7 @@ async def w4_waiters(adapter: LockAdapter, admin: Admin, params: Result) -> Resu
         "cancelled": len(pending),
         "all_served_s": after[-1] if len(served) == waiters else None,
         "served_p50_s": metrics.percentile(after, 50),
+        "settle_s": settle_s,
         "wait_seconds": wait["wall_s"],
         "wait_commands": wait.get("all_commands"),
         "wait_commands_per_s": (wait.get("all_commands") or 0) / wait["wall_s"],
@@ -333,6 +377,7 @@ async def w4_waiters(adapter: LockAdapter, admin: Admin, params: Result) -> Resu
         "wait_round_trips": wait["round_trips"],
         "wait_by_name": wait_by_name,
         "startup_commands": startup.get("all_commands"),
+        "startup_round_trips": startup["round_trips"],
         "startup_by_name": startup.get("all_by_name", {}),
         "serve_commands": serve.get("all_commands"),
         "serve_round_trips": serve["round_trips"],
@@ -353,7 +398,10 @@ async def w5_holds(adapter: LockAdapter, admin: Admin, params: Result) -> Result
     lease = float(params["lease"])
     periods = float(params["periods"])
     acquire_deadline = time.monotonic() + float(params["acquire_seconds"])
-    await adapter.release(await adapter.acquire("w5:warm", ACQUIRE_TIMEOUT))
+    warm = await adapter.acquire("w5:warm", ACQUIRE_TIMEOUT)
+    if not adapter.auto_renews:
+        await adapter.renew([warm])  # loads the renewal script outside the window
+    await adapter.release(warm)
     base_keys = await admin.dbsize()
     tracemalloc.start()
     mem0, rss0 = tracemalloc.get_traced_memory()[0], metrics.rss_bytes()
@@ -375,8 +423,12 @@ async def w5_holds(adapter: LockAdapter, admin: Admin, params: Result) -> Result
     }
     try:
         if held < n:
-            out["error"] = f"only {held} of {n} locks acquired in {acquire_s:.1f} s"
-            return out
+            raise RuntimeError(f"only {held} of {n} locks acquired in {acquire_s:.1f} s")
+        if acquire_s > 0.9 * lease:
+            raise RuntimeError(
+                f"acquiring {n} locks took {acquire_s:.1f} s, too close to the {lease:.0f} s "
+                "lease: the first locks would expire before renewal; use a longer lease"
+            )
         start = await Window.take(admin)
         if adapter.auto_renews:
             await asyncio.sleep(lease * periods)
@@ -401,11 +453,21 @@ async def w5_holds(adapter: LockAdapter, admin: Admin, params: Result) -> Result
         )
         return out
     finally:
-        deadline = time.monotonic() + float(params["acquire_seconds"])
-        for h in handles:
-            if time.monotonic() > deadline:
-                break
+        await _release_all(adapter, handles, time.monotonic() + float(params["acquire_seconds"]))
+
+
+async def _release_all(adapter: LockAdapter, handles: Sequence[object], deadline: float) -> None:
+    """Release *handles* until *deadline*; the first failure is raised after the loop."""
+    first: Exception | None = None
+    for h in handles:
+        if time.monotonic() > deadline:
+            break
+        try:
             await adapter.release(h)
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 LOCK_WORKLOADS = {

@@ -1,0 +1,218 @@
+"""Run the benchmark suite: ``python -m benchmarks [--quick] [--libs ...] [--workloads ...]``.
+
+Starts a private redis-server on a free loopback port (:class:`aiolock.testing.RedisServer`),
+runs every selected workload for every selected library in a fresh worker process
+(``python -m benchmarks.worker``), flushing the server between runs, and writes
+``RESULTS.md``, ``results.json`` and PNG plots to ``--out`` (default
+``benchmarks/results``). Exits 1 if an aiolock or floor run failed (peers' failures are
+recorded as results), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from aiolock.testing import RedisServer, find_redis_server
+from benchmarks import report
+from benchmarks.adapters import ADAPTERS
+from benchmarks.config import FLOOR, PROFILES, REPEATS, RUN_TIMEOUT, WORKLOADS
+from benchmarks.metrics import ADMIN_NAME
+from benchmarks.worker import RESULT_PREFIX
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The metric that picks the median repeat of each workload.
+KEY_METRIC = {
+    "w0": "cycles_per_s",
+    "w1": "cycles_per_s",
+    "w2": "cycles_per_s",
+    "w3": "acquisitions_per_s",
+    "w3mp": "acquisitions_per_s",
+    "w4": "all_served_s",
+    "w5": "renew_round_trips_per_period",
+}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_list(value: str | None, allowed: list[str], what: str) -> list[str]:
+    if not value:
+        return list(allowed)
+    chosen = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return [v for v in allowed if v in chosen]
+
+
+def run_worker(lib: str, workload: str, url: str, params: dict[str, Any], timeout: float) -> Any:
+    """One fresh worker process; returns its parsed result (``ok``/``metrics``/``error``).
+
+    The worker runs from the repository root, so ``-m`` imports this checkout's
+    ``aiolock`` and ``benchmarks`` packages.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.worker",
+        lib,
+        workload,
+        "--url",
+        url,
+        "--params",
+        json.dumps(params),
+    ]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"worker timed out after {timeout:.0f} s (killed)"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {
+        "ok": False,
+        "error": f"worker exited {proc.returncode} without a result: " + " | ".join(tail),
+    }
+
+
+def wait_for_clients_gone(admin: redis.Redis, limit_s: float = 3.0) -> int:
+    """Wait (bounded) until only our own connection is left; return the leftover count."""
+    deadline = time.monotonic() + limit_s
+    left = 0
+    while time.monotonic() < deadline:
+        left = sum(1 for c in admin.client_list() if c.get("name") != ADMIN_NAME)
+        if left <= 0:
+            return 0
+        time.sleep(0.05)
+    return left
+
+
+def combine(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median repeat (by the workload's key metric), plus the key metric's spread."""
+    ok = [r for r in runs if r.get("ok")]
+    if not ok:
+        return {"ok": False, "error": runs[-1].get("error", "failed") if runs else "not run"}
+    key = KEY_METRIC[workload]
+    valued = [r for r in ok if isinstance(r["metrics"].get(key), (int, float))]
+    if valued:
+        valued.sort(key=lambda r: float(r["metrics"][key]))
+        chosen = valued[(len(valued) - 1) // 2]
+    else:
+        chosen = ok[0]
+    values = [float(r["metrics"][key]) for r in valued]
+    return {
+        "ok": True,
+        "metrics": chosen["metrics"],
+        "repeats": len(runs),
+        "failed_repeats": len(runs) - len(ok),
+        "key_metric": key,
+        "key_values": values,
+        "key_median": statistics.median(values) if values else None,
+    }
+
+
+def versions(libs: list[str]) -> dict[str, str]:
+    out = {"redis (redis-py)": ADAPTERS["redis-py"].version()}
+    for lib in libs:
+        try:
+            out[lib] = ADAPTERS[lib].version()
+        except Exception as exc:  # a library that does not even import
+            out[lib] = f"unavailable ({type(exc).__name__}: {exc})"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="short runs (< 1 minute total)")
+    parser.add_argument("--libs", help=f"comma list of {', '.join(ADAPTERS)}")
+    parser.add_argument("--workloads", help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--repeats", type=int, help="override repeats per workload")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    args = parser.parse_args(argv)
+
+    profile = "quick" if args.quick else "full"
+    try:
+        libs = parse_list(args.libs, list(ADAPTERS), "libraries")
+        selected = parse_list(args.workloads, list(WORKLOADS), "workloads")
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    load_before = os.getloadavg()
+
+    runs: list[dict[str, Any]] = []
+    summary: dict[str, dict[str, Any]] = {}
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url, client_name=ADMIN_NAME)
+        server_version = str(admin.info("server").get("redis_version", "?"))
+        for workload in selected:
+            params = PROFILES[profile][workload]
+            repeats = args.repeats or REPEATS[profile].get(workload, 1)
+            summary[workload] = {}
+            targets = [FLOOR] if workload == "w0" else libs
+            by_lib: dict[str, list[dict[str, Any]]] = {lib: [] for lib in targets}
+            # Repeats are interleaved (lib A, B, C, A, B, C, ...) so that drifting load on
+            # the machine affects every library alike.
+            for rep in range(repeats):
+                for lib in targets:
+                    admin.flushall()
+                    t0 = time.monotonic()
+                    result = run_worker(lib, workload, server.url, params, RUN_TIMEOUT[profile])
+                    leftover = wait_for_clients_gone(admin)
+                    record = {
+                        "lib": lib,
+                        "workload": workload,
+                        "repeat": rep,
+                        "seconds": time.monotonic() - t0,
+                        "leftover_clients": leftover,
+                        **result,
+                    }
+                    by_lib[lib].append(record)
+                    runs.append(record)
+                    log(report.progress_line(record))
+            for lib, lib_runs in by_lib.items():
+                summary[workload][lib] = combine(workload, lib_runs)
+        admin.flushall()
+        admin.close()
+
+    meta = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "profile": profile,
+        "command": "python -m benchmarks " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "redis_server": server_version,
+        "redis_server_binary": find_redis_server(),
+        "versions": versions(libs),
+        "params": {w: PROFILES[profile][w] for w in selected},
+        "total_seconds": time.monotonic() - started,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    report.write_all(out, meta, summary, runs, plots=not args.no_plots)
+    log(f"wrote {out / 'RESULTS.md'} in {meta['total_seconds']:.1f} s")
+    broken = [r for r in runs if not r.get("ok") and r["lib"] in ("aiolock", FLOOR)]
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

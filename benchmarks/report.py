@@ -1,0 +1,598 @@
+"""RESULTS.md (tables, ratios, targets), results.json and PNG plots."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.adapters import ADAPTERS, PEERS
+from benchmarks.config import FLOOR, WORKLOADS
+
+Summary = dict[str, dict[str, Any]]
+AIOLOCK = "aiolock"
+
+
+# -- formatting ------------------------------------------------------------------------
+
+
+def num(value: Any, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if digits == 0:
+            return f"{value:,.0f}"
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def ratio(a: Any, b: Any) -> str:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not b:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def kib(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "n/a"
+    return f"{value / 1024:,.1f} KiB"
+
+
+def short(error: Any, limit: int = 300) -> str:
+    """An error message cut to *limit* characters (some libraries repr whole clients)."""
+    text = str(error or "")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def progress_line(record: dict[str, Any]) -> str:
+    head = f"[{record['workload']}] {record['lib']:<18} {record['seconds']:5.1f} s  "
+    if not record.get("ok"):
+        return head + f"FAILED: {short(record.get('error'))}"
+    m = record["metrics"]
+    for key, label in (
+        ("cycles_per_s", "cycles/s"),
+        ("acquisitions_per_s", "acq/s"),
+        ("all_served_s", "s to serve all"),
+        ("renew_round_trips_per_period", "renewal round trips/period"),
+    ):
+        if key in m:
+            return head + f"{num(m[key], 3 if key == 'all_served_s' else 0)} {label}"
+    return head + "ok"
+
+
+def metric(summary: Summary, workload: str, lib: str, key: str) -> Any:
+    entry = summary.get(workload, {}).get(lib)
+    if not entry or not entry.get("ok"):
+        return None
+    return entry["metrics"].get(key)
+
+
+def ok_libs(summary: Summary, workload: str) -> list[str]:
+    return [lib for lib, e in summary.get(workload, {}).items() if e.get("ok")]
+
+
+# -- tables ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    cell: Callable[[str, dict[str, Any]], str]
+
+
+def table(summary: Summary, workload: str, columns: Sequence[Column]) -> list[str]:
+    entries = summary.get(workload, {})
+    if not entries:
+        return []
+    lines = [
+        "| library | " + " | ".join(c.title for c in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for lib, entry in entries.items():
+        if not entry.get("ok"):
+            lines.append(f"| {lib} | " + " | ".join("-" for _ in columns) + " |")
+            continue
+        m = entry["metrics"]
+        lines.append(f"| {lib} | " + " | ".join(c.cell(lib, m) for c in columns) + " |")
+    return lines
+
+
+def col(title: str, key: str, digits: int = 0) -> Column:
+    return Column(title, lambda _lib, m: num(m.get(key), digits))
+
+
+def vs_aiolock(summary: Summary, workload: str, key: str) -> Column:
+    """aiolock's value divided by this row's (how many times better aiolock is)."""
+    base = metric(summary, workload, AIOLOCK, key)
+    return Column(
+        "aiolock / this", lambda lib, m: "-" if lib == AIOLOCK else ratio(base, m.get(key))
+    )
+
+
+def spread(summary: Summary, workload: str) -> Column:
+    def cell(lib: str, _m: dict[str, Any]) -> str:
+        values = summary[workload][lib].get("key_values") or []
+        if len(values) < 2:
+            return "-"
+        return f"{min(values):,.0f}-{max(values):,.0f}"
+
+    return Column("range over repeats", cell)
+
+
+def sections(summary: Summary) -> list[str]:
+    floor = metric(summary, "w0", FLOOR, "cycles_per_s")
+    out: list[str] = []
+    cycle_cols = [
+        Column("x floor", lambda _l, m: ratio(m.get("cycles_per_s"), floor)),
+        col("p50 us", "cycle_p50_us"),
+        col("p99 us", "cycle_p99_us"),
+        col("round trips/cycle", "round_trips_per_op", 2),
+        col("client cmds/cycle", "top_level_commands_per_op", 2),
+        col("all cmds/cycle", "all_commands_per_op", 2),
+        col("conns", "connections"),
+    ]
+    contention_cols = [
+        col("owner changes", "owner_change_share", 3),
+        col("handoff p50 us (owner change)", "change_handoff_p50_us"),
+        col("handoff p99 us (owner change)", "change_handoff_p99_us"),
+        col("handoff p50 us (all)", "handoff_p50_us"),
+        col("handoff p99 us (all)", "handoff_p99_us"),
+        col("min acq/worker", "min_worker_acquisitions"),
+        col("max share", "max_worker_share", 3),
+        col("client cmds/acq", "top_level_commands_per_op", 2),
+        col("all cmds/acq", "all_commands_per_op", 2),
+        col("round trips/acq", "round_trips_per_op", 2),
+        col("conns", "connections"),
+    ]
+    specs: dict[str, list[Column]] = {
+        "w0": [col("cycles/s", "cycles_per_s"), spread(summary, "w0"), *cycle_cols],
+        "w1": [
+            col("cycles/s", "cycles_per_s"),
+            vs_aiolock(summary, "w1", "cycles_per_s"),
+            spread(summary, "w1"),
+            *cycle_cols,
+        ],
+        "w2": [
+            col("cycles/s", "cycles_per_s"),
+            vs_aiolock(summary, "w2", "cycles_per_s"),
+            spread(summary, "w2"),
+            col("min cycles/task", "min_task_cycles"),
+            col("round trips/cycle", "round_trips_per_op", 2),
+            col("all cmds/cycle", "all_commands_per_op", 2),
+            col("conns", "connections"),
+            col("client CPU s", "cpu_s", 2),
+        ],
+        "w3": [
+            col("acq/s", "acquisitions_per_s"),
+            vs_aiolock(summary, "w3", "acquisitions_per_s"),
+            spread(summary, "w3"),
+            *contention_cols,
+            col("mutex violations", "mutex_violations"),
+        ],
+        "w3mp": [
+            col("acq/s", "acquisitions_per_s"),
+            vs_aiolock(summary, "w3mp", "acquisitions_per_s"),
+            spread(summary, "w3mp"),
+            *contention_cols,
+        ],
+        "w4": [
+            Column("served", lambda _l, m: f"{m.get('served')}/{m.get('waiters')}"),
+            col("all served after release, s", "all_served_s", 3),
+            col("median served after release, s", "served_p50_s", 3),
+            col("settle s", "settle_s", 2),
+            col("start-up cmds", "startup_commands"),
+            col("cmds/s during wait", "wait_commands_per_s"),
+            col("non-subscribe cmds during wait", "wait_non_subscribe_commands"),
+            col("round trips during wait", "wait_round_trips"),
+            col("conns", "connections"),
+            col("subscribed conns", "subscribed_connections"),
+            Column("tracemalloc growth", lambda _l, m: kib(m.get("tracemalloc_growth_bytes"))),
+            Column("RSS growth", lambda _l, m: kib(m.get("rss_growth_bytes"))),
+            col("bytes/waiter", "memory_per_waiter_bytes"),
+        ],
+        "w5": [
+            col("locks", "locks"),
+            col("renewal", "renewal"),
+            col("round trips/lease period", "renew_round_trips_per_period"),
+            col("all cmds/lease period", "renew_commands_per_period"),
+            Column(
+                "CPU ms/lease period",
+                lambda _l, m: num(_scaled(m.get("renew_cpu_s_per_period"), 1e3), 1),
+            ),
+            col("bytes/lock (tracemalloc)", "memory_per_lock_bytes"),
+            col("bytes/lock (RSS)", "rss_per_lock_bytes"),
+            col("keys in Redis after", "keys_after"),
+            col("acquire all, s", "acquire_all_s", 2),
+        ],
+    }
+    for workload, columns in specs.items():
+        lines = table(summary, workload, columns)
+        if lines:
+            out += [f"### {WORKLOADS[workload]}", "", *lines, ""]
+    return out
+
+
+def _scaled(value: Any, factor: float) -> Any:
+    return value * factor if isinstance(value, (int, float)) else None
+
+
+# -- targets ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    workload: str
+    text: str
+    measured: str
+    status: str  # "met", "not met", "n/a"
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "workload": self.workload,
+            "target": self.text,
+            "measured": self.measured,
+            "status": self.status,
+        }
+
+
+def _status(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "not met")
+
+
+def _best_peer(summary: Summary, workload: str, key: str, lower: bool = False) -> tuple[str, Any]:
+    values = [(lib, metric(summary, workload, lib, key)) for lib in PEERS]
+    values = [(lib, v) for lib, v in values if isinstance(v, (int, float))]
+    if not values:
+        return ("", None)
+    return (min if lower else max)(values, key=lambda lv: lv[1])
+
+
+def targets(summary: Summary) -> list[Target]:
+    out: list[Target] = []
+
+    def a(workload: str, key: str) -> Any:
+        return metric(summary, workload, AIOLOCK, key)
+
+    floor = metric(summary, "w0", FLOOR, "cycles_per_s")
+    w1 = a("w1", "cycles_per_s")
+    if "w1" in summary:
+        ok = None if w1 is None or floor is None else w1 >= 0.9 * floor
+        out.append(
+            Target(
+                "W1",
+                ">= 0.9x W0 floor cycles/s",
+                f"{num(w1)} vs floor {num(floor)} = {ratio(w1, floor)}",
+                _status(ok),
+            )
+        )
+    if "w2" in summary:
+        w2 = a("w2", "cycles_per_s")
+        peer, best = _best_peer(summary, "w2", "cycles_per_s")
+        ok = None if w2 is None or best is None else w2 >= 3 * best
+        out.append(
+            Target(
+                "W2",
+                ">= 3x best Python peer cycles/s",
+                f"{num(w2)} vs {peer or 'no peer'} {num(best)} = {ratio(w2, best)}",
+                _status(ok),
+            )
+        )
+    for w, label in (("w3", "one process"), ("w3mp", "4 processes")):
+        if w not in summary:
+            continue
+        workers = a(w, "workers")
+        expected = metric(summary, w, AIOLOCK, "tasks")
+        least, share = a(w, "min_worker_acquisitions"), a(w, "max_worker_share")
+        ok = None
+        if least is not None and share is not None:
+            ok = workers == expected and least >= 1 and share <= 0.10
+        out.append(
+            Target(
+                f"W3 ({label})",
+                "no starvation: every worker acquires, none > 10% of acquisitions",
+                f"{num(workers)}/{num(expected)} workers acquired, fewest "
+                f"{num(least)}, max share {num(_scaled(share, 100), 1)}%",
+                _status(ok),
+            )
+        )
+        if w == "w3":
+            changes = a(w, "owner_change_share")
+            out.append(
+                Target(
+                    "W3 (one process)",
+                    ">= 90% of acquisitions change owner",
+                    f"{num(_scaled(changes, 100), 1)}%",
+                    _status(None if changes is None else changes >= 0.9),
+                )
+            )
+        top, every = a(w, "top_level_commands_per_op"), a(w, "all_commands_per_op")
+        out.append(
+            Target(
+                f"W3 ({label})",
+                "<= 4 Redis commands per acquisition (client-sent)",
+                num(top, 2),
+                _status(None if top is None else top <= 4),
+            )
+        )
+        out.append(
+            Target(
+                f"W3 ({label})",
+                "<= 4 Redis commands per acquisition (all, incl. inside scripts)",
+                num(every, 2),
+                _status(None if every is None else every <= 4),
+            )
+        )
+        # The issue's definition (release-return -> next holder's acquire-return, whoever
+        # the next holder is) decides; the owner-change-only figure is shown as well, but
+        # for a polling library it only samples the rare polls that hit the free window.
+        for key, what in (
+            ("handoff_p50_us", "every handoff, as the issue defines it"),
+            ("change_handoff_p50_us", "owner changes only; biased for polling peers"),
+        ):
+            mine = a(w, key)
+            peer, best = _best_peer(summary, w, key, lower=True)
+            ok = None if mine is None or best is None else mine < best
+            out.append(
+                Target(
+                    f"W3 ({label})",
+                    f"handoff p50 below every peer's ({what})",
+                    f"{num(mine)} us vs best peer {peer or 'none'} {num(best)} us",
+                    _status(ok),
+                )
+            )
+    if "w4" in summary:
+        extra, conns, served = (
+            a("w4", "wait_non_subscribe_commands"),
+            a("w4", "connections"),
+            a("w4", "all_served_s"),
+        )
+        out.append(
+            Target(
+                "W4",
+                "no Redis commands during the wait beyond subscribing",
+                f"{num(extra)} other commands ({num(a('w4', 'wait_commands_per_s'), 1)}"
+                " cmds/s in total)",
+                _status(None if extra is None else extra == 0),
+            )
+        )
+        out.append(
+            Target(
+                "W4", "<= 4 connections", num(conns), _status(None if conns is None else conns <= 4)
+            )
+        )
+        waiters = a("w4", "waiters")
+        out.append(
+            Target(
+                "W4",
+                f"all {num(waiters)} served in < 0.15 s after release",
+                f"{num(served, 3)} s"
+                if served is not None
+                else f"served {num(a('w4', 'served'))}/{num(waiters)}",
+                _status(
+                    None if a("w4", "served") is None else served is not None and served < 0.15
+                ),
+            )
+        )
+    if "w5" in summary:
+        rt, locks = a("w5", "renew_round_trips_per_period"), a("w5", "locks")
+        out.append(
+            Target(
+                "W5",
+                "renewal of 10,000 held locks in <= 100 round trips per lease period",
+                f"{num(rt, 1)} round trips per period for {num(locks)} locks",
+                _status(None if rt is None else rt <= 100),
+            )
+        )
+    return out
+
+
+# -- plots -----------------------------------------------------------------------------
+
+
+def make_plots(out: Path, summary: Summary) -> list[str]:
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+    except ImportError:
+        return []
+    matplotlib.use("Agg")
+    plt: Any = importlib.import_module("matplotlib.pyplot")
+    written: list[str] = []
+
+    layouts = [w for w in ("w3", "w3mp") if summary.get(w)]
+    if layouts:
+        fig, axes = plt.subplots(1, len(layouts), figsize=(6.5 * len(layouts), 4.5), squeeze=False)
+        for ax, w in zip(axes[0], layouts, strict=True):
+            for lib, entry in summary[w].items():
+                samples = (
+                    entry.get("metrics", {}).get("handoff_samples_us") if entry.get("ok") else None
+                )
+                if not samples:
+                    continue
+                xs = sorted(samples)
+                ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                ax.step(xs, ys, where="post", label=lib)
+            # symlog: negative handoffs (the next owner's acquire returned before the
+            # releaser's release did) stay visible left of zero.
+            ax.set_xscale("symlog", linthresh=10.0)
+            ax.axvline(0, color="grey", linewidth=0.8)
+            ax.set_xlabel("handoff latency, us (release-return -> next owner's acquire-return)")
+            ax.set_ylabel("cumulative share")
+            ax.set_title(WORKLOADS[w].split(":")[1].strip())
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle("W3 handoff latency distribution (owner changes)")
+        fig.tight_layout()
+        fig.savefig(out / "handoff_latency.png", dpi=110)
+        plt.close(fig)
+        written.append("handoff_latency.png")
+
+    bars = [
+        (w, k)
+        for w, k in (
+            ("w1", "cycles_per_s"),
+            ("w2", "cycles_per_s"),
+            ("w3", "acquisitions_per_s"),
+            ("w3mp", "acquisitions_per_s"),
+        )
+        if summary.get(w)
+    ]
+    if bars:
+        libs = [lib for lib in ADAPTERS if any(lib in summary[w] for w, _ in bars)]
+        fig, axes = plt.subplots(1, len(bars), figsize=(4.2 * len(bars), 4.5), squeeze=False)
+        for ax, (w, key) in zip(axes[0], bars, strict=True):
+            values = [metric(summary, w, lib, key) or 0.0 for lib in libs]
+            ax.bar(range(len(libs)), values, color=[f"C{i}" for i in range(len(libs))])
+            ax.set_xticks(range(len(libs)))
+            ax.set_xticklabels(libs, rotation=35, ha="right", fontsize=8)
+            ax.set_title(w.upper() + (" cycles/s" if "cycles" in key else " acquisitions/s"))
+            floor = metric(summary, "w0", FLOOR, "cycles_per_s")
+            if w == "w1" and floor:
+                ax.axhline(floor, color="k", linestyle="--", linewidth=1, label="W0 floor")
+                ax.legend(fontsize=8)
+            ax.grid(True, axis="y", alpha=0.3)
+        fig.suptitle("Throughput per library (higher is better)")
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=110)
+        plt.close(fig)
+        written.append("throughput.png")
+    return written
+
+
+# -- documents -------------------------------------------------------------------------
+
+
+METHOD = """\
+## Method
+
+* One private `redis-server` on a free loopback port (`aiolock.testing.RedisServer`),
+  no persistence; `FLUSHALL` before every run. Every (library, workload) pair runs in a
+  fresh `python -m benchmarks.worker` process; `w3mp` starts 4 more worker processes.
+* **Round trips** = socket writes the library makes, counted by wrapping the client
+  connection's send path (`send_packed_command` for redis-py asyncio and sync;
+  `RedisConnection.execute` for aioredis 1.x). A pipeline flush counts once.
+* **Client cmds** = top-level commands the client sends (EVALSHA, SET, PUBLISH,
+  SUBSCRIBE, ...), counted by name where the client packs them.
+* **All cmds** = the server's `INFO commandstats` delta (`calls + rejected_calls`),
+  which includes the commands Lua scripts run with `redis.call`; all - client = commands
+  run inside scripts. The harness's own INFO / CLIENT LIST / DBSIZE calls are subtracted.
+  New connections made inside a window add their handshake (HELLO, ...) to both counts.
+* **Connections** = `CLIENT LIST` entries other than the harness's own, sampled in the
+  middle of the run (W4: the maximum of three samples during the wait).
+* **Handoff latency** (W3): acquisitions sorted by acquire-return time (`time.monotonic()`,
+  system-wide on Linux, so records from the 4 processes are merged directly); handoff =
+  next acquire-return minus previous release-return. "owner change" handoffs are those
+  where the next holder is a different task, the wake-up latency of a waiter; "all"
+  includes a task re-taking the lock it just released. A small negative value is possible
+  (the next holder's acquire reply can arrive before the releaser's reply). Plots show the
+  owner-change distribution. Throughput counts acquisitions that returned inside the
+  timed window; commands per acquisition include the drain after it.
+* **Memory**: `tracemalloc` (Python allocations) and RSS deltas; tracemalloc runs only
+  while memory is measured (W4 wait, W5 acquiring), never during timed sections.
+* **CPU**: `time.process_time()` of the worker process (all threads).
+* Per-acquire timeout 20 s; every loop is bounded by a deadline and/or a count.
+"""
+
+
+def markdown(
+    meta: dict[str, Any],
+    summary: Summary,
+    runs: list[dict[str, Any]],
+    goals: list[Target],
+    images: list[str],
+) -> str:
+    lines = [
+        "# aiolock benchmark results",
+        "",
+        f"Generated {meta['date_utc']} by `{meta['command'].strip()}` "
+        f"(profile **{meta['profile']}**, {meta['total_seconds']:.0f} s).",
+        "",
+        f"Python {meta['python']} on {meta['platform']}, {meta['cpus']} CPUs; "
+        f"redis-server {meta['redis_server']} on loopback. Load average before/after: "
+        f"{meta['loadavg_before'][0]} / {meta['loadavg_after'][0]} (other work on the machine "
+        "adds noise; repeats are interleaved across libraries).",
+        "",
+        "| library | version |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in meta["versions"].items()),
+        "",
+        "## Targets (aiolock)",
+        "",
+        "| workload | target | measured | status |",
+        "|---|---|---|---|",
+        *(f"| {t.workload} | {t.text} | {t.measured} | **{t.status}** |" for t in goals),
+        "",
+    ]
+    if meta["profile"] == "quick":
+        lines += [
+            "Quick profile: short runs, W4 holds 1 s and waits at most 3 s for the "
+            "waiters, W5 holds 1,000 locks (not 10,000) with a 2 s lease, so these numbers "
+            "check the harness; use the full run for comparisons.",
+            "",
+        ]
+    lines += [
+        "## Results",
+        "",
+        "Values are from the median repeat (by the first column). "
+        "\"aiolock / this\" is aiolock's value divided by the row's.",
+        "",
+    ]
+    lines += sections(summary)
+    failures = [r for r in runs if not r.get("ok")]
+    if failures:
+        lines += [
+            "## Failed runs",
+            "",
+            "| workload | library | repeat | error |",
+            "|---|---|---|---|",
+        ]
+        for r in failures:
+            error = short(r.get("error")).replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {r['workload']} | {r['lib']} | {r['repeat']} | {error} |")
+        lines.append("")
+    leftovers = [r for r in runs if r.get("leftover_clients")]
+    if leftovers:
+        lines += [
+            "Connections still open 3 s after the worker exited: "
+            + ", ".join(f"{r['workload']}/{r['lib']}: {r['leftover_clients']}" for r in leftovers),
+            "",
+        ]
+    lines += ["## How each library is driven", ""]
+    for name, cls in ADAPTERS.items():
+        if name in meta["versions"]:
+            lines.append(f"* **{name}**: {cls.note}")
+    lines += [
+        "* All redis-py clients are built with `max_connections=1024` (redis-py 8's default "
+        "pool of 100 overflows with W4's 500 waiters).",
+        "",
+        METHOD,
+        "## Parameters",
+        "",
+        "```json",
+        json.dumps(meta["params"], indent=1),
+        "```",
+        "",
+    ]
+    if images:
+        lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images] + [""]
+    return "\n".join(lines)
+
+
+def write_all(
+    out: Path,
+    meta: dict[str, Any],
+    summary: Summary,
+    runs: list[dict[str, Any]],
+    *,
+    plots: bool = True,
+) -> None:
+    goals = targets(summary)
+    images = make_plots(out, summary) if plots else []
+    doc = {"meta": meta, "targets": [t.to_json() for t in goals], "summary": summary, "runs": runs}
+    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "RESULTS.md").write_text(markdown(meta, summary, runs, goals, images))
