@@ -31,21 +31,32 @@ T = TypeVar("T")
 Arg = str | int | float | bytes
 
 
+#: RESP bulk strings of recent arguments: lock keys, channels, ids and numbers repeat on
+#: every command, and encoding them dominated the client's profile. Unique values (owner
+#: fields) churn through it; it is simply emptied when full.
+_BULK: dict[Arg, bytes] = {}
+_BULK_MAX = 4096
+
+
+def _bulk(arg: Arg) -> bytes:
+    data = arg.encode("utf-8") if type(arg) is str else arg
+    if type(data) is not bytes:
+        data = b"%d" % data if type(data) is int else repr(data).encode("ascii")
+    encoded = b"$%d\r\n%s\r\n" % (len(data), data)
+    if len(_BULK) >= _BULK_MAX:
+        _BULK.clear()
+    _BULK[arg] = encoded
+    return encoded
+
+
 def _pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
     """RESP-encode *commands* (arrays of bulk strings), ready to write in one go."""
     parts: list[bytes] = []
     for command in commands:
         parts.append(b"*%d\r\n" % len(command))
         for arg in command:
-            if isinstance(arg, str):
-                data = arg.encode("utf-8")
-            elif isinstance(arg, bytes):
-                data = arg
-            elif isinstance(arg, int):
-                data = b"%d" % arg
-            else:
-                data = repr(arg).encode("ascii")
-            parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+            encoded = _BULK.get(arg)
+            parts.append(encoded if encoded is not None else _bulk(arg))
     return b"".join(parts)
 
 

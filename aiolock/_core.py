@@ -59,6 +59,9 @@ MIN_VOID_TTL = 60.0
 #: for this long, so that a waiter elsewhere (woken by the message, a little later than a
 #: local task could be) gets its turn: no starvation across processes.
 YIELD_WINDOW = 0.02
+#: Hand-overs in a row within this manager while other clients wait for the same lock:
+#: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
+MAX_LOCAL_STREAK = 2
 
 _ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_LOCK_KEY, _BAD_META_KEY = 1, 2, 0, 3, -1, -2
 _STILL_HELD, _RELEASED, _NOT_HELD, _HANDED_OVER = 1, 2, 0, 4
@@ -259,7 +262,7 @@ class LockCore:
         handoff = self._reserve_successor(hold)
         args = (hold.field, 1, hold.release_id, hold.keys.channel, self.keyspace.manager_id,
                 self._meta_ttl_ms, handoff.field if handoff else "",
-                _ms(handoff.lease) if handoff else 0, _YIELD_US)  # fmt: skip
+                _ms(handoff.lease) if handoff else 0, _YIELD_US, MAX_LOCAL_STREAK)  # fmt: skip
         what = f"release of {hold.keys.name!r}"
 
         async def send() -> LockError | None:
@@ -433,10 +436,10 @@ class LockCore:
             for hold in holds:
                 tg.start_soon(release, hold)
 
-    def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str, int, int]:
+    def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str, int, int, int]:
         """Arguments that release *hold* at once, whatever its count, handing over to nobody."""
         return (hold.field, 1, "-", hold.keys.channel, self.keyspace.manager_id,
-                self._meta_ttl_ms, "", 0, _YIELD_US)  # fmt: skip
+                self._meta_ttl_ms, "", 0, _YIELD_US, 0)  # fmt: skip
 
     async def _release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""

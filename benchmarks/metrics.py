@@ -9,9 +9,11 @@ Counting method (also documented in ``benchmarks/README.md``):
   pub/sub SUBSCRIBE counts once. For aioredis 1.x (used by aioredlock) every
   ``RedisConnection.execute`` call is one round trip (aioredis writes each command as it
   is issued).
-* **Top-level commands** are counted on the client too, by command name, at
-  ``pack_command`` (redis-py; pipelines pack each command through it) or ``execute``
-  (aioredis). These are the commands the client sends: EVALSHA, SET, PUBLISH, ...
+* **Top-level commands** are counted on the client too, by command name, in what each
+  ``send_packed_command`` writes (redis-py asyncio: the RESP arrays are parsed, so
+  libraries that pack their own commands are counted alike), at ``send_command`` /
+  ``pack_commands`` (redis-py sync) or ``execute`` (aioredis). These are the commands the
+  client sends: EVALSHA, SET, PUBLISH, ...
 * **All commands** come from the server: the delta of ``INFO commandstats``
   (``calls + rejected_calls``) over the measured window. Redis counts every command a
   Lua script runs with ``redis.call`` here as well, so ``all - top-level`` is the
@@ -117,21 +119,42 @@ def _patch_redis_py_async() -> None:
     if getattr(cls, "_bench_patched", False):
         return
     orig_send: Callable[..., Any] = cls.send_packed_command
-    orig_pack: Callable[..., Any] = cls.pack_command
 
     async def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        # Commands are counted in what is written, not at redis-py's pack_command: a
+        # library may pack its own commands (aiolock does) and still use the connection.
         if _is_counted(self):
             COUNTS.round_trips += 1
+            COUNTS.commands.update(resp_command_names(command))
         await orig_send(self, command, check_health)
 
-    def pack_command(self: Any, *args: Any) -> Any:
-        if _is_counted(self):
-            COUNTS.commands[command_name(args)] += 1
-        return orig_pack(self, *args)
-
     cls.send_packed_command = send_packed_command
-    cls.pack_command = pack_command
     cls._bench_patched = True
+
+
+def resp_command_names(payload: bytes | str | Iterable[bytes]) -> list[str]:
+    """The command names in a RESP payload of arrays of bulk strings (what clients send)."""
+    if isinstance(payload, str):
+        data = payload.encode()
+    elif isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(payload)
+    else:
+        data = b"".join(bytes(chunk) for chunk in payload)
+    names: list[str] = []
+    pos = 0
+    while pos < len(data) and data[pos : pos + 1] == b"*":
+        end = data.index(b"\r\n", pos)
+        count = int(data[pos + 1 : end])
+        pos = end + 2
+        args: list[bytes] = []
+        for _ in range(count):
+            end = data.index(b"\r\n", pos)
+            size = int(data[pos + 1 : end])
+            if len(args) < 2:
+                args.append(data[end + 2 : end + 2 + size])
+            pos = end + 2 + size + 2
+        names.append(command_name([a.decode("utf-8", "replace") for a in args]))
+    return names
 
 
 def _patch_redis_py_sync() -> None:

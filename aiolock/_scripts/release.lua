@@ -11,6 +11,7 @@
 -- ARGV[7]  owner field of a local successor to hand the lock to, or '' for none
 -- ARGV[8]  the successor's lease in milliseconds
 -- ARGV[9]  fairness window in microseconds (see below)
+-- ARGV[10] hand-overs in a row allowed while other clients listen (see below)
 --
 -- Returns {code, value}:
 --   { 1, count}  one hold released, still held; count holds are left
@@ -20,12 +21,13 @@
 --   { 0, 0    }  this owner does not hold the lock
 --   {-1, type }  KEYS[1] holds a value of another Redis type; nothing done
 --
--- The hand-over happens only when no other client listens on the channel (PUBSUB
--- NUMSUB <= 1, the one listener being the releaser's own manager): a waiter elsewhere
--- is always woken by a message instead, so other processes are never starved. When
--- others listen, the meta hash also records that the releasing manager yields for
--- ARGV[9] microseconds: the acquire script refuses that manager's tasks meanwhile, so a
--- task that releases and asks again cannot beat the waiters that the message wakes.
+-- Fairness between clients: while other clients listen on the channel (PUBSUB NUMSUB
+-- > 1, one listener being the releaser's own manager), at most ARGV[10] hand-overs in a
+-- row stay within one manager (counted in the meta hash's 'streak'); then the release
+-- publishes instead, and the meta hash records that the releasing manager yields for
+-- ARGV[9] microseconds: the acquire script refuses that manager's tasks meanwhile, so
+-- the waiters the message wakes elsewhere get their turn. Nobody listening elsewhere:
+-- hand-overs are unlimited.
 --
 -- Idempotent, so a resent command is harmless: the count is set to the client's count
 -- minus one (not decremented again), and a final release leaves its id in the meta hash,
@@ -64,7 +66,10 @@ end
 redis.call('hset', KEYS[2], 'released', ARGV[3])
 redis.call('pexpire', KEYS[2], ARGV[6])
 
-if ARGV[7] ~= '' and redis.call('pubsub', 'numsub', ARGV[4])[2] <= 1 then
+local listeners = redis.call('pubsub', 'numsub', ARGV[4])[2]
+local streak = tonumber(redis.call('hget', KEYS[2], 'streak') or 0)
+if ARGV[7] ~= '' and (listeners <= 1 or streak < tonumber(ARGV[10])) then
+  redis.call('hset', KEYS[2], 'streak', streak + 1)
   -- Same token rule as the acquire script: the server's clock in microseconds, forced
   -- above the last token of this name.
   local now = redis.call('time')
@@ -79,7 +84,7 @@ if ARGV[7] ~= '' and redis.call('pubsub', 'numsub', ARGV[4])[2] <= 1 then
   return {4, token}
 end
 
-local listeners = redis.call('pubsub', 'numsub', ARGV[4])[2]
+redis.call('hset', KEYS[2], 'streak', 0)
 if listeners > 1 then
   local now = redis.call('time')
   local until_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[9])
