@@ -130,11 +130,17 @@ class LockCore:
         elif lease is None:
             lease = hold.lease
         new, busy_ttl = await self._attempt(hold.keys, hold.owner, lease, hold)
-        if new is None:  # someone else holds it now: ours was lost before we noticed
-            self.registry.lose(hold, "another owner took the lock after our lease ended")
+        if new is None:  # ours ended before we noticed: the lock is someone else's, or free
+            now = (
+                f"now held by another owner for {busy_ttl:.3f} s more"
+                if busy_ttl > 0
+                else "it had expired"
+            )
+            self.registry.lose(hold, f"it was gone when the task re-entered it ({now})")
+            self.registry.pop_lost(hold.keys.lock, hold.owner)  # reported here, once
             raise LockLostError(
-                f"lock {hold.keys.name!r} was lost before this task re-entered it "
-                f"(now held by another owner for {busy_ttl:.3f} s more)"
+                f"lock {hold.keys.name!r} was lost before this task re-entered it ({now}); "
+                "another owner may have entered the critical section meanwhile"
             )
         return new
 
@@ -207,8 +213,13 @@ class LockCore:
             raise key_type_error(keys.lock, value)
         if code == _BAD_META_KEY:
             raise key_type_error(keys.meta, value)
-        if hold is not None:  # re-entered
-            hold.count = as_int(value) if code == _REENTERED else 1
+        if hold is not None:  # a re-entry
+            if code != _REENTERED:
+                # The lock was free: the hold being re-entered had already ended, and the
+                # script took the lock anew. That is not a re-entry: give it back.
+                await self._release_quietly(hold)
+                return None, 0.0
+            hold.count = as_int(value)
             if not hold.renew:
                 self.registry.reset_lease(hold, lease_s, sent_at)
             return hold, 0.0

@@ -130,3 +130,19 @@ async def test_closing_the_manager_releases_and_fails_holders(redis: Redis, pref
     with pytest.raises(aiolock.LockLostError, match="closed"):
         await task
     assert await redis.exists(f"{prefix}:{{held-at-close}}") == 0
+
+
+async def test_re_entering_an_expired_hold_raises_lost_and_takes_nothing(
+    locks: aiolock.LockManager, redis: Redis
+) -> None:
+    lock = locks.lock("reenter-late")
+    await lock.acquire()
+    await redis.delete(lock.key)  # expired or deleted on the server; not yet noticed here
+    with pytest.raises(aiolock.LockLostError, match="re-entered"):
+        await lock.acquire()
+    assert not await lock.locked()  # the late re-entry did not keep the lock
+    with pytest.raises(aiolock.LockNotOwnedError, match="not held by the current task"):
+        await lock.release()  # the loss was reported once, by acquire()
+    await lock.acquire()  # a fresh acquisition works
+    assert await lock.hold_count() == 1
+    await lock.release()
