@@ -61,12 +61,14 @@ class Cleanup:
     def __init__(self) -> None:
         self._jobs: list[_Job] = []
         self._event = asyncio.Event()
+        self._trying = 0
         self.done = 0
         self.abandoned = 0
 
     @property
     def pending(self) -> int:
-        return len(self._jobs)
+        """Jobs waiting for a retry, including those being tried right now."""
+        return len(self._jobs) + self._trying
 
     def add(self, what: str, action: Callable[[], Awaitable[object]], give_up_at: float) -> None:
         self._jobs.append(_Job(what, action, give_up_at))
@@ -88,6 +90,7 @@ class Cleanup:
     async def run_once(self) -> int:
         """Try every job once; return how many are still pending."""
         jobs, self._jobs = self._jobs, []
+        self._trying = len(jobs)
         for job in jobs:
             try:
                 await job.action()
@@ -98,4 +101,6 @@ class Cleanup:
                     logger.warning("gave up on %s (its lease has ended anyway): %s", job.what, exc)
                 else:
                     self._jobs.append(job)
+            finally:
+                self._trying -= 1
         return len(self._jobs)

@@ -7,6 +7,7 @@ optional per-command time limit and EVALSHA's NOSCRIPT fallback live in one plac
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections import deque
 from collections.abc import Awaitable, Sequence
@@ -73,9 +74,14 @@ def as_int(value: object) -> int:
     raise LockBackendError(f"Redis sent {value!r} where aiolock expected an integer")
 
 
+#: Where Redis points into a script in an error ("script: <sha>, on @user_script:12."):
+#: noise for the caller, who did not write the script.
+_SCRIPT_POSITION = re.compile(r"\s*script: [0-9a-f]{40}, on @user_script:\d+\.?")
+
+
 def translate(exc: rex.RedisError, what: str, key: str | None = None) -> LockError:
     """Map a redis-py exception to the aiolock error a caller can act on."""
-    text = str(exc) or type(exc).__name__
+    text = _SCRIPT_POSITION.sub("", str(exc)).strip() or type(exc).__name__
     if isinstance(exc, rex.AuthenticationError) or text.startswith(("WRONGPASS", "NOAUTH")):
         return LockPermissionError(
             f"Redis rejected the client's credentials during {what}: {text}. "

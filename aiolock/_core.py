@@ -32,6 +32,7 @@ from ._errors import (
     LockConnectionError,
     LockError,
     LockLostError,
+    LockPermissionError,
     LockTimeoutError,
     ManagerNotOpenError,
 )
@@ -165,6 +166,8 @@ class LockCore:
                     return waiter.handed
                 if self.hub.closed:
                     raise self.manager_closed()
+                if self.hub.failure is not None:
+                    raise LockPermissionError(self.hub.failure)
                 if should_try:
                     hold, busy_ttl = await self._attempt(keys, owner, lease)
                     if hold is not None:
@@ -449,8 +452,8 @@ class LockCore:
 
     def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str, int, int, int]:
         """Arguments that release *hold* at once, whatever its count, handing over to nobody."""
-        return (hold.field, 1, "-", hold.keys.channel, self.keyspace.manager_id,
-                self._meta_ttl_ms, "", 0, _YIELD_US, 0)  # fmt: skip
+        return (hold.field, 1, self.keyspace.release_id(next(self._ids)), hold.keys.channel,
+                self.keyspace.manager_id, self._meta_ttl_ms, "", 0, _YIELD_US, 0)  # fmt: skip
 
     async def _release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""

@@ -66,7 +66,10 @@ def _check_seconds(value: object, what: str) -> float:
     # bool is an int subclass, and True seconds is surely a mistake.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}") from None
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
     return seconds

@@ -37,7 +37,8 @@ from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from ._client import as_text
+from ._client import as_text, translate
+from ._errors import LockPermissionError
 from ._hold import Hold
 
 __all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
@@ -162,6 +163,8 @@ class WaiterHub:
         self._messages = 0
         self._reconnects = 0
         self.closed = False
+        #: why subscribing is refused (an ACL or credentials problem), while it is
+        self.failure: str | None = None
 
     # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
 
@@ -220,6 +223,9 @@ class WaiterHub:
     def close(self) -> None:
         """Wake every waiter; they find the hub closed and give up."""
         self.closed = True
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         for queue in self._queues.values():
             for waiter in queue.waiters:
                 waiter.wake()
@@ -254,6 +260,7 @@ class WaiterHub:
                 await self._sync_subscriptions()
                 backoff = 0.05
             except Exception as exc:  # any failure of this I/O is retried, never fatal
+                self._note_refusal(exc)
                 logger.warning("pub/sub subscription change failed, will retry: %s", exc)
                 self._dirty.set()
                 await anyio.sleep(backoff)
@@ -305,6 +312,8 @@ class WaiterHub:
                         ping_sent = True
                     continue
             except Exception as exc:  # e.g. RedisError, OSError, or redis-py's RuntimeError
+                # SUBSCRIBE's refusal arrives here, as the reply read after it.
+                self._note_refusal(exc)
                 await self._reconnect(exc, backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -322,6 +331,7 @@ class WaiterHub:
                 if queue is not None:
                     queue.wake_head()
         elif kind == "subscribe" and queue is not None:
+            self.failure = None
             # First confirmation: the head may now retry without missing a release.
             # A repeated one follows a reconnect made inside redis-py, during which
             # releases may have been missed: either way, wake the head.
@@ -329,6 +339,17 @@ class WaiterHub:
             queue.wake_head()
         elif kind == "unsubscribe" and queue is not None and channel not in self._subscribed:
             queue.confirmed = False
+
+    def _note_refusal(self, exc: Exception) -> None:
+        """An ACL or credentials refusal: fail the waiters instead of letting them poll."""
+        if not isinstance(exc, rex.RedisError):
+            return
+        error = translate(exc, "subscribing to lock release channels")
+        if isinstance(error, LockPermissionError):
+            # No retry helps until an administrator acts; without pub/sub the waiters
+            # would silently fall back to retrying at lease intervals.
+            self.failure = str(error)
+            self._wake_all()
 
     async def _reconnect(self, exc: BaseException, backoff: float) -> None:
         """The connection failed: wake every head, then start over on a new connection."""

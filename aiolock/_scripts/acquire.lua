@@ -34,9 +34,19 @@ if kind == 'none' then
   local now = redis.call('time')
   local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   -- The last release by this manager had listeners elsewhere: let them go first.
-  local yield = redis.call('hmget', KEYS[2], 'yield', 'yield_until')
-  if yield[1] == ARGV[5] and now_us < tonumber(yield[2]) then
-    return {0, math.ceil((tonumber(yield[2]) - now_us) / 1000)}
+  -- A manager that released while others listened yields ('yield:<id>' =
+  -- '<until, us>:<turn>'): it stays off until the other listeners had a turn each (the
+  -- 'turns' counter reached <turn>) or, if some of them do not come, until <until>.
+  local turns = tonumber(redis.call('hget', KEYS[2], 'turns') or 0)
+  local yield_field = 'yield:' .. ARGV[5]
+  local yield = redis.call('hget', KEYS[2], yield_field)
+  if yield then
+    local sep = string.find(yield, ':', 1, true)
+    local yield_until = tonumber(string.sub(yield, 1, sep - 1))
+    if now_us < yield_until and turns < tonumber(string.sub(yield, sep + 1)) then
+      return {0, math.ceil((yield_until - now_us) / 1000)}
+    end
+    redis.call('hdel', KEYS[2], yield_field)
   end
   -- Fencing token: the server's clock in microseconds, forced above the last token of
   -- this name, so tokens keep increasing even after the meta hash expired or the server
@@ -46,7 +56,7 @@ if kind == 'none' then
   if token <= last then
     token = last + 1
   end
-  redis.call('hset', KEYS[2], 'fence', string.format('%.0f', token))
+  redis.call('hset', KEYS[2], 'fence', string.format('%.0f', token), 'turns', turns + 1)
   redis.call('pexpire', KEYS[2], ARGV[4])
   redis.call('hset', KEYS[1], ARGV[1], 1)
   redis.call('pexpire', KEYS[1], ARGV[2])

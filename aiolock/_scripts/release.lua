@@ -4,7 +4,7 @@
 -- KEYS[2]  meta hash: {fence -> last fencing token, released -> id of the last final release}
 -- ARGV[1]  owner field
 -- ARGV[2]  hold count the client has before this release (>= 1); 1 = the last hold
--- ARGV[3]  release id, unique per final release ('-' for a nested one)
+-- ARGV[3]  release id, unique per final release ('-' for a nested one); no spaces
 -- ARGV[4]  release channel
 -- ARGV[5]  message to publish (the releasing manager's id)
 -- ARGV[6]  lifetime of the meta hash in milliseconds
@@ -24,14 +24,16 @@
 -- Fairness between clients: while other clients listen on the channel (PUBSUB NUMSUB
 -- > 1, one listener being the releaser's own manager), at most ARGV[10] hand-overs in a
 -- row stay within one manager (counted in the meta hash's 'streak'); then the release
--- publishes instead, and the meta hash records that the releasing manager yields for
--- ARGV[9] microseconds: the acquire script refuses that manager's tasks meanwhile, so
--- the waiters the message wakes elsewhere get their turn. Nobody listening elsewhere:
+-- publishes instead, and the meta hash records (field 'yield:<manager id>') that the
+-- releasing manager yields: the acquire script refuses its tasks until each other
+-- listener has had a turn (acquisitions by the acquire script are counted in 'turns'),
+-- or at most ARGV[9] microseconds, so the waiters the message wakes elsewhere get in. Nobody listening elsewhere:
 -- hand-overs are unlimited.
 --
 -- Idempotent, so a resent command is harmless: the count is set to the client's count
--- minus one (not decremented again), and a final release leaves its id in the meta hash,
--- so a resend finds the key gone or handed over and answers as the first run did.
+-- minus one (not decremented again), and a final release leaves its id in the meta hash
+-- (the last few are kept), so a resend finds the key gone or handed over and answers as
+-- the first run did.
 
 local kind = redis.call('type', KEYS[1]).ok
 if kind ~= 'hash' and kind ~= 'none' then
@@ -43,8 +45,10 @@ if kind == 'hash' then
   count = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
 end
 if count == 0 then
-  if redis.call('type', KEYS[2]).ok == 'hash'
-      and redis.call('hget', KEYS[2], 'released') == ARGV[3] then
+  -- A resend of a final release that already ran finds its id among the recent ones.
+  local recent = redis.call('type', KEYS[2]).ok == 'hash'
+    and redis.call('hget', KEYS[2], 'released')
+  if ARGV[3] ~= '-' and recent and string.find(recent, ' ' .. ARGV[3] .. ' ', 1, true) then
     if ARGV[7] ~= '' and redis.call('hexists', KEYS[1], ARGV[7]) == 1 then
       return {4, tonumber(redis.call('hget', KEYS[2], 'fence'))}
     end
@@ -63,7 +67,13 @@ redis.call('del', KEYS[1])
 if redis.call('type', KEYS[2]).ok ~= 'hash' then
   redis.call('del', KEYS[2])
 end
-redis.call('hset', KEYS[2], 'released', ARGV[3])
+-- Remember the ids of the last few final releases (a space-separated list), so that a
+-- resend is recognised even after other owners came and went in the meantime.
+local recent = redis.call('hget', KEYS[2], 'released') or ' '
+if string.len(recent) > 1500 then
+  recent = string.sub(recent, string.find(recent, ' ', 500, true))
+end
+redis.call('hset', KEYS[2], 'released', recent .. ARGV[3] .. ' ')
 redis.call('pexpire', KEYS[2], ARGV[6])
 
 local listeners = redis.call('pubsub', 'numsub', ARGV[4])[2]
@@ -88,7 +98,8 @@ redis.call('hset', KEYS[2], 'streak', 0)
 if listeners > 1 then
   local now = redis.call('time')
   local until_us = tonumber(now[1]) * 1000000 + tonumber(now[2]) + tonumber(ARGV[9])
-  redis.call('hset', KEYS[2], 'yield', ARGV[5], 'yield_until', string.format('%.0f', until_us))
+  local turn = tonumber(redis.call('hget', KEYS[2], 'turns') or 0) + listeners - 1
+  redis.call('hset', KEYS[2], 'yield:' .. ARGV[5], string.format('%.0f:%d', until_us, turn))
 end
 redis.call('publish', ARGV[4], ARGV[5])
 if listeners > 1 then
