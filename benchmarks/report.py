@@ -528,6 +528,9 @@ def markdown(
         *(f"| {t.workload} | {t.text} | {t.measured} | **{t.status}** |" for t in goals),
         "",
     ]
+    notes = Path(__file__).with_name("NOTES.md")
+    if notes.exists():  # hand-written analysis of the targets, measured separately
+        lines += [notes.read_text("utf-8").strip(), ""]
     if meta["profile"] == "quick":
         lines += [
             "Quick profile: short runs, W4 holds 1 s and waits at most 3 s for the "

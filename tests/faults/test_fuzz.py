@@ -472,11 +472,7 @@ class LockMachine(RuleBasedStateMachine):
             return
         assert self.expect(outcome, None, what) is (holder is not None), what
         mine = MANAGER_OF[actor]
-        for zombie_actor, zombie_name in list(self.zombies):
-            # The manager forgets (as lost) every hold of that lock it still knows of.
-            if zombie_name == name and MANAGER_OF[zombie_actor] == mine:
-                del self.zombies[(zombie_actor, zombie_name)]
-                self.lost.add((zombie_actor, zombie_name))
+        self.forget_zombies(name, mine)
         if holder is None:
             return
         if MANAGER_OF[holder] == mine:
@@ -486,6 +482,13 @@ class LockMachine(RuleBasedStateMachine):
             # or when the holder next releases, extends or re-enters.
             self.zombies[(holder, name)] = self.holds.pop(name)
             TALLY["holds force-released by another manager"] += 1
+
+    def forget_zombies(self, name: str, manager: int) -> None:
+        """A force-release by *manager*: it forgets (as lost) every hold of *name* it knows."""
+        for zombie_actor, zombie_name in list(self.zombies):
+            if zombie_name == name and MANAGER_OF[zombie_actor] == manager:
+                del self.zombies[(zombie_actor, zombie_name)]
+                self.lost.add((zombie_actor, zombie_name))
 
     @rule(data=st.data())
     def queries(self, data: st.DataObject) -> None:
@@ -592,6 +595,7 @@ class LockMachine(RuleBasedStateMachine):
         if variant == "lost-inside":
             self.expect(outcome, aiolock.LockLostError, what)
             self.holds.pop(name, None)  # the whole hold is gone, outer acquisitions included
+            self.forget_zombies(name, MANAGER_OF[actor])  # the body force-released the lock
         elif variant == "raise-inside":
             self.expect(outcome, Boom, what)
         else:
