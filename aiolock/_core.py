@@ -11,7 +11,8 @@ release wakes it or the holder's lease would have run out. An attempt cancelled 
 failed in flight is undone by a script that either reverts it or voids it in advance.
 
 Release: one script call; it is idempotent, so a release interrupted by a cancellation
-is simply sent again, shielded and bounded in time.
+is simply sent again, shielded and bounded in time. The last release of a hold hands the
+lock straight to the head of the local queue when that is fair (see release.lua).
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ SHIELD_TIMEOUT = 5.0
 #: A void marker outlives any plausible delay of the attempt it voids.
 MIN_VOID_TTL = 60.0
 #: After a release that other clients listen for, this manager's tasks keep off the lock
-#: for this long, so that a waiter elsewhere (woken by the message, a little later than a
-#: local task could be) gets its turn: no starvation across processes.
+#: until each other listener has had a turn, or for at most this long, so that waiters
+#: elsewhere (woken by the message, later than a local task could be) get their turn.
 YIELD_WINDOW = 0.02
 #: Hand-overs in a row within this manager while other clients wait for the same lock:
 #: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
@@ -252,17 +253,11 @@ class LockCore:
                 self.hub.wake(keys.channel)  # our own message is ignored by the hub
 
         give_up_at = time.monotonic() + lease_s
-        await finish_despite_cancel(
-            lambda: self._or_retry(f"undo of an acquire of {keys.name!r}", send, give_up_at)
-        )
 
-    async def _or_retry(self, what: str, send: _Send, give_up_at: float) -> None:
-        """Send within SHIELD_TIMEOUT, or hand it to the background retrier."""
-        try:
-            with anyio.fail_after(SHIELD_TIMEOUT):
-                await send()
-        except (LockError, TimeoutError):
-            self.cleanup.add(what, send, give_up_at)
+        def retry_later() -> None:
+            self.cleanup.add(f"undo of an acquire of {keys.name!r}", send, give_up_at)
+
+        await finish_despite_cancel(lambda: _send_or(send, retry_later))
 
     # -- release -----------------------------------------------------------------------
 
@@ -274,9 +269,7 @@ class LockCore:
         if hold.release_id is None:
             hold.release_id = self.keyspace.release_id(next(self._ids))
         handoff = self._reserve_successor(hold)
-        args = (hold.field, 1, hold.release_id, hold.keys.channel, self.keyspace.manager_id,
-                self._meta_ttl_ms, handoff.field if handoff else "",
-                _ms(handoff.lease) if handoff else 0, _YIELD_US, MAX_LOCAL_STREAK)  # fmt: skip
+        args = self._release_args(hold, 1, hold.release_id, handoff)
         what = f"release of {hold.keys.name!r}"
 
         async def send() -> LockError | None:
@@ -294,22 +287,15 @@ class LockCore:
             # the old hold to be released (or to expire): it never re-enters it.
             self.registry.park(hold)
             self.cleanup.add(what, send, hold.valid_until)
-            if handoff is not None:  # let the successor fend for itself meanwhile
+            if handoff is not None:  # the queue's head fends for itself meanwhile
                 handoff.waiter.reserved = False
-                handoff.waiter.wake()
+                self.hub.wake(hold.keys.channel)
 
         try:
             error = await send()
         except asyncio.CancelledError:
             # The command may or may not have run; sending it again is harmless.
-            async def resend() -> None:
-                try:
-                    with anyio.fail_after(SHIELD_TIMEOUT):
-                        await send()
-                except (LockError, TimeoutError):
-                    hand_over()
-
-            await finish_despite_cancel(resend)
+            await finish_despite_cancel(lambda: _send_or(send, hand_over))
             raise
         except LockConnectionError:
             hand_over()
@@ -345,15 +331,7 @@ class LockCore:
         the local count goes down regardless, and a lost or resent command changes nothing
         that matters.
         """
-        args = (
-            hold.field,
-            hold.count,
-            "-",
-            hold.keys.channel,
-            self.keyspace.manager_id,
-            self._meta_ttl_ms,
-            "0",
-        )
+        args = self._release_args(hold, hold.count, "-")
         hold.count -= 1  # whatever becomes of the command, even if it is cancelled
         try:
             reply = await self.client.run(RELEASE, hold.keys.pair, args)
@@ -401,10 +379,12 @@ class LockCore:
 
     def release_lost(self, hold: Hold) -> None:
         """A hold lost locally may still exist in Redis: free it in the background."""
-        args = self._release_args(hold)
+        args = self._release_args(hold, 1, self.keyspace.release_id(next(self._ids)))
 
         async def send() -> None:
-            await self.client.run(RELEASE, hold.keys.pair, args)
+            reply = await self.client.run(RELEASE, hold.keys.pair, args)
+            if as_int(reply[0]) == _RELEASED:
+                self.hub.wake(hold.keys.channel)  # our own message is ignored by the hub
 
         self.cleanup.add(f"release of lost {hold.keys.name!r}", send, time.monotonic() + hold.lease)
 
@@ -450,10 +430,13 @@ class LockCore:
             for hold in holds:
                 tg.start_soon(release, hold)
 
-    def _release_args(self, hold: Hold) -> tuple[str, int, str, str, str, int, str, int, int, int]:
-        """Arguments that release *hold* at once, whatever its count, handing over to nobody."""
-        return (hold.field, 1, self.keyspace.release_id(next(self._ids)), hold.keys.channel,
-                self.keyspace.manager_id, self._meta_ttl_ms, "", 0, _YIELD_US, 0)  # fmt: skip
+    def _release_args(
+        self, hold: Hold, count: int, release_id: str, handoff: _Handoff | None = None
+    ) -> tuple[str | int, ...]:
+        """ARGV of release.lua; *count* 1 releases the hold whatever its count in Redis."""
+        return (hold.field, count, release_id, hold.keys.channel, self.keyspace.manager_id,
+                self._meta_ttl_ms, handoff.field if handoff else "",
+                _ms(handoff.lease) if handoff else 0, _YIELD_US, MAX_LOCAL_STREAK)  # fmt: skip
 
     async def _release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
@@ -462,7 +445,10 @@ class LockCore:
                 hold.count = 1
                 await self.release(hold)
             else:
-                await self.client.run(RELEASE, hold.keys.pair, self._release_args(hold))
+                release_id = self.keyspace.release_id(next(self._ids))
+                await self.client.run(
+                    RELEASE, hold.keys.pair, self._release_args(hold, 1, release_id)
+                )
         except LockError as exc:
             hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
             logger.warning("could not release lock %r: %s", hold.keys.name, exc)
@@ -481,6 +467,15 @@ class LockCore:
             f"lock {keys.name!r} is held by another owner and was not released within "
             f"{timeout} s; pass a longer timeout, or timeout=None to wait as long as it takes"
         )
+
+
+async def _send_or(send: _Send, otherwise: Callable[[], None]) -> None:
+    """Send within SHIELD_TIMEOUT; if Redis cannot be reached, call *otherwise*."""
+    try:
+        with anyio.fail_after(SHIELD_TIMEOUT):
+            await send()
+    except (LockError, TimeoutError):
+        otherwise()
 
 
 def _shortest(a: float | None, b: float | None) -> float | None:
