@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import anyio
 from redis import exceptions as rex
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 
 from ._errors import (
     LockBackendError,
@@ -162,6 +163,8 @@ class Client:
         self._in_flight = 0
         self._queue: deque[_Request] = deque()
         self._flushes: set[asyncio.Task[None]] = set()
+        #: connections kept between round trips (at most max_in_flight are ever in use)
+        self._idle: list[AbstractConnection] = []
         #: round trips, pipelines sent, and commands sent in them (for statistics)
         self.round_trips = 0
         self.pipelines = 0
@@ -187,6 +190,9 @@ class Client:
                 )
         if self._flushes:
             await asyncio.wait(self._flushes)
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self.redis.connection_pool.release(conn)
 
     async def _execute(
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
@@ -292,10 +298,10 @@ class Client:
             self.pipelined += len(commands)
         if self.redis.connection is not None:  # a single-connection client: its own path
             return await self._via_redis_py(commands)
-        pool = self.redis.connection_pool
         packed = _pack(commands)
         for attempt in (1, 2):
-            conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+            conn = await self._checkout()
+            reusable = False
             try:
                 await conn.send_packed_command(packed)
                 replies: list[Any] = []
@@ -304,6 +310,7 @@ class Client:
                         replies.append(await conn.read_response())
                     except rex.ResponseError as exc:  # an error reply: the stream is intact
                         replies.append(exc)
+                reusable = True
                 return replies
             except (rex.ConnectionError, OSError) as exc:
                 await conn.disconnect(nowait=True)
@@ -313,8 +320,22 @@ class Client:
                 await conn.disconnect(nowait=True)  # a reply may be pending: never reuse
                 raise
             finally:
-                await pool.release(conn)
+                if reusable:
+                    self._idle.append(conn)
+                else:
+                    await self.redis.connection_pool.release(conn)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _checkout(self) -> AbstractConnection:
+        """A connection for one round trip: one of ours if idle, else one from the pool.
+
+        Up to *max_in_flight* connections are kept between round trips instead of going
+        back to redis-py's pool each time; its bookkeeping cost as much as our own logic.
+        """
+        if self._idle:
+            return self._idle.pop()
+        conn: AbstractConnection = await self.redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        return conn
 
     async def _via_redis_py(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)

@@ -434,9 +434,11 @@ class LockCore:
         self, hold: Hold, count: int, release_id: str, handoff: _Handoff | None = None
     ) -> tuple[str | int, ...]:
         """ARGV of release.lua; *count* 1 releases the hold whatever its count in Redis."""
+        listening = 1 if self.hub.listening(hold.keys.channel) else 0
         return (hold.field, count, release_id, hold.keys.channel, self.keyspace.manager_id,
                 self._meta_ttl_ms, handoff.field if handoff else "",
-                _ms(handoff.lease) if handoff else 0, _YIELD_US, MAX_LOCAL_STREAK)  # fmt: skip
+                _ms(handoff.lease) if handoff else 0, _YIELD_US, MAX_LOCAL_STREAK,
+                listening)  # fmt: skip
 
     async def _release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""

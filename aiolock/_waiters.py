@@ -157,6 +157,7 @@ class WaiterHub:
         self._manager_id = manager_id
         self._queues: dict[str, ChannelQueue] = {}
         self._subscribed: set[str] = set()  # SUBSCRIBE sent on the current connection
+        self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
         self._dirty = asyncio.Event()
         self._connected = asyncio.Event()
         self._pubsub: PubSub | None = None
@@ -201,6 +202,10 @@ class WaiterHub:
             return None
         head = queue.waiters[0]  # first come, first served: only the head
         return head if not head.reserved and head.handed is None else None
+
+    def listening(self, channel: str) -> bool:
+        """Whether the server may count this manager among *channel*'s subscribers."""
+        return channel in self._subscribed or channel in self._unsubscribing
 
     def queued(self, channel: str) -> int:
         queue = self._queues.get(channel)
@@ -277,6 +282,7 @@ class WaiterHub:
             self._connected.set()
         if to_drop and self._pubsub is not None:
             self._subscribed.difference_update(to_drop)
+            self._unsubscribing.update(to_drop)
             for name in to_drop:
                 queue = self._queues.get(name)
                 if queue is not None:
@@ -337,8 +343,10 @@ class WaiterHub:
             # releases may have been missed: either way, wake the head.
             queue.confirmed = True
             queue.wake_head()
-        elif kind == "unsubscribe" and queue is not None and channel not in self._subscribed:
-            queue.confirmed = False
+        elif kind == "unsubscribe":
+            self._unsubscribing.discard(channel)
+            if queue is not None and channel not in self._subscribed:
+                queue.confirmed = False
 
     def _note_refusal(self, exc: Exception) -> None:
         """An ACL or credentials refusal: fail the waiters instead of letting them poll."""
@@ -365,6 +373,7 @@ class WaiterHub:
     async def _drop_connection(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
         self._subscribed.clear()
+        self._unsubscribing.clear()
         self._connected.clear()
         if pubsub is not None:
             try:

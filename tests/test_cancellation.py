@@ -102,13 +102,13 @@ async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None
         ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000, "m")
     )
     assert (code, count) == (2, 2)
-    partial = (owner, 2, "-", channel, "m", 60000, "", 0, 0, 0)
+    partial = (owner, 2, "-", channel, "m", 60000, "", 0, 0, 0, 0)
     assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]
     assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]  # resent: still 1
-    final = (owner, 1, "rel-7", channel, "m", 60000, "", 0, 0, 0)
+    final = (owner, 1, "rel-7", channel, "m", 60000, "", 0, 0, 0, 0)
     assert await client.run(RELEASE, (lock, meta), final) == [2, 0]
     assert await client.run(RELEASE, (lock, meta), final) == [2, 0]  # resent: same answer
-    other = (owner, 1, "rel-8", channel, "m", 60000, "", 0, 0, 0)
+    other = (owner, 1, "rel-8", channel, "m", 60000, "", 0, 0, 0, 0)
     assert await client.run(RELEASE, (lock, meta), other) == [0, 0]  # a new call: not held
 
 

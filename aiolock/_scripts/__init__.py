@@ -46,6 +46,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
     "exists", "hget", "hexists", "pttl",
     # called from the scripts
-    "type", "hget", "hset", "hdel", "hincrby", "pexpire", "del", "set", "time",
-    "publish", "pubsub|numsub",
+    "type", "exists", "hget", "hmget", "hset", "hdel", "hexists", "hincrby",
+    "pexpire", "pttl", "del", "set", "time", "publish", "pubsub|numsub",
 )  # fmt: skip

@@ -27,23 +27,26 @@ end
 
 local kind = redis.call('type', KEYS[1]).ok
 if kind == 'none' then
-  local meta_kind = redis.call('type', KEYS[2]).ok
-  if meta_kind ~= 'none' and meta_kind ~= 'hash' then
-    return {-2, meta_kind}
+  -- One read of the meta hash; pcall turns a key of another type into an answer.
+  local yield_field = 'yield:' .. ARGV[5]
+  local meta = redis.pcall('hmget', KEYS[2], 'fence', 'turns', yield_field)
+  if meta.err then
+    if string.find(meta.err, 'WRONGTYPE', 1, true) then
+      return {-2, redis.call('type', KEYS[2]).ok}
+    end
+    return redis.error_reply(meta.err)  -- e.g. an ACL refusal: not ours to hide
   end
+  local last = tonumber(meta[1] or 0)
+  local turns = tonumber(meta[2] or 0)
   local now = redis.call('time')
   local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  -- The last release by this manager had listeners elsewhere: let them go first.
   -- A manager that released while others listened yields ('yield:<id>' =
   -- '<until, us>:<turn>'): it stays off until the other listeners had a turn each (the
   -- 'turns' counter reached <turn>) or, if some of them do not come, until <until>.
-  local turns = tonumber(redis.call('hget', KEYS[2], 'turns') or 0)
-  local yield_field = 'yield:' .. ARGV[5]
-  local yield = redis.call('hget', KEYS[2], yield_field)
-  if yield then
-    local sep = string.find(yield, ':', 1, true)
-    local yield_until = tonumber(string.sub(yield, 1, sep - 1))
-    if now_us < yield_until and turns < tonumber(string.sub(yield, sep + 1)) then
+  if meta[3] then
+    local sep = string.find(meta[3], ':', 1, true)
+    local yield_until = tonumber(string.sub(meta[3], 1, sep - 1))
+    if now_us < yield_until and turns < tonumber(string.sub(meta[3], sep + 1)) then
       return {0, math.ceil((yield_until - now_us) / 1000)}
     end
     redis.call('hdel', KEYS[2], yield_field)
@@ -52,7 +55,6 @@ if kind == 'none' then
   -- this name, so tokens keep increasing even after the meta hash expired or the server
   -- restarted without persistence (as long as its clock is not set back).
   local token = now_us
-  local last = tonumber(redis.call('hget', KEYS[2], 'fence') or 0)
   if token <= last then
     token = last + 1
   end
