@@ -62,6 +62,12 @@ def _pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
     return b"".join(parts)
 
 
+def _usable(conn: AbstractConnection) -> bool:
+    """Whether a kept connection's transport is still open (redis-py keeps it private)."""
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    return transport is not None and not transport.is_closing()
+
+
 def as_text(value: object) -> str:
     """A reply element as str, whether the client decodes responses or not."""
     if isinstance(value, bytes):
@@ -332,8 +338,15 @@ class Client:
         Up to *max_in_flight* connections are kept between round trips instead of going
         back to redis-py's pool each time; its bookkeeping cost as much as our own logic.
         """
-        if self._idle:
-            return self._idle.pop()
+        while self._idle:
+            kept = self._idle.pop()
+            if _usable(kept):
+                return kept
+            # The server or the network closed it while it sat idle (redis-py's pool
+            # checks for this on checkout; we must too). Writing to it would fail, on
+            # Python 3.13 even with an AttributeError instead of a connection error.
+            await kept.disconnect(nowait=True)
+            await self.redis.connection_pool.release(kept)
         conn: AbstractConnection = await self.redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
         return conn
 

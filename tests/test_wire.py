@@ -97,3 +97,17 @@ async def test_unusual_names_are_kept_apart(locks: aiolock.LockManager, name: st
         assert not await locks.lock(name + "}").locked()
         assert not await locks.lock(name + ":meta").locked()
     assert not await lock.locked()
+
+
+async def test_a_kept_connection_closed_by_the_server_is_replaced(
+    locks: aiolock.LockManager, redis: Redis
+) -> None:
+    lock = locks.lock("kept")
+    async with lock:  # the manager now keeps a connection between round trips
+        pass
+    killed = await redis.client_kill_filter(_type="normal", skipme=True)
+    assert int(killed) >= 1
+    await asyncio.sleep(0.05)  # let the close reach the client's transport
+    for _ in range(3):
+        async with lock:  # no connection error, no AttributeError from a dead transport
+            assert await lock.owned()
