@@ -20,10 +20,13 @@ import anyio
 
 from ._errors import LockError
 
-__all__ = ["Cleanup", "finish_despite_cancel"]
+__all__ = ["SHIELD_TIMEOUT", "Cleanup", "finish_despite_cancel", "send_or"]
 
 logger = logging.getLogger("aiolock")
 T = TypeVar("T")
+
+#: Seconds a shielded undo or release may take before it is handed to the retrier.
+SHIELD_TIMEOUT = 5.0
 
 
 async def finish_despite_cancel(make: Callable[[], Awaitable[T]]) -> T:
@@ -45,6 +48,15 @@ async def finish_despite_cancel(make: Callable[[], Awaitable[T]]) -> T:
             task.exception()  # mark it retrieved: the caller sees the cancellation instead
         raise asyncio.CancelledError
     return task.result()
+
+
+async def send_or(send: Callable[[], Awaitable[object]], otherwise: Callable[[], None]) -> None:
+    """Send within SHIELD_TIMEOUT; if Redis cannot be reached, call *otherwise*."""
+    try:
+        with anyio.fail_after(SHIELD_TIMEOUT):
+            await send()
+    except (LockError, TimeoutError):
+        otherwise()
 
 
 @dataclass

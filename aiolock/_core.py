@@ -10,9 +10,7 @@ the subscription is confirmed (closing the lost-wake-up gap), then sleeps until 
 release wakes it or the holder's lease would have run out. An attempt cancelled or
 failed in flight is undone by a script that either reverts it or voids it in advance.
 
-Release: one script call; it is idempotent, so a release interrupted by a cancellation
-is simply sent again, shielded and bounded in time. The last release of a hold hands the
-lock straight to the head of the local queue when that is fair (see release.lua).
+Release: one script call, in :mod:`aiolock._release`.
 """
 
 from __future__ import annotations
@@ -21,27 +19,25 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 
-from ._cleanup import Cleanup, finish_despite_cancel
+from ._cleanup import Cleanup, finish_despite_cancel, send_or
 from ._client import Client, as_int, key_type_error
 from ._errors import (
     LockConnectionError,
-    LockError,
     LockLostError,
     LockPermissionError,
     LockTimeoutError,
     ManagerNotOpenError,
 )
 from ._hold import Hold
-from ._keys import KeySpace, LockKeys
+from ._keys import KeySpace, LockKeys, ms
+from ._release import Releaser
 from ._renewal import HoldRegistry, Watchdog
-from ._scripts import ACQUIRE, CANCEL, FORCE_RELEASE, RELEASE, RENEW
-from ._waiters import Waiter, WaiterHub
+from ._scripts import ACQUIRE, CANCEL, FORCE_RELEASE, RENEW
+from ._waiters import WaiterHub
 
 if TYPE_CHECKING:
     from ._manager import LockManager
@@ -53,42 +49,9 @@ __all__ = ["LockCore"]
 #: Seconds the head of a queue waits for its subscription to be confirmed before it
 #: retries anyway (the pub/sub connection may be down; it then falls back to TTL waits).
 READY_WAIT = 1.0
-#: Seconds a shielded undo or release may take before it is handed to the retrier.
-SHIELD_TIMEOUT = 5.0
 #: A void marker outlives any plausible delay of the attempt it voids.
 MIN_VOID_TTL = 60.0
-#: After a release that other clients listen for, this manager's tasks keep off the lock
-#: until each other listener has had a turn, or for at most this long, so that waiters
-#: elsewhere (woken by the message, later than a local task could be) get their turn.
-YIELD_WINDOW = 0.02
-#: Hand-overs in a row within this manager while other clients wait for the same lock:
-#: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
-MAX_LOCAL_STREAK = 2
-
 _ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_LOCK_KEY, _BAD_META_KEY = 1, 2, 0, 3, -1, -2
-_STILL_HELD, _RELEASED, _NOT_HELD, _HANDED_OVER = 1, 2, 0, 4
-
-
-@dataclass(frozen=True)
-class _Handoff:
-    """A local waiter chosen to receive the lock from a final release."""
-
-    keys: LockKeys
-    waiter: Waiter
-    field: str
-    lease: float
-    renew: bool
-    sent_at: float
-
-
-_Send = Callable[[], Awaitable[object]]
-
-
-_YIELD_US = round(YIELD_WINDOW * 1_000_000)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 class LockCore:
@@ -100,8 +63,9 @@ class LockCore:
         self.hub = WaiterHub(client.redis, keyspace.manager_id)
         self.watchdog = Watchdog(client, self.registry, manager.lease)
         self.cleanup = Cleanup()
-        self._ids = itertools.count(1)
-        self._meta_ttl_ms = _ms(manager.fence_ttl)
+        self.releaser = Releaser(self)
+        self.ids = itertools.count(1)
+        self.meta_ttl_ms = ms(manager.fence_ttl)
 
     def _on_lost(self, hold: Hold) -> None:
         # The lock may be free now (or soon): the local head should try for it.
@@ -186,7 +150,7 @@ class LockCore:
             self.hub.leave(waiter, acquired=acquired)
             if not acquired and waiter.handed is not None:
                 # The lock was handed over just as this task gave up: pass it on.
-                await self._release_quietly(waiter.handed, pass_on=True)
+                await self.releaser.release_quietly(waiter.handed, pass_on=True)
 
     async def _attempt(
         self, keys: LockKeys, owner: str, lease: float | None, hold: Hold | None = None
@@ -197,13 +161,13 @@ class LockCore:
         hash field of its own (the owner plus this attempt's number).
         """
         lease_s = self.manager.lease if lease is None else lease
-        attempt = next(self._ids)
+        attempt = next(self.ids)
         field = f"{owner}:{attempt}" if hold is None else hold.field
         count = 0 if hold is None else hold.count
         # Unique across clients: a marker left by another process's cancelled attempt
         # must never void this one.
         void = keys.void(f"{self.keyspace.manager_id}:{attempt}")
-        args = (field, _ms(lease_s), count, self._meta_ttl_ms, self.keyspace.manager_id)
+        args = (field, ms(lease_s), count, self.meta_ttl_ms, self.keyspace.manager_id)
         sent_at = time.monotonic()
         try:
             code, value = await self.client.run(ACQUIRE, (keys.lock, keys.meta, void), args)
@@ -221,7 +185,7 @@ class LockCore:
             if code != _REENTERED:
                 # The lock was free: the hold being re-entered had already ended, and the
                 # script took the lock anew. That is not a re-entry: give it back.
-                await self._release_quietly(hold)
+                await self.releaser.release_quietly(hold)
                 return None, 0.0
             hold.count = as_int(value)
             if not hold.renew:
@@ -231,7 +195,7 @@ class LockCore:
         self.registry.add(hold)
         if self.hub.closed:  # the manager closed while the attempt was in flight
             self.registry.lose(hold, "the LockManager was closed")
-            await self._release_quietly(hold)
+            await self.releaser.release_quietly(hold)
             raise self.manager_closed()
         return hold, 0.0
 
@@ -242,7 +206,7 @@ class LockCore:
         args = (
             field,
             count,
-            _ms(max(2 * lease_s, MIN_VOID_TTL)),
+            ms(max(2 * lease_s, MIN_VOID_TTL)),
             keys.channel,
             self.keyspace.manager_id,
         )
@@ -257,142 +221,19 @@ class LockCore:
         def retry_later() -> None:
             self.cleanup.add(f"undo of an acquire of {keys.name!r}", send, give_up_at)
 
-        await finish_despite_cancel(lambda: _send_or(send, retry_later))
+        await finish_despite_cancel(lambda: send_or(send, retry_later))
 
-    # -- release -----------------------------------------------------------------------
+    # -- release, extend, force release, shutdown -----------------------------------
 
     async def release(self, hold: Hold) -> None:
-        """Release one hold; the last one frees the lock or hands it to the next local waiter."""
-        if hold.count > 1:
-            await self._release_one(hold)
-            return
-        if hold.release_id is None:
-            hold.release_id = self.keyspace.release_id(next(self._ids))
-        handoff = self._reserve_successor(hold)
-        args = self._release_args(hold, 1, hold.release_id, handoff)
-        what = f"release of {hold.keys.name!r}"
-
-        async def send() -> LockError | None:
-            reply = await self.client.run(RELEASE, hold.keys.pair, args)
-            if handoff is not None:
-                handoff.waiter.reserved = False
-            error = self._apply_release(hold, reply)
-            if handoff is not None and as_int(reply[0]) == _HANDED_OVER:
-                await self._deliver(handoff, as_int(reply[1]))
-            return error
-
-        def hand_over() -> None:
-            # Unconfirmed: the retrier owns the hold now. Parked, it no longer counts as
-            # held, so this task's next acquire takes a new field and simply waits for
-            # the old hold to be released (or to expire): it never re-enters it.
-            self.registry.park(hold)
-            self.cleanup.add(what, send, hold.valid_until)
-            if handoff is not None:  # the queue's head fends for itself meanwhile
-                handoff.waiter.reserved = False
-                self.hub.wake(hold.keys.channel)
-
-        try:
-            error = await send()
-        except asyncio.CancelledError:
-            # The command may or may not have run; sending it again is harmless.
-            await finish_despite_cancel(lambda: _send_or(send, hand_over))
-            raise
-        except LockConnectionError:
-            hand_over()
-            raise
-        if error is not None:
-            raise error
-
-    def _reserve_successor(self, hold: Hold) -> _Handoff | None:
-        waiter = self.hub.successor(hold.keys.channel)
-        if waiter is None:
-            return None
-        waiter.reserved = True
-        lease = self.manager.lease if waiter.lease is None else waiter.lease
-        field = f"{waiter.owner}:{next(self._ids)}"
-        return _Handoff(hold.keys, waiter, field, lease, waiter.lease is None, time.monotonic())
-
-    async def _deliver(self, handoff: _Handoff, token: int) -> None:
-        """Redis handed the lock to *handoff*'s waiter: give it the hold, or pass it on."""
-        waiter = handoff.waiter
-        hold = Hold(handoff.keys, waiter.owner, handoff.field, token,
-                    handoff.lease, handoff.renew, handoff.sent_at)  # fmt: skip
-        self.registry.add(hold)
-        if waiter.left or self.hub.closed:  # it gave up meanwhile
-            await self._release_quietly(hold, pass_on=True)
-        else:
-            waiter.give(hold)
-
-    async def _release_one(self, hold: Hold) -> None:
-        """Release one of several holds: only the count changes, and the client's count rules.
-
-        The script sets the count to the client's count minus one, and the final release
-        deletes the lock whatever the count, so an unconfirmed decrement needs no retry:
-        the local count goes down regardless, and a lost or resent command changes nothing
-        that matters.
-        """
-        args = self._release_args(hold, hold.count, "-")
-        hold.count -= 1  # whatever becomes of the command, even if it is cancelled
-        try:
-            reply = await self.client.run(RELEASE, hold.keys.pair, args)
-        except LockConnectionError as exc:
-            logger.warning(
-                "lock %r: a nested release was not confirmed (%s); the outer "
-                "release will settle it",
-                hold.keys.name,
-                exc,
-            )
-            return
-        error = self._apply_release(hold, reply)
-        if error is not None:
-            raise error
-
-    def _apply_release(self, hold: Hold, reply: Sequence[object]) -> LockError | None:
-        """Update local state from the release script's reply; the error to raise, if any."""
-        code, value = as_int(reply[0]), reply[1]
-        if code == _STILL_HELD:
-            hold.count = as_int(value)
-            return None
-        self.registry.remove(hold)
-        self.registry.unpark(hold)
-        hold.release_id = None
-        if code == _RELEASED:
-            hold.count = 0
-            if as_int(value) == 1:  # others listen: our own tasks yield to them for a while
-                self.hub.wake_later(hold.keys.channel, YIELD_WINDOW)
-            else:
-                self.hub.wake(hold.keys.channel)
-            return None
-        if code == _HANDED_OVER:
-            hold.count = 0
-            return None
-        if not hold.lost:
-            self.registry.lose(hold, "Redis no longer had it when it was released")
-        self.registry.pop_lost(hold.keys.lock, hold.owner)
-        if code == _NOT_HELD:
-            return LockLostError(
-                f"lock {hold.keys.name!r} was no longer held by this task when it was "
-                "released: its lease ended or it was force-released, so another owner may "
-                "have entered the critical section"
-            )
-        return key_type_error(hold.keys.lock, value)
+        await self.releaser.release(hold)
 
     def release_lost(self, hold: Hold) -> None:
-        """A hold lost locally may still exist in Redis: free it in the background."""
-        args = self._release_args(hold, 1, self.keyspace.release_id(next(self._ids)))
-
-        async def send() -> None:
-            reply = await self.client.run(RELEASE, hold.keys.pair, args)
-            if as_int(reply[0]) == _RELEASED:
-                self.hub.wake(hold.keys.channel)  # our own message is ignored by the hub
-
-        self.cleanup.add(f"release of lost {hold.keys.name!r}", send, time.monotonic() + hold.lease)
-
-    # -- extend, force release, shutdown -----------------------------------------------
+        self.releaser.release_lost(hold)
 
     async def extend(self, hold: Hold, lease: float) -> None:
         sent_at = time.monotonic()
-        reply = await self.client.run(RENEW, (hold.keys.lock,), (_ms(lease), hold.field))
+        reply = await self.client.run(RENEW, (hold.keys.lock,), (ms(lease), hold.field))
         if as_int(reply[0]) == 1:
             self.registry.reset_lease(hold, lease, sent_at)
             return
@@ -424,36 +265,11 @@ class LockCore:
 
         async def release(hold: Hold) -> None:
             async with limiter:
-                await self._release_quietly(hold)
+                await self.releaser.release_quietly(hold)
 
         async with anyio.create_task_group() as tg:
             for hold in holds:
                 tg.start_soon(release, hold)
-
-    def _release_args(
-        self, hold: Hold, count: int, release_id: str, handoff: _Handoff | None = None
-    ) -> tuple[str | int, ...]:
-        """ARGV of release.lua; *count* 1 releases the hold whatever its count in Redis."""
-        listening = 1 if self.hub.listening(hold.keys.channel) else 0
-        return (hold.field, count, release_id, hold.keys.channel, self.keyspace.manager_id,
-                self._meta_ttl_ms, handoff.field if handoff else "",
-                _ms(handoff.lease) if handoff else 0, _YIELD_US, MAX_LOCAL_STREAK,
-                listening)  # fmt: skip
-
-    async def _release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
-        """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
-        try:
-            if pass_on:
-                hold.count = 1
-                await self.release(hold)
-            else:
-                release_id = self.keyspace.release_id(next(self._ids))
-                await self.client.run(
-                    RELEASE, hold.keys.pair, self._release_args(hold, 1, release_id)
-                )
-        except LockError as exc:
-            hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
-            logger.warning("could not release lock %r: %s", hold.keys.name, exc)
 
     # -- errors ------------------------------------------------------------------------
 
@@ -469,15 +285,6 @@ class LockCore:
             f"lock {keys.name!r} is held by another owner and was not released within "
             f"{timeout} s; pass a longer timeout, or timeout=None to wait as long as it takes"
         )
-
-
-async def _send_or(send: _Send, otherwise: Callable[[], None]) -> None:
-    """Send within SHIELD_TIMEOUT; if Redis cannot be reached, call *otherwise*."""
-    try:
-        with anyio.fail_after(SHIELD_TIMEOUT):
-            await send()
-    except (LockError, TimeoutError):
-        otherwise()
 
 
 def _shortest(a: float | None, b: float | None) -> float | None:

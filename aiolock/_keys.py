@@ -33,6 +33,7 @@ __all__ = [
     "check_name",
     "check_prefix",
     "check_timeout",
+    "ms",
     "new_manager_id",
 ]
 
@@ -79,6 +80,11 @@ def _check_seconds(value: object, what: str) -> float:
 #: and beyond ~100 years PEXPIRE would overflow the server's clock arithmetic.
 MIN_LEASE = 0.001
 MAX_LEASE = 3_153_600_000.0
+
+
+def ms(seconds: float) -> int:
+    """Seconds as the whole milliseconds Redis takes (PEXPIRE, PX), at least 1."""
+    return max(1, round(seconds * 1000))
 
 
 def check_lease(lease: object, what: str = "lease") -> float:
