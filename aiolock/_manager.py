@@ -23,7 +23,7 @@ from ._core import LockCore
 from ._errors import LockError, ManagerNotOpenError
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
 from ._lock import Lock
-from ._waiters import HubStatistics, WaiterHub
+from ._waiters import HubStatistics
 
 __all__ = ["LockManager", "ManagerStatistics"]
 
@@ -152,7 +152,7 @@ class LockManager:
     def statistics(self) -> ManagerStatistics:
         core = self._core
         if core is None:
-            return ManagerStatistics(0, WaiterHub(self._redis, "").statistics(), 0, 0, 0)
+            return ManagerStatistics(0, HubStatistics(0, 0, 0, 0, 0), 0, 0, 0)
         return ManagerStatistics(
             held=len(core.registry),
             hub=core.hub.statistics(),

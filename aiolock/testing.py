@@ -122,15 +122,8 @@ class RedisServer:
         for _ in range(1 if fixed else 5):
             if not fixed:
                 self.port = free_port(self.host)
-            self.process = subprocess.Popen(
-                [binary, *self._base_args(), *self.extra_args],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                stdin=subprocess.DEVNULL,
-            )
-            if self._wait_ready():
+            if self._spawn(binary):
                 return self
-            self._kill()
         raise RedisServerError(
             f"redis-server did not start on {self.host}:{self.port}; "
             f"see {os.path.join(self.workdir, 'redis.log')}"
@@ -149,15 +142,8 @@ class RedisServer:
         fixed_port = self.port
         binary = find_redis_server()
         for _ in range(50):
-            self.process = subprocess.Popen(
-                [binary, *self._base_args(), *self.extra_args],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                stdin=subprocess.DEVNULL,
-            )
-            if self._wait_ready():
+            if self._spawn(binary):
                 return
-            self._kill()
             time.sleep(0.1)  # the old socket may linger briefly in the kernel
         raise RedisServerError(f"redis-server did not restart on port {fixed_port}")
 
@@ -189,6 +175,19 @@ class RedisServer:
             "--dir", self.workdir,
             "--logfile", os.path.join(self.workdir, "redis.log"),
         ]  # fmt: skip
+
+    def _spawn(self, binary: str) -> bool:
+        """Start the process on ``self.port``; True once it answers PING, else it is killed."""
+        self.process = subprocess.Popen(
+            [binary, *self._base_args(), *self.extra_args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+        if self._wait_ready():
+            return True
+        self._kill()
+        return False
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.startup_timeout
