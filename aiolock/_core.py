@@ -102,8 +102,7 @@ class LockCore:
                 if busy_ttl > 0
                 else "it had expired"
             )
-            self.registry.lose(hold, f"it was gone when the task re-entered it ({now})")
-            self.registry.pop_lost(hold.keys.lock, hold.owner)  # reported here, once
+            self.registry.lose_reported(hold, f"it was gone when the task re-entered it ({now})")
             raise LockLostError(
                 f"lock {hold.keys.name!r} was lost before this task re-entered it ({now}); "
                 "another owner may have entered the critical section meanwhile"
@@ -237,8 +236,7 @@ class LockCore:
         if as_int(reply[0]) == 1:
             self.registry.reset_lease(hold, lease, sent_at)
             return
-        self.registry.lose(hold, "Redis no longer had it when it was extended")
-        self.registry.pop_lost(hold.keys.lock, hold.owner)
+        self.registry.lose_reported(hold, "Redis no longer had it when it was extended")
         raise LockLostError(
             f"lock {hold.keys.name!r} could not be extended: its lease had already ended "
             "or it was force-released"

@@ -173,9 +173,7 @@ class Releaser:
         if code == _HANDED_OVER:
             hold.count = 0
             return None
-        if not hold.lost:
-            core.registry.lose(hold, "Redis no longer had it when it was released")
-        core.registry.pop_lost(hold.keys.lock, hold.owner)
+        core.registry.lose_reported(hold, "Redis no longer had it when it was released")
         if code == _NOT_HELD:
             return LockLostError(
                 f"lock {hold.keys.name!r} was no longer held by this task when it was "

@@ -105,6 +105,15 @@ class HoldRegistry:
             scope.cancel()
         self._on_lost(hold)
 
+    def lose_reported(self, hold: Hold, reason: str) -> None:
+        """Mark *hold* lost (if it is not already) for a caller about to raise the loss.
+
+        The owner learns of it from that error, so it is not remembered for a later
+        release()/extend() to report a second time.
+        """
+        self.lose(hold, reason)
+        self.pop_lost(hold.keys.lock, hold.owner)
+
     def pop_lost(self, key: str, owner: str) -> Hold | None:
         return self._lost.pop((key, owner), None)
 
