@@ -19,9 +19,9 @@ from ._errors import (
     LockTimeoutError,
     ManagerNotOpenError,
 )
+from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
-from ._waiters import HubStatistics
 
 __version__ = "0.1.0.dev0"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from ._errors import LockError
 
@@ -38,15 +39,22 @@ async def finish_despite_cancel(make: Callable[[], Awaitable[T]]) -> T:
     """
     task = asyncio.ensure_future(make())
     cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait((task,))
-        except asyncio.CancelledError:
-            cancelled = True
+    # Shielded from anyio: a cancelled anyio scope re-delivers its cancellation at every
+    # await, which turned this loop into a busy spin for as long as Redis took. A native
+    # task.cancel() still arrives here, once, and is re-raised when the work is done; an
+    # anyio cancellation takes effect at the checkpoint below.
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait((task,))
+            except asyncio.CancelledError:
+                cancelled = True
     if cancelled:
         if not task.cancelled():
             task.exception()  # mark it retrieved: the caller sees the cancellation instead
         raise asyncio.CancelledError
+    if not task.cancelled() and task.exception() is None:
+        await anyio.lowlevel.checkpoint_if_cancelled()
     return task.result()
 
 

@@ -86,7 +86,9 @@ def as_int(value: object) -> int:
 _SCRIPT_POSITION = re.compile(r"\s*script: [0-9a-f]{40}, on @user_script:\d+\.?")
 
 
-def translate(exc: rex.RedisError, what: str, key: str | None = None) -> LockError:
+def translate(
+    exc: rex.RedisError, what: str, key: str | None = None, *, changes: bool = True
+) -> LockError:
     """Map a redis-py exception to the aiolock error a caller can act on."""
     text = _SCRIPT_POSITION.sub("", str(exc)).strip() or type(exc).__name__
     if isinstance(exc, rex.AuthenticationError) or text.startswith(("WRONGPASS", "NOAUTH")):
@@ -104,16 +106,26 @@ def translate(exc: rex.RedisError, what: str, key: str | None = None) -> LockErr
             f"Redis refused {what}: {text}. The ACL user needs these commands: {needed}; "
             "on keys (~prefix:*) and channels (&prefix:*) under the manager's prefix."
         )
+    if isinstance(exc, rex.MaxConnectionsError) or text == "No connection available.":
+        return LockConnectionError(
+            f"{what} failed: the client's connection pool is exhausted ({text}). aiolock "
+            "uses up to max_in_flight connections plus one for pub/sub; make the pool "
+            "larger (max_connections) or share it with fewer users."
+        )
     if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)):
         return LockConnectionError(
-            f"{what} failed: Redis could not be reached or did not answer ({text}). "
-            "The outcome on the server is unknown; aiolock undoes partial acquisitions "
-            "and retries releases in the background."
+            f"{what} failed: Redis could not be reached or did not answer ({text})."
+            + (
+                " The outcome on the server is unknown; aiolock undoes partial acquisitions "
+                "and retries releases in the background."
+                if changes
+                else ""
+            )
         )
     if "WRONGTYPE" in text and key is not None:
         return LockKeyTypeError(
-            f"Redis key {key!r} holds a value of another type, so it cannot be used as a "
-            "lock; rename the lock or delete that key."
+            f"a Redis key of lock {key!r} holds a value of another type, so it cannot be "
+            f"used as a lock; rename the lock or delete that key (Redis said: {text})"
         )
     return LockBackendError(f"Redis answered {what} with an error: {text}")
 
@@ -165,6 +177,11 @@ class Client:
     ) -> None:
         self.redis = redis
         self.command_timeout = command_timeout
+        # One connection of the pool is the hub's (pub/sub): never wait for more than the
+        # pool can give, or a small pool would block commands until its timeout.
+        capacity = getattr(redis.connection_pool, "max_connections", None)
+        if isinstance(capacity, int) and capacity >= 2:
+            max_in_flight = min(max_in_flight, capacity - 1)
         self.max_in_flight = max_in_flight
         self._in_flight = 0
         self._queue: deque[_Request] = deque()
@@ -175,6 +192,8 @@ class Client:
         self.round_trips = 0
         self.pipelines = 0
         self.pipelined = 0
+        #: round trips that failed on a connection error (and were retried once)
+        self.connection_errors = 0
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """EVALSHA *script*, loading it first if the server does not know it."""
@@ -223,11 +242,11 @@ class Client:
         try:
             (reply,) = await self._exchange([command], [script])
         except rex.RedisError as exc:
-            raise translate(exc, what, key) from exc
+            raise translate(exc, what, key, changes=script is not None) from exc
         except TimeoutError as exc:
             raise self._timed_out(what) from exc
         if isinstance(reply, rex.RedisError):
-            raise translate(reply, what, key) from reply
+            raise translate(reply, what, key, changes=script is not None) from reply
         return reply
 
     def _kick(self) -> None:
@@ -253,7 +272,11 @@ class Client:
                 if request.future.done():
                     continue
                 if isinstance(reply, rex.RedisError):
-                    request.future.set_exception(translate(reply, request.what, request.key))
+                    request.future.set_exception(
+                        translate(
+                            reply, request.what, request.key, changes=request.script is not None
+                        )
+                    )
                 else:
                     request.future.set_result(reply)
         except BaseException as exc:
@@ -319,6 +342,7 @@ class Client:
                 reusable = True
                 return replies
             except (rex.ConnectionError, OSError) as exc:
+                self.connection_errors += 1
                 await conn.disconnect(nowait=True)
                 if attempt == 2 or isinstance(exc, rex.AuthenticationError):
                     raise
@@ -358,7 +382,7 @@ class Client:
 
     def _batch_error(self, exc: BaseException, request: _Request) -> LockError:
         if isinstance(exc, rex.RedisError):
-            return translate(exc, request.what, request.key)
+            return translate(exc, request.what, request.key, changes=request.script is not None)
         if isinstance(exc, TimeoutError):
             return self._timed_out(request.what)
         return LockConnectionError(f"{request.what} failed: {exc!r}")

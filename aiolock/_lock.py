@@ -1,4 +1,4 @@
-"""Lock: the handle a user holds; validates arguments and delegates to the lock core.
+"""Lock: the handle a user holds; validates arguments and delegates to the engine.
 
 A handle has no state of its own beyond its name and defaults: which task holds the
 lock, how often, and with which fencing token is kept by the manager, per task. One
@@ -8,29 +8,33 @@ handle may be shared by many tasks; each task is a separate owner.
 from __future__ import annotations
 
 import asyncio
-import enum
 import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from ._client import as_int
 from ._errors import LockError, LockLostError, LockNotOwnedError
+from ._guard import BodyGuard
 from ._keys import LockKeys, check_lease, check_timeout
 
 if TYPE_CHECKING:
-    from ._hold import Hold
+    from ._kind import Hold, LockKind
     from ._manager import LockManager
 
 __all__ = ["Lock"]
 
 
-class _Unset(enum.Enum):
-    UNSET = enum.auto()
+class _Default:
+    """The marker of an argument left out: the handle's default applies."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<default>"
 
 
-_UNSET = _Unset.UNSET
+#: Typed as Any so that public signatures read ``timeout: float | None = <default>``.
+_DEFAULT: Any = _Default()
 
 
 class Lock:
@@ -41,22 +45,23 @@ class Lock:
     :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
     """
 
-    __slots__ = ("_entered", "_keys", "_lease", "_manager", "_timeout")
+    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_timeout")
 
     def __init__(
         self,
         manager: LockManager,
+        kind: LockKind,
         keys: LockKeys,
         *,
         timeout: float | None,
         lease: float | None,
     ) -> None:
         self._manager = manager
+        self._kind = kind
         self._keys = keys
         self._timeout = timeout
         self._lease = lease
-        # Per task, the holds and cancel scopes of the ``async with`` blocks it is in.
-        self._entered: dict[asyncio.Task[Any], list[tuple[Hold, anyio.CancelScope]]] = {}
+        self._guard = BodyGuard()
 
     @property
     def name(self) -> str:
@@ -84,8 +89,8 @@ class Lock:
 
     async def acquire(
         self,
-        timeout: float | _Unset | None = _UNSET,
-        lease: float | _Unset | None = _UNSET,
+        timeout: float | None = _DEFAULT,
+        lease: float | None = _DEFAULT,
     ) -> None:
         """Acquire the lock for the current task, waiting up to *timeout* seconds.
 
@@ -96,9 +101,7 @@ class Lock:
         """
         await self._acquire(timeout, lease)
 
-    async def try_acquire(
-        self, timeout: float | None = 0, lease: float | _Unset | None = _UNSET
-    ) -> bool:
+    async def try_acquire(self, timeout: float | None = 0, lease: float | None = _DEFAULT) -> bool:
         """Like :meth:`acquire`, but return False instead of raising on timeout.
 
         The default ``timeout=0`` makes exactly one attempt.
@@ -109,11 +112,13 @@ class Lock:
             return False
         return True
 
-    async def _acquire(self, timeout: float | _Unset | None, lease: float | _Unset | None) -> Hold:
-        wait = self._timeout if timeout is _UNSET else check_timeout(timeout)
-        fixed = self._lease if lease is _UNSET else (None if lease is None else check_lease(lease))
-        core = self._manager._open_core()
-        return await core.acquire(self._keys, self._manager._owner(), wait, fixed)
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Hold:
+        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
+        fixed = (
+            self._lease if lease is _DEFAULT else (None if lease is None else check_lease(lease))
+        )
+        engine = self._manager._open_engine()
+        return await engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
 
     async def release(self) -> None:
         """Release one hold of the current task (the lock is free when the count hits 0).
@@ -122,38 +127,38 @@ class Lock:
         :class:`LockLostError` (a subclass) if it held it but the hold was lost. A release
         interrupted by a cancellation still completes (shielded, bounded in time).
         """
-        core = self._manager._open_core()
+        engine = self._manager._open_engine()
         owner = self._manager._owner()
-        parked = core.registry.parked(self._keys.lock, owner)
-        if parked is not None and core.registry.get(self._keys.lock, owner) is None:
-            await core.release(parked)  # an unconfirmed release, sent again (idempotent)
+        parked = engine.registry.parked(self._keys.lock, owner)
+        if parked is not None and engine.registry.get(self._keys.lock, owner) is None:
+            await engine.release(parked)  # an unconfirmed release, sent again (idempotent)
             return
-        await core.release(self._owned_hold())
+        await engine.release(self._owned_hold())
 
     async def extend(self, lease: float) -> None:
         """Set the remaining lease of the current task's fixed-lease hold to *lease* s."""
         seconds = check_lease(lease)
-        core = self._manager._open_core()
+        engine = self._manager._open_engine()
         hold = self._owned_hold()
         if hold.renew:
             raise LockError(
                 f"lock {self.name!r} is renewed automatically, so there is nothing to extend; "
                 "extend() is for holds acquired with an explicit lease="
             )
-        await core.extend(hold, seconds)
+        await engine.extend(hold, seconds)
 
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it and wake a waiter; True if it was held.
 
         An administrator's tool: the holder is not asked, and learns of it as a lost lease.
         """
-        return await self._manager._open_core().force_release(self._keys)
+        return await self._manager._open_engine().force_release(self._kind, self._keys)
 
     # -- queries -------------------------------------------------------------------------
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        client = self._manager._open_core().client
+        client = self._manager._open_engine().client
         return as_int(await client.call("EXISTS", self._keys.lock, key=self._keys.lock)) == 1
 
     async def owned(self) -> bool:
@@ -162,18 +167,18 @@ class Lock:
 
     async def hold_count(self) -> int:
         """How many times the current task holds the lock, per Redis (0 if not)."""
-        core = self._manager._open_core()
-        hold = core.registry.get(self._keys.lock, self._manager._owner())
+        engine = self._manager._open_engine()
+        hold = engine.registry.get(self._keys.lock, self._manager._owner())
         if hold is None:
             # Still ask Redis, so that a key of another type is reported as such.
-            await core.client.call("HEXISTS", self._keys.lock, "-", key=self._keys.lock)
+            await engine.client.call("HEXISTS", self._keys.lock, "-", key=self._keys.lock)
             return 0
-        count = await core.client.call("HGET", self._keys.lock, hold.field, key=self._keys.lock)
+        count = await engine.client.call("HGET", self._keys.lock, hold.field, key=self._keys.lock)
         return 0 if count is None else as_int(count)
 
     async def ttl(self) -> float | None:
         """Seconds left on the lock's lease; None if nobody holds it, inf if it never expires."""
-        client = self._manager._open_core().client
+        client = self._manager._open_engine().client
         ms = as_int(await client.call("PTTL", self._keys.lock, key=self._keys.lock))
         if ms == -2:
             return None
@@ -182,13 +187,7 @@ class Lock:
     # -- async with ----------------------------------------------------------------------
 
     async def __aenter__(self) -> Lock:
-        hold = await self._acquire(_UNSET, _UNSET)
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        hold.scopes.append(scope)
-        task = asyncio.current_task()
-        assert task is not None  # _acquire checked
-        self._entered.setdefault(task, []).append((hold, scope))
+        self._guard.enter(await self._acquire(_DEFAULT, _DEFAULT))
         return self
 
     async def __aexit__(
@@ -197,49 +196,24 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        task = asyncio.current_task()
-        stack = self._entered.get(task) if task is not None else None
-        if not stack:
-            raise RuntimeError(f"{self!r} exited in a task that did not enter it")
-        hold, scope = stack.pop()
-        if not stack:
-            del self._entered[task]  # type: ignore[arg-type]
-        if scope in hold.scopes:
-            hold.scopes.remove(scope)
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        cancelled_from_outside = (
-            exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
-        )
-        if hold.lost and not cancelled_from_outside:
-            core = self._manager._core
-            if core is not None:
-                core.registry.pop_lost(hold.keys.lock, hold.owner)
-                if self._manager.is_open:
-                    core.release_lost(hold)  # Redis may still have it if renewal was cut off
-            raise LockLostError(
-                f"lock {self.name!r} was lost inside 'async with' ({hold.lost_reason}); the "
-                "body was cancelled because another owner may have entered"
-            ) from (None if swallowed else exc)
-        if hold.lost:
-            return  # cancelled from outside: that cancellation goes on
-        core = self._manager._open_core()
-        await core.release(hold)
+        engine = self._manager._engine if self._manager.is_open else None
+        await self._guard.exit(repr(self), engine, exc_type, exc, tb)
 
     # -- helpers -------------------------------------------------------------------------
 
     def _current_hold(self) -> Hold | None:
-        core = self._manager._core
-        if core is None or asyncio.current_task() is None:
+        engine = self._manager._engine
+        if engine is None or asyncio.current_task() is None:
             return None
-        return core.registry.get(self._keys.lock, self._manager._owner())
+        return engine.registry.get(self._keys.lock, self._manager._owner())
 
     def _owned_hold(self) -> Hold:
-        core = self._manager._open_core()
+        engine = self._manager._open_engine()
         owner = self._manager._owner()
-        hold = core.registry.get(self._keys.lock, owner)
+        hold = engine.registry.get(self._keys.lock, owner)
         if hold is not None:
             return hold
-        lost = core.registry.pop_lost(self._keys.lock, owner)
+        lost = engine.registry.pop_lost(self._keys.lock, owner)
         if lost is not None:
             raise LockLostError(
                 f"lock {self.name!r} was lost while this task held it ({lost.lost_reason}); "

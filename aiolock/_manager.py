@@ -9,25 +9,31 @@ waiters, and stops the tasks. Locks are made with :meth:`LockManager.lock`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from redis.asyncio import Redis
 
 from ._client import Client
-from ._core import LockCore
+from ._engine import Engine
 from ._errors import LockError, ManagerNotOpenError
+from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
+from ._kinds import ReentrantLockKind
 from ._lock import Lock
-from ._waiters import HubStatistics
+from ._runtime import Runtime
 
 __all__ = ["LockManager", "ManagerStatistics"]
 
 logger = logging.getLogger("aiolock")
+
+_K = TypeVar("_K")
 
 _MANAGER_OPTIONS = frozenset(
     {"prefix", "lease", "command_timeout", "close_timeout", "fence_ttl", "max_in_flight"}
@@ -47,6 +53,11 @@ class ManagerStatistics:
     renewal_round_trips: int
     #: undo/release commands waiting to be retried in the background
     pending_cleanups: int
+    #: Redis round trips that failed on a connection error (each retried on a fresh
+    #: connection, or ridden out by waiters with backoff until their own timeout)
+    connection_errors: int = 0
+    #: holds released because the task that held them ended without releasing them
+    released_on_task_exit: int = 0
 
 
 class LockManager:
@@ -62,7 +73,11 @@ class LockManager:
         command_timeout: seconds any single Redis command may take before it fails with
             :class:`~aiolock.LockConnectionError`; ``None`` leaves it to the client.
         close_timeout: seconds closing the manager may spend releasing held locks.
-        fence_ttl: seconds a lock's fencing counter outlives the lock's last use.
+        fence_ttl: seconds the last fencing token of a lock is kept in Redis after its
+            release, so that tokens keep increasing even if the server's clock is set
+            back within that time; ``None`` keeps it forever (tokens that never depend on
+            the clock, at the cost of one small key per name ever used); ``0`` keeps
+            nothing (tokens then rely on the server's clock alone).
         max_in_flight: commands (or pipelines) the manager has in flight at once, hence
             about how many connections it uses besides its one pub/sub connection; more
             concurrent operations are coalesced into pipelines.
@@ -76,14 +91,11 @@ class LockManager:
         lease: float = 30.0,
         command_timeout: float | None = None,
         close_timeout: float = 5.0,
-        fence_ttl: float = 86_400.0,
+        fence_ttl: float | None = 60.0,
         max_in_flight: int = 3,
     ) -> None:
         if not isinstance(redis, Redis):
-            raise TypeError(
-                f"redis must be a redis.asyncio.Redis client, not {type(redis).__name__}; "
-                "use LockManager.from_url(url) to create one"
-            )
+            raise TypeError(_client_type_message(redis))
         self._redis = redis
         self._owns_client = False
         self._keyspace = KeySpace(prefix, new_manager_id())
@@ -91,12 +103,14 @@ class LockManager:
         if command_timeout is not None:
             command_timeout = check_lease(command_timeout, "command_timeout")
         self.close_timeout = check_lease(close_timeout, "close_timeout")
-        self.fence_ttl = check_lease(fence_ttl, "fence_ttl")
+        self.fence_ttl = None if fence_ttl is None else check_fence_ttl(fence_ttl)
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
             raise TypeError(f"max_in_flight must be an int, not {type(max_in_flight).__name__}")
         if not 1 <= max_in_flight <= 1024:
             raise ValueError(f"max_in_flight must be between 1 and 1024, got {max_in_flight}")
         self._client = Client(redis, command_timeout, max_in_flight)
+        self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl)
+        self._kinds: dict[object, object] = {}
         self._stop = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
         self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
@@ -104,7 +118,7 @@ class LockManager:
         )
         self._serial = 0
         self._state = "new"
-        self._core: LockCore | None = None
+        self._engine: Engine | None = None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> LockManager:
@@ -118,7 +132,19 @@ class LockManager:
             raise TypeError(f"url must be a str, not {type(url).__name__}")
         mine = {k: v for k, v in options.items() if k in _MANAGER_OPTIONS}
         theirs = {k: v for k, v in options.items() if k not in _MANAGER_OPTIONS}
-        manager = cls(Redis.from_url(url, **theirs), **mine)
+        redis = Redis.from_url(url, **theirs)
+        try:
+            # Builds a connection object without connecting: an unknown option fails
+            # here, at the call, instead of at the first acquire.
+            redis.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        except TypeError as exc:
+            unknown = ", ".join(sorted(set(theirs) - _known_options(redis)))
+            raise TypeError(
+                f"LockManager.from_url() got an unknown option: {unknown or exc}; the "
+                f"manager's options are {', '.join(sorted(_MANAGER_OPTIONS))}, the rest "
+                "go to redis.asyncio.Redis.from_url()"
+            ) from None
+        manager = cls(redis, **mine)
         manager._owns_client = True
         return manager
 
@@ -147,18 +173,21 @@ class LockManager:
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        return Lock(self, self._keyspace.keys(name), timeout=timeout, lease=lease)
+        kind = self._kind(ReentrantLockKind)
+        return Lock(self, kind, self._keyspace.keys(name), timeout=timeout, lease=lease)
 
     def statistics(self) -> ManagerStatistics:
-        core = self._core
-        if core is None:
+        engine = self._engine
+        if engine is None:
             return ManagerStatistics(0, HubStatistics(0, 0, 0, 0, 0), 0, 0, 0)
         return ManagerStatistics(
-            held=len(core.registry),
-            hub=core.hub.statistics(),
-            renewal_rounds=core.watchdog.rounds,
-            renewal_round_trips=core.watchdog.round_trips,
-            pending_cleanups=core.cleanup.pending,
+            held=len(engine.registry),
+            hub=engine.hub.statistics(),
+            renewal_rounds=engine.watchdog.rounds,
+            renewal_round_trips=engine.watchdog.round_trips,
+            pending_cleanups=engine.cleanup.pending,
+            connection_errors=engine.connection_errors + self._client.connection_errors,
+            released_on_task_exit=engine.released_on_task_exit,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -169,7 +198,8 @@ class LockManager:
                 f"this LockManager is {self._state}; a manager can be opened once; "
                 "create a new LockManager instead"
             )
-        core = self._core = LockCore(self, self._client, self._keyspace)
+        hub = WaiterHub(self._redis, self._keyspace.manager_id)
+        core = self._engine = Engine(self._runtime, hub)
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in
         # different tasks (pytest fixtures, lifespan hooks), and a crash of a background
@@ -180,7 +210,7 @@ class LockManager:
         self._state = "open"
         return self
 
-    async def _supervise(self, core: LockCore) -> None:
+    async def _supervise(self, core: Engine) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(core.hub.run, name="aiolock pub/sub hub")
             tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
@@ -196,8 +226,8 @@ class LockManager:
             exc_info=task.exception(),
         )
         self._state = "failed"
-        if self._core is not None:
-            self._core.hub.close()
+        if self._engine is not None:
+            self._engine.hub.close()
 
     async def __aexit__(
         self,
@@ -214,11 +244,11 @@ class LockManager:
         :class:`LockLostError`; waiting tasks get :class:`ManagerNotOpenError`.
         """
         supervisor = self._supervisor
-        if self._state not in ("open", "failed") or self._core is None or supervisor is None:
+        if self._state not in ("open", "failed") or self._engine is None or supervisor is None:
             return
         failed = self._state == "failed"
         self._state = "closing"
-        core = self._core
+        core = self._engine
         try:
             with anyio.CancelScope(shield=True):
                 core.hub.close()  # waiting tasks give up first, so none acquires anew
@@ -238,14 +268,21 @@ class LockManager:
                 raise LockError("aiolock's background tasks had failed") from error
 
     def __repr__(self) -> str:
-        held = len(self._core.registry) if self._core is not None else 0
+        held = len(self._engine.registry) if self._engine is not None else 0
         return f"<LockManager prefix={self.prefix!r} lease={self.lease} {self._state} held={held}>"
 
-    # -- used by Lock ------------------------------------------------------------------
+    # -- used by the handles -----------------------------------------------------------
 
-    def _open_core(self) -> LockCore:
-        if self._state == "open" and self._core is not None:
-            return self._core
+    def _kind(self, factory: Callable[[Runtime], _K]) -> _K:
+        """The manager's instance of a lock kind (one per kind, made on first use)."""
+        kind = self._kinds.get(factory)
+        if kind is None:
+            kind = self._kinds[factory] = factory(self._runtime)
+        return kind  # type: ignore[return-value]
+
+    def _open_engine(self) -> Engine:
+        if self._state == "open" and self._engine is not None:
+            return self._engine
         if self._state == "new":
             raise ManagerNotOpenError(
                 "the LockManager is not open: use it as 'async with LockManager(redis) as "
@@ -266,3 +303,42 @@ class LockManager:
             self._serial += 1
             owner = self._owners[task] = self._keyspace.owner(self._serial)
         return owner
+
+
+def check_fence_ttl(value: object) -> float:
+    """``fence_ttl``: 0 (keep no fence state) or a lease-like number of seconds."""
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0:
+        return 0.0
+    return check_lease(value, "fence_ttl")
+
+
+def _client_type_message(redis: object) -> str:
+    name = type(redis).__name__
+    if "Cluster" in name:
+        return (
+            f"redis must be a redis.asyncio.Redis client, not {name}: Redis Cluster is not "
+            "supported yet (every lock keeps its keys in one slot, but waiting and renewal "
+            "need a client per node); use a single Redis server or a Sentinel-managed primary"
+        )
+    if "Redis" in name and not type(redis).__module__.startswith("redis.asyncio"):
+        return (
+            f"redis must be an asyncio client (redis.asyncio.Redis), not the synchronous "
+            f"{type(redis).__module__}.{name}; or use LockManager.from_url(url)"
+        )
+    return (
+        f"redis must be a redis.asyncio.Redis client, not {name}; or use "
+        "LockManager.from_url(url) to have the manager make one"
+    )
+
+
+def _known_options(redis: Redis) -> set[str]:
+    """Keyword options that Redis.from_url() passes on to redis-py without complaint."""
+    known: set[str] = set()
+    for target in (Redis.__init__, type(redis.connection_pool).__init__):
+        known.update(inspect.signature(target).parameters)
+    connection_class = redis.connection_pool.connection_class
+    for cls in connection_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            known.update(inspect.signature(init).parameters)
+    return known

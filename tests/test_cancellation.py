@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._client import Client
-from aiolock._scripts import ACQUIRE, RELEASE
+from aiolock._kinds.lock import ACQUIRE, RELEASE
 
 from .helpers import eventually
 
@@ -87,38 +87,37 @@ async def test_cancelled_waiters_leave_their_queue(locks: aiolock.LockManager) -
 async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None:
     """redis-py resends a command after a dropped connection: the script must not count twice."""
     client = Client(redis)
-    lock, meta, channel = f"{prefix}:{{idem}}", f"{prefix}:{{idem}}:meta", "ch"
+    lock, fence, channel = f"{prefix}:{{idem}}", f"{prefix}:{{idem}}:fence", "ch"
     owner = "owner-1"
-    code, _ = await client.run(
-        ACQUIRE, (lock, meta, f"{lock}:void:1"), (owner, 5000, 0, 60000, "m")
-    )
+    code, _ = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:1"), (owner, 5000, 0))
     assert code == 1
-    code, count = await client.run(
-        ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000, "m")
-    )
+    code, count = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:2"), (owner, 5000, 1))
     assert (code, count) == (2, 2)
     # the same re-entry sent twice counts once
-    code, count = await client.run(
-        ACQUIRE, (lock, meta, f"{lock}:void:2"), (owner, 5000, 1, 60000, "m")
-    )
+    code, count = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:2"), (owner, 5000, 1))
     assert (code, count) == (2, 2)
-    partial = (owner, 2, "-", channel, "m", 60000, "", 0, 0, 0, 0)
-    assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]
-    assert await client.run(RELEASE, (lock, meta), partial) == [1, 1]  # resent: still 1
-    final = (owner, 1, "rel-7", channel, "m", 60000, "", 0, 0, 0, 0)
-    assert await client.run(RELEASE, (lock, meta), final) == [2, 0]
-    assert await client.run(RELEASE, (lock, meta), final) == [2, 0]  # resent: same answer
-    other = (owner, 1, "rel-8", channel, "m", 60000, "", 0, 0, 0, 0)
-    assert await client.run(RELEASE, (lock, meta), other) == [0, 0]  # a new call: not held
+
+    def release(count: int, release_id: str) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+        keys = (lock, fence, f"{lock}:rel:{release_id}")
+        return keys, (owner, count, channel, "m", 7, "60000", 10000, "", 0, 0, 0)
+
+    assert await client.run(RELEASE, *release(2, "-")) == [1, 1]
+    assert await client.run(RELEASE, *release(2, "-")) == [1, 1]  # resent: still 1
+    assert await client.run(RELEASE, *release(1, "rel-7")) == [2, 0]
+    assert await client.run(RELEASE, *release(1, "rel-7")) == [2, 0]  # resent: same answer
+    assert await client.run(RELEASE, *release(1, "rel-8")) == [0, 0]  # a new call: not held
+    assert await redis.get(fence) == b"7"  # the released token is the last one
 
 
-async def test_a_resent_new_acquisition_returns_the_same_token(redis: Redis, prefix: str) -> None:
+async def test_a_resent_new_acquisition_counts_once(redis: Redis, prefix: str) -> None:
+    """The resend answers 'acquired' again, with a fresh, larger token, and counts once."""
     client = Client(redis)
-    lock, meta = f"{prefix}:{{tok}}", f"{prefix}:{{tok}}:meta"
-    keys = (lock, meta, f"{lock}:void:9")
-    first = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000, "m"))
-    again = await client.run(ACQUIRE, keys, ("o", 5000, 0, 60000, "m"))
-    assert first == again
+    lock, fence = f"{prefix}:{{tok}}", f"{prefix}:{{tok}}:fence"
+    keys = (lock, fence, f"{lock}:void:9")
+    first = await client.run(ACQUIRE, keys, ("o", 5000, 0))
+    again = await client.run(ACQUIRE, keys, ("o", 5000, 0))
+    assert first[0] == again[0] == 1
+    assert again[1] > first[1]
     assert await redis.hget(lock, "o") == b"1"
 
 

@@ -66,12 +66,12 @@ async def test_a_key_of_another_type_is_named_in_the_error(
     assert locks.statistics().held == 0
 
 
-async def test_a_meta_key_of_another_type_is_named(
+async def test_a_fence_key_of_another_type_is_named(
     locks: aiolock.LockManager, redis: Redis
 ) -> None:
     lock = locks.lock("meta")
-    await redis.set(f"{lock.key}:meta", "x")
-    with pytest.raises(aiolock.LockKeyTypeError, match="meta"):
+    await redis.hset(f"{lock.key}:fence", "x", "1")
+    with pytest.raises(aiolock.LockKeyTypeError, match=r"\{meta\}:fence"):
         await lock.acquire()
     assert not await lock.locked()  # nothing half-written
 

@@ -1,42 +1,39 @@
-"""The Lua scripts, one operation per ``.lua`` file, loaded once from the package.
+"""The Lua scripts: one operation per ``.lua`` file, a folder per lock kind.
 
-Each :class:`Script` carries its source and SHA1; :mod:`aiolock._client` runs it with
-EVALSHA and loads it on NOSCRIPT (a restarted or flushed server forgets scripts).
+``<kind>/<operation>.lua`` holds one script with a KEYS/ARGV/returns header. Code shared by
+every kind (the fencing rule) lives once at the top level as a prelude, spliced in where
+a script says ``--@include <name>``. Each :class:`Script` carries its final source and
+SHA1; :mod:`aiolock._client` runs it with EVALSHA and loads it on NOSCRIPT (a restarted
+or flushed server forgets scripts).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from importlib import resources
 
-__all__ = [
-    "ACQUIRE",
-    "CANCEL",
-    "FORCE_RELEASE",
-    "RELEASE",
-    "RENEW",
-    "REQUIRED_COMMANDS",
-    "Script",
-]
+__all__ = ["REQUIRED_COMMANDS", "Script"]
+
+_INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
+
+
+def _read(path: str) -> str:
+    return resources.files(__name__).joinpath(path).read_text("utf-8")
 
 
 class Script:
+    """A script of the package, by its path without ``.lua`` (``"lock/acquire"``)."""
+
     __slots__ = ("name", "sha", "source")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.source = resources.files(__name__).joinpath(f"{name}.lua").read_text("utf-8")
+        self.source = _INCLUDE.sub(lambda m: _read(f"{m[1]}.lua"), _read(f"{name}.lua"))
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"
-
-
-ACQUIRE = Script("acquire")
-RELEASE = Script("release")
-RENEW = Script("renew")
-CANCEL = Script("cancel")
-FORCE_RELEASE = Script("force_release")
 
 
 #: Every Redis command aiolock sends, or calls from its scripts: what an ACL user needs
@@ -46,6 +43,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
     "exists", "hget", "hexists", "pttl",
     # called from the scripts
-    "type", "exists", "hget", "hmget", "hset", "hdel", "hexists", "hincrby",
-    "pexpire", "pttl", "del", "set", "time", "publish", "pubsub|numsub",
+    "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
+    "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",
 )  # fmt: skip

@@ -1,4 +1,5 @@
--- aiolock: undo an acquire attempt whose outcome is unknown (cancelled or failed in flight).
+-- aiolock lock: undo an acquire attempt whose outcome is unknown (cancelled or failed
+-- in flight).
 --
 -- KEYS[1]  lock hash: {owner field -> hold count}
 -- KEYS[2]  void marker of the attempt (the acquire script's KEYS[3])
@@ -12,17 +13,15 @@
 -- uncounted), 0 if it had not run yet: the void marker then makes sure it never does.
 
 local before = tonumber(ARGV[2])
-if redis.call('type', KEYS[1]).ok == 'hash' then
-  local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
-  if count == before + 1 then
-    if before == 0 then
-      redis.call('del', KEYS[1])
-      redis.call('publish', ARGV[4], ARGV[5])
-    else
-      redis.call('hset', KEYS[1], ARGV[1], before)
-    end
-    return 1
+local count = redis.pcall('hget', KEYS[1], ARGV[1])
+if type(count) ~= 'table' and tonumber(count or 0) == before + 1 then
+  if before == 0 then
+    redis.call('del', KEYS[1])
+    redis.call('publish', ARGV[4], ARGV[5])
+  else
+    redis.call('hset', KEYS[1], ARGV[1], before)
   end
+  return 1
 end
 redis.call('set', KEYS[2], '1', 'PX', ARGV[3])
 return 0

@@ -1,4 +1,4 @@
--- aiolock: delete a lock whoever holds it, and wake a waiter (an administrator's tool).
+-- aiolock lock: delete a lock whoever holds it, and wake a waiter (an administrator's tool).
 --
 -- KEYS[1]  lock hash: {owner field -> hold count}
 -- ARGV[1]  release channel

@@ -2,10 +2,17 @@
 
 Waiting tasks never poll and never hold a connection. Each lock name with waiters has a
 :class:`ChannelQueue`: a first-in first-out queue of :class:`Waiter` objects and one
-reference-counted subscription to the lock's release channel. Only the *head* of a
-queue talks to Redis; the others wait for their turn, so a release wakes exactly one
-task in this process, and a task that releases and asks again queues behind the tasks
-already waiting (no barging).
+subscription to the lock's release channel, made once a waiter of the queue found the
+lock busy. Every acquiring task joins the queue before its first attempt, so tasks are
+served in the order they called, and only the *head* of a queue talks to Redis; the
+others wait for their turn, so a release wakes exactly one task in this process, and a
+task that releases and asks again queues behind the tasks already waiting (no barging).
+
+Fairness between processes is kept here too, without any state in Redis: after a
+release that other clients heard, this manager *yields* the channel for a short window
+(monotonic clock): its tasks queue instead of trying, so the woken clients get their
+turn. And the engine counts hand-overs in a row within this manager (``streak``) to
+bound them while others listen.
 
 Progress rests on one invariant: the head of a non-empty queue is either awake, or
 asleep with a timer at the holder's lease expiry, or asleep while a task of this same
@@ -39,7 +46,7 @@ from redis.asyncio.client import PubSub
 
 from ._client import as_text, translate
 from ._errors import LockPermissionError
-from ._hold import Hold
+from ._kind import Hold
 
 __all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
 
@@ -54,7 +61,16 @@ class Waiter:
     waiter, and once Redis confirms, :meth:`give` delivers the new hold.
     """
 
-    __slots__ = ("_future", "handed", "lease", "left", "owner", "pending", "queue", "reserved")
+    __slots__ = (
+        "_future",
+        "handed",
+        "lease",
+        "left",
+        "owner",
+        "pending",
+        "queue",
+        "reserved",
+    )
 
     def __init__(self, queue: ChannelQueue, owner: str, lease: float | None) -> None:
         self.queue = queue
@@ -117,13 +133,17 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("channel", "confirmed", "waiters")
+    __slots__ = ("channel", "confirmed", "listen", "streak", "waiters")
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
         self.waiters: deque[Waiter] = deque()
+        #: a waiter found the lock busy: the queue needs the release channel
+        self.listen = False
         #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
         self.confirmed = False
+        #: hand-overs in a row within this manager
+        self.streak = 0
 
     def wake_head(self) -> None:
         if self.waiters:
@@ -156,6 +176,8 @@ class WaiterHub:
         self._redis = redis
         self._manager_id = manager_id
         self._queues: dict[str, ChannelQueue] = {}
+        #: channels this manager yields, until when (monotonic)
+        self._yields: dict[str, float] = {}
         self._subscribed: set[str] = set()  # SUBSCRIBE sent on the current connection
         self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
         self._dirty = asyncio.Event()
@@ -170,15 +192,50 @@ class WaiterHub:
     # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
 
     def join(self, channel: str, owner: str, lease: float | None) -> Waiter:
-        """Queue a new waiter at the tail of *channel*'s queue."""
+        """Queue a new waiter at the tail of *channel*'s queue (no I/O yet)."""
         queue = self._queues.get(channel)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel)
         waiter = Waiter(queue, owner, lease)
         queue.waiters.append(waiter)
-        if channel not in self._subscribed:
-            self._dirty.set()
         return waiter
+
+    def listen(self, waiter: Waiter) -> None:
+        """*waiter* found the lock busy: subscribe its queue to the release channel."""
+        queue = waiter.queue
+        if not queue.listen:
+            queue.listen = True
+            if queue.channel not in self._subscribed:
+                self._dirty.set()
+
+    def yield_to_others(self, channel: str, window: float) -> None:
+        """Other clients heard our release: keep our tasks off *channel* for *window* s."""
+        now = time.monotonic()
+        if len(self._yields) > 4096:  # forget windows long past
+            self._yields = {c: t for c, t in self._yields.items() if t > now}
+        self._yields[channel] = now + window
+        asyncio.get_running_loop().call_later(window, self.wake, channel)
+
+    def yielding(self, channel: str) -> float:
+        """Seconds this manager still yields *channel* (0 if it does not)."""
+        until = self._yields.get(channel)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._yields[channel]
+            return 0.0
+        return left
+
+    def streak(self, channel: str) -> int:
+        queue = self._queues.get(channel)
+        return queue.streak if queue is not None else 0
+
+    def count_handover(self, channel: str, handed: bool) -> None:
+        """A final release handed the lock over (*handed*) or freed it."""
+        queue = self._queues.get(channel)
+        if queue is not None:
+            queue.streak = queue.streak + 1 if handed else 0
 
     def leave(self, waiter: Waiter, *, acquired: bool) -> None:
         """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
@@ -193,6 +250,8 @@ class WaiterHub:
         if not acquired and not waiter.reserved and (was_head or waiter.pending):
             queue.wake_head()
         if not queue.waiters:
+            queue.listen = False
+            queue.streak = 0
             self._dirty.set()
 
     def successor(self, channel: str) -> Waiter | None:
@@ -207,10 +266,6 @@ class WaiterHub:
         """Whether the server may count this manager among *channel*'s subscribers."""
         return channel in self._subscribed or channel in self._unsubscribing
 
-    def queued(self, channel: str) -> int:
-        queue = self._queues.get(channel)
-        return len(queue.waiters) if queue is not None else 0
-
     def confirmed(self, channel: str) -> bool:
         queue = self._queues.get(channel)
         return queue is not None and queue.confirmed
@@ -220,10 +275,6 @@ class WaiterHub:
         queue = self._queues.get(channel)
         if queue is not None:
             queue.wake_head()
-
-    def wake_later(self, channel: str, delay: float) -> None:
-        """Wake *channel*'s head after *delay* seconds (if another client has not by then)."""
-        asyncio.get_running_loop().call_later(delay, self.wake, channel)
 
     def close(self) -> None:
         """Wake every waiter; they find the hub closed and give up."""
@@ -272,7 +323,7 @@ class WaiterHub:
                 backoff = min(backoff * 2, 2.0)
 
     async def _sync_subscriptions(self) -> None:
-        wanted = {name for name, queue in self._queues.items() if queue.waiters}
+        wanted = {name for name, queue in self._queues.items() if queue.listen}
         to_add = sorted(wanted - self._subscribed)
         to_drop = sorted(self._subscribed - wanted)
         if to_add:
@@ -334,6 +385,8 @@ class WaiterHub:
             # Our own releases already woke the local head directly.
             if as_text(message.get("data")) != self._manager_id:
                 self._messages += 1
+                # Another client released: the clients we yielded to had their turn.
+                self._yields.pop(channel, None)
                 if queue is not None:
                     queue.wake_head()
         elif kind == "subscribe" and queue is not None:

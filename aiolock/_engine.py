@@ -1,0 +1,546 @@
+"""The engine: acquire, wait, undo and release for every lock kind.
+
+A kind (:mod:`aiolock._kind`) runs its scripts; the engine does the rest, the same for
+every kind:
+
+Acquire. Every acquiring task joins its lock's local queue first, so tasks are served
+in the order they called. The head of the queue tries at once (the fast path: one
+script call); the others wait for their turn. A head that finds the lock busy subscribes
+to the release channel, tries again once the subscription is confirmed (closing the
+lost-wake-up gap), then sleeps until a release wakes it or the holder's lease would
+have run out. A connection failure does not end a wait: the head backs off and tries
+again until its own timeout. An attempt cancelled or failed in flight is undone by the
+kind's undo script, which reverts it or voids it in advance.
+
+Release. The last release of a hold frees the lock or, when a task of this manager
+waits for it, hands it straight over in the same script. A hold is made visible to a
+waiting task only when that task takes it; a hand-over to a task that gave up meanwhile
+is passed on without ever being registered under that task. Releases are idempotent
+(the client sends its count; a final release leaves a tombstone), so a release
+interrupted by a cancellation is sent again, shielded and bounded in time, and one that
+cannot reach Redis is retried in the background while its hold is parked.
+
+Fairness between clients needs no state in Redis: while other clients listen for a
+lock, at most :data:`MAX_LOCAL_STREAK` hand-overs in a row stay within this manager,
+and after a release they heard this manager yields for :data:`YIELD_WINDOW` (see
+:mod:`aiolock._hub`).
+
+Owner tasks. A task that ends while holding locks has its holds released in the
+background, with a warning: the hold would otherwise be renewed for as long as the
+manager is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import anyio
+
+from ._cleanup import Cleanup, finish_despite_cancel, send_or
+from ._errors import (
+    LockConnectionError,
+    LockError,
+    LockKeyTypeError,
+    LockLostError,
+    LockPermissionError,
+    LockTimeoutError,
+    ManagerNotOpenError,
+)
+from ._hub import Waiter, WaiterHub
+from ._keys import LockKeys
+from ._kind import Attempt, Busy, Hold, LockKind, Released, ReleaseStatus, Successor
+from ._registry import HoldRegistry
+from ._runtime import TOMBSTONE_TTL, Runtime
+from ._watchdog import Watchdog
+
+__all__ = ["MAX_LOCAL_STREAK", "YIELD_WINDOW", "Engine"]
+
+logger = logging.getLogger("aiolock")
+
+#: Seconds the head of a queue waits for its subscription to be confirmed before it
+#: retries anyway (the pub/sub connection may be down; it then falls back to TTL waits).
+READY_WAIT = 1.0
+#: After a release that other clients heard, this manager's tasks keep off the lock for
+#: this long (or until another client's release message arrives), so that the waiters
+#: elsewhere, woken later than a local task could be, get their turn.
+YIELD_WINDOW = 0.02
+#: Hand-overs in a row within this manager while other clients wait for the same lock:
+#: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
+MAX_LOCAL_STREAK = 2
+#: Backoff between attempts of a waiter whose attempts fail on a connection error.
+MIN_BACKOFF, MAX_BACKOFF = 0.05, 2.0
+#: Owner of a hold handed over to a task that had given up: it belongs to no task.
+ORPHAN = ""
+
+
+@dataclass(frozen=True)
+class _Handoff:
+    """A local waiter chosen to receive the lock from a final release."""
+
+    waiter: Waiter
+    successor: Successor
+    renew: bool
+    sent_at: float
+
+
+class Engine:
+    """The generic protocol of one open manager: its hub, registry, watchdog and cleanup."""
+
+    def __init__(self, runtime: Runtime, hub: WaiterHub) -> None:
+        self.rt = runtime
+        self.client = runtime.client
+        self.hub = hub
+        self.registry = HoldRegistry(on_lost=self._on_lost, on_fixed=self._on_fixed)
+        self.watchdog = Watchdog(self.registry, runtime.lease)
+        self.cleanup = Cleanup()
+        #: round trips that failed on a connection error and were ridden out or retried
+        self.connection_errors = 0
+        #: holds released because the task that held them ended
+        self.released_on_task_exit = 0
+        self._watched: set[str] = set()
+
+    def _on_lost(self, hold: Hold) -> None:
+        # The lock may be free now (or soon): the local head should try for it.
+        self.hub.wake(hold.kind.channel(hold.keys))
+
+    def _on_fixed(self, hold: Hold) -> None:
+        self.watchdog.reschedule()
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+    ) -> Hold:
+        if kind.reentrant:
+            held = self.registry.get(keys.lock, owner)
+            if held is not None:
+                return await self._reenter(held, lease)
+        if timeout == 0:  # one attempt, queue or no queue
+            outcome = await self._attempt(kind, keys, owner, lease)
+            if isinstance(outcome, Hold):
+                return outcome
+            raise _timeout_error(keys, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return await self._wait(kind, keys, owner, lease, deadline, timeout)
+
+    async def _reenter(self, hold: Hold, lease: float | None) -> Hold:
+        if hold.renew:
+            lease = None  # the outer hold decides: it stays auto-renewed
+        elif lease is None:
+            lease = hold.lease
+        outcome = await self._attempt(hold.kind, hold.keys, hold.owner, lease, hold)
+        if isinstance(outcome, Hold):
+            return outcome
+        now = (
+            f"now held by another owner for {outcome.ttl:.3f} s more"
+            if outcome.ttl > 0
+            else "it had expired"
+        )
+        self.registry.lose_reported(hold, f"it was gone when the task re-entered it ({now})")
+        raise LockLostError(
+            f"lock {hold.keys.name!r} was lost before this task re-entered it ({now}); "
+            "another owner may have entered the critical section meanwhile"
+        )
+
+    async def _wait(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        deadline: float | None,
+        timeout: float | None,
+    ) -> Hold:
+        hub = self.hub
+        channel = kind.channel(keys)
+        waiter = hub.join(channel, owner, lease)
+        acquired = False
+        try:
+            should_try = waiter.is_head  # the head tries at once; the rest wait their turn
+            ttl: float | None = None
+            backoff = MIN_BACKOFF
+            failure: LockConnectionError | None = None
+            while True:
+                if waiter.handed is not None:  # a local releaser handed the lock over
+                    acquired = True
+                    return self._adopt(waiter.handed)
+                if hub.closed:
+                    raise self.manager_closed()
+                if hub.failure is not None:
+                    raise LockPermissionError(hub.failure)
+                if should_try:
+                    ttl = hub.yielding(channel)  # others' turn first: try when it ends
+                    if ttl <= 0:
+                        try:
+                            outcome = await self._attempt(kind, keys, owner, lease)
+                        except LockConnectionError as exc:
+                            # Ride it out until this waiter's own deadline.
+                            self.connection_errors += 1
+                            failure, ttl = exc, backoff
+                            backoff = min(backoff * 2, MAX_BACKOFF)
+                        else:
+                            if isinstance(outcome, Hold):
+                                acquired = True
+                                return outcome
+                            failure, backoff = None, MIN_BACKOFF
+                            ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
+                            hub.listen(waiter)
+                            if not hub.confirmed(channel):
+                                ttl = min(ttl, READY_WAIT)  # the confirmation wakes it
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    if failure is not None:
+                        raise failure
+                    raise _timeout_error(keys, timeout)
+                woken = await waiter.wait(
+                    _shortest(remaining, ttl) if waiter.is_head else remaining
+                )
+                should_try = woken or waiter.is_head
+        finally:
+            # A shared grant lets the next waiter try at once, as a failed one does.
+            hub.leave(waiter, acquired=acquired and not kind.shared)
+            if not acquired and waiter.handed is not None:
+                # The lock was handed over just as this task gave up: pass it on, without
+                # ever registering it under this task.
+                orphan, waiter.handed = waiter.handed, None
+                orphan.owner = ORPHAN
+                await self.release_quietly(orphan, pass_on=True)
+
+    async def _attempt(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        hold: Hold | None = None,
+    ) -> Hold | Busy:
+        """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
+
+        With *hold*, the attempt re-enters it; otherwise it is a new acquisition under a
+        hash field of its own (the owner plus this attempt's number).
+        """
+        rt = self.rt
+        lease_s = rt.lease if lease is None else lease
+        number = rt.next_id()
+        # The void marker's id is unique across clients: a marker left by another
+        # process's cancelled attempt must never void this one.
+        attempt = Attempt(
+            keys=keys,
+            owner=owner,
+            field=f"{owner}:{number}" if hold is None else hold.field,
+            count=0 if hold is None else hold.count,
+            lease=lease_s,
+            void=keys.void(f"{rt.manager_id}:{number}"),
+        )
+        sent_at = time.monotonic()
+        try:
+            outcome = await kind.attempt(attempt)
+        except (LockConnectionError, asyncio.CancelledError):
+            await self._undo(kind, attempt)  # it may have run
+            raise
+        if isinstance(outcome, Busy):
+            return outcome
+        if hold is not None:  # a re-entry
+            if outcome.count != hold.count + 1:
+                # The lock was free: the hold being re-entered had already ended, and the
+                # script took the lock anew. That is not a re-entry: give it back.
+                stray = Hold(
+                    kind, keys, ORPHAN, attempt.field, outcome.token, lease_s, False, sent_at
+                )
+                await self.release_quietly(stray)
+                return Busy(0.0)
+            hold.count = outcome.count
+            if not hold.renew:
+                self.registry.reset_lease(hold, lease_s, sent_at)
+            return hold
+        new = Hold(kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at)
+        if self.hub.closed:  # the manager closed while the attempt was in flight
+            await self.release_quietly(new)
+            raise self.manager_closed()
+        return self._adopt(new)
+
+    def _adopt(self, hold: Hold) -> Hold:
+        """Register *hold* for the current task, which has just acquired it."""
+        self.registry.add(hold)
+        if hold.owner not in self._watched:
+            task = asyncio.current_task()
+            if task is not None:
+                self._watched.add(hold.owner)
+                owner = hold.owner
+                task.add_done_callback(lambda t: self._task_done(t, owner))
+        return hold
+
+    async def _undo(self, kind: LockKind, attempt: Attempt) -> None:
+        """Revert an attempt whose outcome is unknown, or void it before it runs."""
+        channel = kind.channel(attempt.keys)
+
+        async def send() -> None:
+            if await kind.undo(attempt) and attempt.count == 0:
+                self.hub.wake(channel)  # our own message is ignored by the hub
+
+        give_up_at = time.monotonic() + attempt.lease
+
+        def retry_later() -> None:
+            self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
+
+        await finish_despite_cancel(lambda: send_or(send, retry_later))
+
+    # -- owner tasks that end while holding --------------------------------------------
+
+    def _task_done(self, task: asyncio.Task[object], owner: str) -> None:
+        self._watched.discard(owner)
+        for hold in self.registry.of_owner(owner):
+            self.released_on_task_exit += 1
+            logger.warning(
+                "lock %r was still held by task %r when the task ended; aiolock releases "
+                "it now. A lock belongs to the task that acquired it: a likely cause is a "
+                "helper that runs the acquire in a task of its own (asyncio.wait_for on "
+                "Python 3.10/3.11, create_task, gather), or a missing release()",
+                hold.keys.name,
+                task.get_name(),
+            )
+            self.registry.remove(hold)
+            hold.owner = ORPHAN
+            self._release_in_background(hold, "release of a hold whose task ended")
+
+    # -- release -----------------------------------------------------------------------
+
+    async def release(self, hold: Hold) -> None:
+        """Release one hold; the last one frees the lock or hands it to the next local waiter."""
+        if hold.count > 1:
+            await self._release_nested(hold)
+            return
+        release_id = self._release_id(hold)  # every resend, from any path, uses it
+        handoff = self._reserve_successor(hold)
+        what = f"release of {hold.keys.name!r}"
+
+        async def send() -> LockError | None:
+            outcome = await self._send_final(hold, release_id, handoff)
+            if handoff is not None:
+                handoff.waiter.reserved = False
+            error = self._apply_release(hold, outcome)
+            if handoff is not None and outcome.status is ReleaseStatus.HANDED_OVER:
+                await self._deliver(hold, handoff, outcome.value)
+            return error
+
+        def hand_over() -> None:
+            # Unconfirmed: the retrier owns the hold now. Parked, it no longer counts as
+            # held, so this task's next acquire takes a new field and simply waits for
+            # the old hold to be released (or to expire): it never re-enters it.
+            self.registry.park(hold)
+            self.cleanup.add(what, send, max(hold.valid_until, time.monotonic()))
+            if handoff is not None:  # the queue's head fends for itself meanwhile
+                handoff.waiter.reserved = False
+                self.hub.wake(hold.kind.channel(hold.keys))
+
+        try:
+            error = await send()
+        except asyncio.CancelledError:
+            # The command may or may not have run; sending it again is harmless.
+            await finish_despite_cancel(lambda: send_or(send, hand_over))
+            raise
+        except LockConnectionError:
+            hand_over()
+            raise
+        except LockKeyTypeError:
+            self.registry.unpark(hold)
+            self.registry.lose_reported(hold, "its key was replaced by a value of another type")
+            raise
+        if error is not None:
+            raise error
+
+    def _release_id(self, hold: Hold) -> str:
+        """The id of *hold*'s final release, made when it is first sent."""
+        if hold.release_id is None:
+            hold.release_id = f"{self.rt.manager_id}:{self.rt.next_id()}"
+            hold.release_sent_at = time.monotonic()
+        return hold.release_id
+
+    async def _send_final(
+        self, hold: Hold, release_id: str, handoff: _Handoff | None = None
+    ) -> Released:
+        channel = hold.kind.channel(hold.keys)
+        return await hold.kind.release(
+            hold,
+            1,
+            release_id,
+            handoff.successor if handoff is not None else None,
+            self.hub.streak(channel) < MAX_LOCAL_STREAK,
+            self.hub.listening(channel),
+        )
+
+    def _reserve_successor(self, hold: Hold) -> _Handoff | None:
+        waiter = self.hub.successor(hold.kind.channel(hold.keys))
+        if waiter is None:
+            return None
+        waiter.reserved = True
+        lease = self.rt.lease if waiter.lease is None else waiter.lease
+        field = f"{waiter.owner}:{self.rt.next_id()}"
+        return _Handoff(waiter, Successor(field, lease), waiter.lease is None, time.monotonic())
+
+    async def _deliver(self, hold: Hold, handoff: _Handoff, token: int) -> None:
+        """Redis handed the lock to *handoff*'s waiter: give it the hold, or pass it on."""
+        waiter, successor = handoff.waiter, handoff.successor
+        new = Hold(hold.kind, hold.keys, waiter.owner, successor.field, token,
+                   successor.lease, handoff.renew, handoff.sent_at)  # fmt: skip
+        if waiter.left or self.hub.closed:  # it gave up meanwhile: it must never see it
+            new.owner = ORPHAN
+            await self.release_quietly(new, pass_on=True)
+        else:
+            waiter.give(new)  # registered by the waiter's own task when it takes it
+
+    async def _release_nested(self, hold: Hold) -> None:
+        """Release one of several holds: only the count changes, and the client's count rules.
+
+        The script sets the count to the client's count minus one, and the final release
+        deletes the lock whatever the count, so an unconfirmed decrement needs no retry:
+        the local count goes down regardless, and a lost or resent command changes nothing
+        that matters.
+        """
+        count = hold.count
+        hold.count -= 1  # whatever becomes of the command, even if it is cancelled
+        try:
+            outcome = await hold.kind.release(hold, count, "-", None, False, False)
+        except LockConnectionError as exc:
+            logger.warning(
+                "lock %r: a nested release was not confirmed (%s); the outer "
+                "release will settle it",
+                hold.keys.name,
+                exc,
+            )
+            return
+        error = self._apply_release(hold, outcome)
+        if error is not None:
+            raise error
+
+    def _apply_release(self, hold: Hold, outcome: Released) -> LockError | None:
+        """Update local state from a release's outcome; the error to raise, if any."""
+        status = outcome.status
+        if status is ReleaseStatus.STILL_HELD:
+            hold.count = outcome.value
+            return None
+        self.registry.remove(hold)
+        self.registry.unpark(hold)
+        channel = hold.kind.channel(hold.keys)
+        if status is ReleaseStatus.RELEASED:
+            hold.count = 0
+            hold.release_id = None
+            self.hub.count_handover(channel, handed=False)
+            if outcome.value > 0:  # others heard it: our own tasks yield to them a while
+                self.hub.yield_to_others(channel, YIELD_WINDOW)
+            else:
+                self.hub.wake(channel)
+            return None
+        if status is ReleaseStatus.HANDED_OVER:
+            hold.count = 0
+            hold.release_id = None
+            self.hub.count_handover(channel, handed=True)
+            return None
+        late = time.monotonic() - hold.release_sent_at > TOMBSTONE_TTL
+        hold.release_id = None
+        self.registry.lose_reported(hold, "Redis no longer had it when it was released")
+        return LockLostError(
+            f"lock {hold.keys.name!r} was no longer held by this task when it was "
+            "released: its lease ended or it was force-released, so another owner may "
+            "have entered the critical section"
+            + (
+                f" (or this release ran more than {TOMBSTONE_TTL:.0f} s ago and its reply was lost)"
+                if late
+                else ""
+            )
+        )
+
+    def release_lost(self, hold: Hold) -> None:
+        """A hold lost locally may still exist in Redis: free it in the background."""
+        self._release_in_background(hold, f"release of lost {hold.keys.name!r}")
+
+    def _release_in_background(self, hold: Hold, what: str) -> None:
+        release_id = self._release_id(hold)
+        channel = hold.kind.channel(hold.keys)
+
+        async def send() -> None:
+            outcome = await self._send_final(hold, release_id)
+            if outcome.status is ReleaseStatus.RELEASED:
+                self.hub.wake(channel)  # our own message is ignored by the hub
+
+        self.cleanup.add(what, send, time.monotonic() + hold.lease)
+
+    async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
+        """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
+        hold.count = 1
+        try:
+            if pass_on:
+                await self.release(hold)
+            else:
+                outcome = await self._send_final(hold, self._release_id(hold))
+                self.registry.remove(hold)
+                if outcome.status is ReleaseStatus.RELEASED:
+                    self.hub.wake(hold.kind.channel(hold.keys))
+        except LockError as exc:
+            hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
+            logger.warning("could not release lock %r: %s", hold.keys.name, exc)
+
+    # -- extend, force release, shutdown -------------------------------------------------
+
+    async def extend(self, hold: Hold, lease: float) -> None:
+        sent_at = time.monotonic()
+        if await hold.kind.extend(hold, lease):
+            self.registry.reset_lease(hold, lease, sent_at)
+            return
+        self.registry.lose_reported(hold, "Redis no longer had it when it was extended")
+        raise LockLostError(
+            f"lock {hold.keys.name!r} could not be extended: its lease had already ended "
+            "or it was force-released"
+        )
+
+    async def force_release(self, kind: LockKind, keys: LockKeys) -> bool:
+        held = await kind.force_release(keys)
+        for hold in self.registry:
+            if hold.resource == keys.lock:
+                self.registry.lose(hold, "it was force-released")
+        self.hub.wake(kind.channel(keys))
+        return held
+
+    async def shutdown(self) -> None:
+        """Release every hold (all counts at once) and fail the bodies still using them."""
+        holds = list(self.registry)
+        for hold in holds:
+            self.registry.lose(hold, "the LockManager was closed")
+        limiter = anyio.CapacityLimiter(16)  # a few connections, not one per hold
+
+        async def release(hold: Hold) -> None:
+            async with limiter:
+                await self.release_quietly(hold)
+
+        async with anyio.create_task_group() as tg:
+            for hold in holds:
+                tg.start_soon(release, hold)
+
+    def manager_closed(self) -> ManagerNotOpenError:
+        return ManagerNotOpenError(
+            "the LockManager was closed while this task waited for a lock; "
+            "open a new LockManager to keep using locks"
+        )
+
+
+def _timeout_error(keys: LockKeys, timeout: float | None) -> LockTimeoutError:
+    return LockTimeoutError(
+        f"lock {keys.name!r} is held by another owner and was not released within "
+        f"{timeout} s; pass a longer timeout, or timeout=None to wait as long as it takes"
+    )
+
+
+def _shortest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

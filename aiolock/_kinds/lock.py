@@ -1,0 +1,157 @@
+"""The reentrant lock kind: a hash of owner field to hold count, one owner at a time.
+
+Wire format (prefix ``P``, name ``N``; see :mod:`aiolock._keys` for the braces):
+
+==============================  =====================================================
+``P:{N}``                       hash: ``<owner field>`` -> hold count
+``P:{N}:fence``                 string: the last fencing token released (only with
+                                fence state, ``fence_ttl``)
+``P:{N}:rel:<release id>``      string: a final release that ran ('0', or the token it
+                                handed over), kept for a few seconds
+``P:{N}:void:<attempt id>``     marker: an attempt voided by an undo
+``P:{N}:released``              channel: a message (the releasing manager's id) per
+                                final release that was not handed over
+==============================  =====================================================
+
+The reply codes of each script are named here, next to their decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._client import as_int, key_type_error
+from .._keys import LockKeys, ms
+from .._kind import (
+    Attempt,
+    Busy,
+    Granted,
+    Hold,
+    Released,
+    ReleaseStatus,
+    Successor,
+)
+from .._runtime import Runtime
+from .._scripts import Script
+
+__all__ = ["ReentrantLockKind"]
+
+ACQUIRE = Script("lock/acquire")
+RELEASE = Script("lock/release")
+RENEW = Script("lock/renew")
+UNDO = Script("lock/undo")
+FORCE_RELEASE = Script("lock/force_release")
+
+#: A void marker outlives any plausible delay of the attempt it voids.
+MIN_VOID_TTL = 60.0
+
+# acquire.lua
+_ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
+# release.lua
+_RELEASE_CODES = {
+    1: ReleaseStatus.STILL_HELD,
+    2: ReleaseStatus.RELEASED,
+    4: ReleaseStatus.HANDED_OVER,
+    0: ReleaseStatus.NOT_HELD,
+}
+
+
+class ReentrantLockKind:
+    """Scripts and reply decoding of the reentrant lock; everything else is the engine's."""
+
+    name = "lock"
+    reentrant = True
+    shared = False
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._client = runtime.client
+
+    def channel(self, keys: LockKeys) -> str:
+        return keys.channel
+
+    async def attempt(self, attempt: Attempt) -> Granted | Busy:
+        keys = attempt.keys
+        code, value = await self._client.run(
+            ACQUIRE,
+            (keys.lock, _fence(keys), attempt.void),
+            (attempt.field, ms(attempt.lease), attempt.count),
+        )
+        code = as_int(code)
+        if code == _ACQUIRED:
+            return Granted(as_int(value), 1)
+        if code == _REENTERED:
+            return Granted(0, as_int(value))
+        if code == _BAD_KEY:
+            raise key_type_error(keys.lock, value)
+        # _BUSY, or _VOIDED (only an attempt resent after its own undo can see that)
+        return Busy(max(as_int(value), 0) / 1000 if code == _BUSY else 0.0)
+
+    async def undo(self, attempt: Attempt) -> bool:
+        keys = attempt.keys
+        void_ms = ms(max(2 * attempt.lease, MIN_VOID_TTL))
+        undone = await self._client.run(
+            UNDO,
+            (keys.lock, attempt.void),
+            (attempt.field, attempt.count, void_ms, keys.channel, self._rt.manager_id),
+        )
+        return as_int(undone) == 1
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        keys = hold.keys
+        rt = self._rt
+        reply = await self._client.run(
+            RELEASE,
+            (keys.lock, _fence(keys), f"{keys.lock}:rel:{release_id}"),
+            (
+                hold.field,
+                count,
+                keys.channel,
+                rt.manager_id,
+                hold.token,
+                rt.fence_ms,
+                rt.tombstone_ms,
+                successor.field if successor else "",
+                ms(successor.lease) if successor else 0,
+                1 if hand_over_freely else 0,
+                1 if listening else 0,
+            ),
+        )
+        code, value = as_int(reply[0]), reply[1]
+        status = _RELEASE_CODES.get(code)
+        if status is None:  # -1: the key holds another type
+            raise key_type_error(keys.lock, value)
+        return Released(status, as_int(value))
+
+    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
+        lease_ms = ms(lease)
+        args: list[Any] = []
+        for hold in holds:
+            args += (hold.field, lease_ms if hold.renew else 0)
+        replies = await self._client.run(RENEW, [hold.keys.lock for hold in holds], args)
+        return [as_int(reply) == 1 for reply in replies]
+
+    async def extend(self, hold: Hold, lease: float) -> bool:
+        (held,) = await self._client.run(RENEW, (hold.keys.lock,), (hold.field, ms(lease)))
+        return as_int(held) == 1
+
+    async def force_release(self, keys: LockKeys) -> bool:
+        code, value = await self._client.run(
+            FORCE_RELEASE, (keys.lock,), (keys.channel, self._rt.manager_id)
+        )
+        if as_int(code) == -1:
+            raise key_type_error(keys.lock, value)
+        return as_int(code) == 1
+
+
+def _fence(keys: LockKeys) -> str:
+    return f"{keys.lock}:fence"
