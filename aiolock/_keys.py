@@ -1,20 +1,32 @@
 """Key, channel and owner-field naming: the wire format, in one place.
 
-For a manager prefix ``P`` and a lock name ``N`` (UTF-8), the lock uses:
+For a manager prefix ``P`` and a lock name ``N`` (UTF-8), the lock uses, with the *tag*
+``T`` defined below:
 
 ==========================  =========================================================
-``P:{N}``                   hash: ``<owner field>`` -> hold count (one owner at a time)
-``P:{N}:meta``              hash: ``fence`` (last fencing token), ``released`` (the id
+``P:{T}``                   hash: ``<owner field>`` -> hold count (one owner at a time)
+``P:{T}:meta``              hash: ``fence`` (last fencing token), ``released`` (the id
                             of the last final release, so a retried release succeeds)
-``P:{N}:void:<attempt id>`` marker: an acquire attempt that was cancelled in flight;
+``P:{T}:void:<attempt id>`` marker: an acquire attempt that was cancelled in flight;
                             the id is ``<manager id>:<number>``, unique across clients
-``P:{N}:released``          pub/sub channel: a message per final release
+``P:{T}:released``          pub/sub channel: a message per final release
 ==========================  =========================================================
 
-Every key and the channel share the hash tag ``{N}``, so one lock's scripts touch a
-single Redis Cluster slot. Names may contain any character, ``{`` and ``}`` included:
-the suffixes after the closing ``}`` contain no ``}``, so two different names can never
-produce the same key (the last ``}`` separates the name from the suffix).
+The tag is the name itself, ``T = N``, unless ``N`` starts with ``}`` or with the escape
+character ``~``; then ``T = "~" + N``. Examples: ``order:42`` -> ``P:{order:42}``,
+``}x`` -> ``P:{~}x}``, ``~a`` -> ``P:{~~a}``, ``{}`` -> ``P:{{}}``.
+
+Why: Redis Cluster hashes a key by the text between its first ``{`` and the first ``}``
+after it, unless that text is empty (then the whole key is hashed). The prefix has no
+braces, so that text is the start of ``T`` up to its first ``}`` (or all of ``T``): the same
+for every key and the channel of one lock, and never empty because ``T`` never starts with
+``}``. So one lock's keys and channel share ONE slot (:attr:`LockKeys.slot`), for every name.
+
+The mapping is injective: ``N -> T`` is (an escaped ``T`` starts with ``~``, an unescaped
+one never does, and stripping the ``~`` gives ``N`` back), and ``T -> key`` is because the
+suffixes after the closing ``}`` contain no ``}`` (the attempt ids neither), so the last
+``}`` of a key separates ``T`` from its suffix; a lock's own hash is the only key that ends
+with ``}``. Keys of different prefixes differ before the first ``{``.
 
 Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
 (``secrets``), the serial numbers the asyncio tasks that manager has seen.
@@ -25,7 +37,10 @@ from __future__ import annotations
 import math
 import secrets
 
+from redis.crc import key_slot
+
 __all__ = [
+    "ESCAPE",
     "MAX_NAME_BYTES",
     "KeySpace",
     "LockKeys",
@@ -33,9 +48,14 @@ __all__ = [
     "check_name",
     "check_prefix",
     "check_timeout",
+    "hash_tag",
     "ms",
     "new_manager_id",
 ]
+
+#: Prepended to a name that starts with ``}`` (which would give an empty Cluster hash tag)
+#: or with itself (so that the escaping stays reversible). See the module docstring.
+ESCAPE = "~"
 
 #: A lock name longer than this many UTF-8 bytes is refused: it would be sent with every
 #: command of the lock, and a name that long is almost certainly a bug.
@@ -45,6 +65,13 @@ MAX_NAME_BYTES = 4096
 def new_manager_id() -> str:
     """128 random bits, hex: unique per LockManager, unguessable by other clients."""
     return secrets.token_hex(16)
+
+
+def _short(value: object, limit: int = 20) -> str:
+    """``repr(value)``, cut to *limit* characters plus an ellipsis when longer: an error
+    message must not print a 400-digit integer or a megabyte string back to its reader."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def check_name(name: object) -> str:
@@ -70,9 +97,11 @@ def _check_seconds(value: object, what: str) -> float:
     try:
         seconds = float(value)
     except OverflowError:  # an int too large for a float
-        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}") from None
+        raise ValueError(
+            f"{what} must be a finite number of seconds, got {_short(value)}"
+        ) from None
     if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
+        raise ValueError(f"{what} must be a finite number of seconds, got {_short(value)}")
     return seconds
 
 
@@ -91,7 +120,7 @@ def check_lease(lease: object, what: str = "lease") -> float:
     seconds = _check_seconds(lease, what)
     if not MIN_LEASE <= seconds <= MAX_LEASE:
         raise ValueError(
-            f"{what} must be between {MIN_LEASE} and {MAX_LEASE:.0f} seconds, got {lease!r}"
+            f"{what} must be between {MIN_LEASE} and {MAX_LEASE:.0f} seconds, got {_short(lease)}"
         )
     return seconds
 
@@ -102,7 +131,9 @@ def check_timeout(timeout: object, what: str = "timeout") -> float | None:
         return None
     seconds = _check_seconds(timeout, what)
     if seconds < 0:
-        raise ValueError(f"{what} must be >= 0 seconds or None (wait forever), got {timeout!r}")
+        raise ValueError(
+            f"{what} must be >= 0 seconds or None (wait forever), got {_short(timeout)}"
+        )
     return seconds
 
 
@@ -114,17 +145,23 @@ def check_prefix(prefix: object) -> str:
     if "{" in prefix or "}" in prefix:
         # A brace in the prefix would become the Cluster hash tag of every lock, putting
         # them all in one slot, and would break the uniqueness argument above.
-        raise ValueError(f"prefix must not contain '{{' or '}}', got {prefix!r}")
+        raise ValueError(f"prefix must not contain '{{' or '}}', got {_short(prefix)}")
     return prefix
+
+
+def hash_tag(name: str) -> str:
+    """The text between the braces of a lock's keys: *name*, escaped with :data:`ESCAPE`
+    when it starts with ``}`` or with the escape character itself (see the module docstring)."""
+    return ESCAPE + name if name.startswith(("}", ESCAPE)) else name
 
 
 class LockKeys:
     """The keys and channel of one lock name, computed once per handle."""
 
-    __slots__ = ("channel", "lock", "meta", "name", "pair", "void_prefix")
+    __slots__ = ("channel", "lock", "meta", "name", "pair", "slot", "void_prefix")
 
     def __init__(self, prefix: str, name: str) -> None:
-        base = f"{prefix}:{{{name}}}"
+        base = f"{prefix}:{{{hash_tag(name)}}}"
         self.name = name
         self.lock = base
         self.meta = f"{base}:meta"
@@ -132,6 +169,8 @@ class LockKeys:
         self.void_prefix = f"{base}:void:"
         #: the KEYS of the release script
         self.pair = (self.lock, self.meta)
+        #: the Redis Cluster slot of every key and the channel of this lock
+        self.slot = key_slot(self.lock.encode())
 
     def void(self, attempt_id: str) -> str:
         """The void marker of one acquire attempt; *attempt_id* must be unique across clients."""

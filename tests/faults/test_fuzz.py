@@ -50,6 +50,7 @@ from hypothesis.stateful import (
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._keys import LockKeys
 from aiolock.testing import RedisServer
 
 from ._support import LONG, unique_prefix
@@ -279,7 +280,7 @@ class LockMachine(RuleBasedStateMachine):
         return MANAGER_OF[actor] not in self.closed
 
     def key(self, name: str) -> str:
-        return f"{self.prefix}:{{{name}}}"
+        return LockKeys(self.prefix, name).lock
 
     def holder(self, name: str) -> str | None:
         held = self.holds.get(name)
