@@ -3,14 +3,20 @@
 For a manager prefix ``P`` and a lock name ``N`` (UTF-8), the lock uses, with the *tag*
 ``T`` defined below:
 
-==========================  =========================================================
-``P:{T}``                   hash: ``<owner field>`` -> hold count (one owner at a time)
-``P:{T}:meta``              hash: ``fence`` (last fencing token), ``released`` (the id
-                            of the last final release, so a retried release succeeds)
-``P:{T}:void:<attempt id>`` marker: an acquire attempt that was cancelled in flight;
-                            the id is ``<manager id>:<number>``, unique across clients
-``P:{T}:released``          pub/sub channel: a message per final release
-==========================  =========================================================
+==============================  =====================================================
+``P:{T}``                       the lock's own structure (for the reentrant lock, a
+                                hash: ``<owner field>`` -> hold count)
+``P:{T}:fence``                 string: the last fencing token released (kept
+                                ``fence_ttl``)
+``P:{T}:rel:<release id>``      string: a final release that ran, kept a few seconds
+                                so a resent release answers as the first did
+``P:{T}:void:<attempt id>``     marker: an acquire attempt that was cancelled in
+                                flight
+``P:{T}:released``              pub/sub channel: a message per final release
+==============================  =====================================================
+
+Attempt and release ids are ``<manager id>:<number>``, unique across clients. What each
+kind stores in its structure is documented with the kind (:mod:`aiolock._kinds`).
 
 The tag is the name itself, ``T = N``, unless ``N`` starts with ``}`` or with the escape
 character ``~``; then ``T = "~" + N``. Examples: ``order:42`` -> ``P:{order:42}``,
@@ -158,23 +164,25 @@ def hash_tag(name: str) -> str:
 class LockKeys:
     """The keys and channel of one lock name, computed once per handle."""
 
-    __slots__ = ("channel", "lock", "meta", "name", "pair", "slot", "void_prefix")
+    __slots__ = ("channel", "fence", "lock", "name", "slot", "void_prefix")
 
     def __init__(self, prefix: str, name: str) -> None:
         base = f"{prefix}:{{{hash_tag(name)}}}"
         self.name = name
         self.lock = base
-        self.meta = f"{base}:meta"
+        self.fence = f"{base}:fence"
         self.channel = f"{base}:released"
         self.void_prefix = f"{base}:void:"
-        #: the KEYS of the release script
-        self.pair = (self.lock, self.meta)
         #: the Redis Cluster slot of every key and the channel of this lock
         self.slot = key_slot(self.lock.encode())
 
     def void(self, attempt_id: str) -> str:
         """The void marker of one acquire attempt; *attempt_id* must be unique across clients."""
         return f"{self.void_prefix}{attempt_id}"
+
+    def tombstone(self, release_id: str) -> str:
+        """The key that remembers one final release; *release_id* is unique across clients."""
+        return f"{self.lock}:rel:{release_id}"
 
 
 class KeySpace:

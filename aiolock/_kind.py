@@ -30,8 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from redis.crc import key_slot
-
 if TYPE_CHECKING:
     from anyio import CancelScope
 
@@ -101,7 +99,7 @@ class Hold:
         #: when the watchdog next asks Redis whether a fixed-lease hold still exists
         self.next_check = sent_at + lease / 3
         #: the Redis Cluster slot of the hold's keys: renewal batches never mix slots
-        self.slot = key_slot(keys.lock.encode("utf-8"))
+        self.slot = keys.slot
         self.timer: asyncio.TimerHandle | None = None
         self.lost = False
         self.lost_reason = ""

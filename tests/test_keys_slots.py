@@ -58,7 +58,13 @@ def cluster_hash_tag(key: str) -> str | None:
 def all_keys(keys: LockKeys, attempt_ids: tuple[str, ...] = ()) -> list[str]:
     """Every key and the channel of one lock (void markers for *attempt_ids*)."""
     ids = attempt_ids or (f"{new_manager_id()}:1", f"{new_manager_id()}:99999")
-    return [keys.lock, keys.meta, keys.channel, *keys.pair, *(keys.void(i) for i in ids)]
+    return [
+        keys.lock,
+        keys.fence,
+        keys.channel,
+        *(keys.void(i) for i in ids),
+        *(keys.tombstone(i) for i in ids),
+    ]
 
 
 def check_one_slot(name: str, prefix: str = PREFIX) -> LockKeys:
@@ -118,10 +124,10 @@ def test_all_short_names_over_the_special_characters_are_injective_and_one_slot(
 def test_concrete_names(name: str, lock_key: str) -> None:
     keys = check_one_slot(name)
     assert keys.lock == lock_key
-    assert keys.meta == f"{lock_key}:meta"
+    assert keys.fence == f"{lock_key}:fence"
     assert keys.channel == f"{lock_key}:released"
     assert keys.void("m:1") == f"{lock_key}:void:m:1"
-    assert keys.pair == (keys.lock, keys.meta)
+    assert keys.tombstone("m:1") == f"{lock_key}:rel:m:1"
     assert keys.slot == key_slot(lock_key.encode())
 
 
@@ -129,7 +135,7 @@ def test_a_name_starting_with_a_closing_brace_no_longer_spreads_over_slots() -> 
     """Defect 12: ``P:{}x}`` had an empty hash tag, so each key was hashed whole."""
     keys = LockKeys(PREFIX, "}x")
     assert cluster_hash_tag(keys.lock) == "~"
-    assert len({key_slot(k.encode()) for k in (keys.lock, keys.meta, keys.channel)}) == 1
+    assert len({key_slot(k.encode()) for k in (keys.lock, keys.fence, keys.channel)}) == 1
 
 
 def test_concrete_names_are_pairwise_distinct() -> None:

@@ -75,7 +75,7 @@ class ReentrantLockKind:
         keys = attempt.keys
         code, value = await self._client.run(
             ACQUIRE,
-            (keys.lock, _fence(keys), attempt.void),
+            (keys.lock, keys.fence, attempt.void),
             (attempt.field, ms(attempt.lease), attempt.count),
         )
         code = as_int(code)
@@ -111,7 +111,7 @@ class ReentrantLockKind:
         rt = self._rt
         reply = await self._client.run(
             RELEASE,
-            (keys.lock, _fence(keys), f"{keys.lock}:rel:{release_id}"),
+            (keys.lock, keys.fence, keys.tombstone(release_id)),
             (
                 hold.field,
                 count,
@@ -151,7 +151,3 @@ class ReentrantLockKind:
         if as_int(code) == -1:
             raise key_type_error(keys.lock, value)
         return as_int(code) == 1
-
-
-def _fence(keys: LockKeys) -> str:
-    return f"{keys.lock}:fence"
