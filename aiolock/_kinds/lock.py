@@ -1,17 +1,10 @@
 """The reentrant lock kind: a hash of owner field to hold count, one owner at a time.
 
-Wire format (prefix ``P``, name ``N``; see :mod:`aiolock._keys` for the braces):
-
-==============================  =====================================================
-``P:{N}``                       hash: ``<owner field>`` -> hold count
-``P:{N}:fence``                 string: the last fencing token released (only with
-                                fence state, ``fence_ttl``)
-``P:{N}:rel:<release id>``      string: a final release that ran ('0', or the token it
-                                handed over), kept for a few seconds
-``P:{N}:void:<attempt id>``     marker: an attempt voided by an undo
-``P:{N}:released``              channel: a message (the releasing manager's id) per
-                                final release that was not handed over
-==============================  =====================================================
+The lock's structure ``P:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is a
+hash with one field per acquisition, ``<manager id>:<task serial>:<acquisition number>``,
+whose value is the hold count: re-entering increments it, and a late or resent command
+about an earlier hold can never touch a later one. A final release publishes the
+releasing manager's id on ``P:{N}:released`` unless it hands the lock over.
 
 The reply codes of each script are named here, next to their decoding.
 """
