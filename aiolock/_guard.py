@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -21,9 +21,23 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._kind import Hold
 
-__all__ = ["BodyGuard"]
+__all__ = ["BodyGuard", "ManagerLike"]
 
 logger = logging.getLogger("aiolock")
+
+
+class ManagerLike(Protocol):
+    """What a kind's handle needs from the manager that made it (no import of the manager,
+    which imports the handles)."""
+
+    _engine: Engine | None
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def _open_engine(self) -> Engine: ...
+
+    def _owner(self) -> str: ...
 
 
 class BodyGuard:

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ._client import as_int
 from ._errors import LockError, LockLostError, LockNotOwnedError
-from ._guard import BodyGuard
+from ._guard import BodyGuard, ManagerLike
 from ._keys import LockKeys, check_lease, check_timeout
 
 if TYPE_CHECKING:
     from ._kind import Hold, LockKind
-    from ._manager import LockManager
 
 __all__ = ["Lock"]
 
@@ -40,7 +39,7 @@ _DEFAULT: Any = _Default()
 class Lock:
     """A reentrant distributed lock, owned by the asyncio task that acquires it.
 
-    Made by :meth:`LockManager.lock`. Use it as ``async with lock:`` (the body is
+    Made by :meth:`aiolock.LockManager.lock`. Use it as ``async with lock:`` (the body is
     cancelled and :class:`LockLostError` raised if the hold is lost), or call
     :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
     """
@@ -49,7 +48,7 @@ class Lock:
 
     def __init__(
         self,
-        manager: LockManager,
+        manager: ManagerLike,
         kind: LockKind,
         keys: LockKeys,
         *,
@@ -97,7 +96,7 @@ class Lock:
         Re-entrant: a task that holds the lock acquires it again at once and must
         release it as many times. Raises :class:`LockTimeoutError` when the wait runs
         out. *timeout* and *lease* default to the values given to
-        :meth:`LockManager.lock`.
+        :meth:`aiolock.LockManager.lock`.
         """
         await self._acquire(timeout, lease)
 
