@@ -351,10 +351,11 @@ class Engine:
             hand_over()
             raise
         except LockKeyTypeError:
-            self.registry.unpark(hold)
+            self.registry.unpark(hold, settled=False)
             self.registry.lose_reported(hold, "its key was replaced by a value of another type")
             raise
         if error is not None:
+            self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
             raise error
 
     def _release_id(self, hold: Hold) -> str:
@@ -419,6 +420,7 @@ class Engine:
             return
         error = self._apply_release(hold, outcome)
         if error is not None:
+            self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
             raise error
 
     def _apply_release(self, hold: Hold, outcome: Released) -> LockError | None:
@@ -428,7 +430,7 @@ class Engine:
             hold.count = outcome.value
             return None
         self.registry.remove(hold)
-        self.registry.unpark(hold)
+        self.registry.unpark(hold, settled=status is not ReleaseStatus.NOT_HELD)
         channel = hold.kind.channel(hold.keys)
         if status is ReleaseStatus.RELEASED:
             hold.count = 0
@@ -446,7 +448,9 @@ class Engine:
             return None
         late = time.monotonic() - hold.release_sent_at > TOMBSTONE_TTL
         hold.release_id = None
-        self.registry.lose_reported(hold, "Redis no longer had it when it was released")
+        # Remembered: a background retry has nobody to raise to, so the owner's next
+        # release() reports it; a caller that raises the error itself forgets it.
+        self.registry.lose(hold, "Redis no longer had it when it was released")
         return LockLostError(
             f"lock {hold.keys.name!r} was no longer held by this task when it was "
             "released: its lease ended or it was force-released, so another owner may "

@@ -128,10 +128,14 @@ class Lock:
         """
         engine = self._manager._open_engine()
         owner = self._manager._owner()
-        parked = engine.registry.parked(self._keys.lock, owner)
-        if parked is not None and engine.registry.get(self._keys.lock, owner) is None:
-            await engine.release(parked)  # an unconfirmed release, sent again (idempotent)
-            return
+        registry = engine.registry
+        if registry.get(self._keys.lock, owner) is None:
+            parked = registry.parked(self._keys.lock, owner)
+            if parked is not None:
+                await engine.release(parked)  # an unconfirmed release, sent again (idempotent)
+                return
+            if registry.pop_settled(self._keys.lock, owner) is not None:
+                return  # the release that raised LockConnectionError has since gone through
         await engine.release(self._owned_hold())
 
     async def extend(self, lease: float) -> None:

@@ -51,6 +51,8 @@ class HoldRegistry:
         self._by_owner: dict[str, dict[int, Hold]] = {}
         self._lost: OrderedDict[tuple[str, str], Hold] = OrderedDict()
         self._parked: dict[tuple[str, str], Hold] = {}
+        #: parked holds whose release the background retrier has since confirmed
+        self._settled: OrderedDict[tuple[str, str], Hold] = OrderedDict()
         self._shared: asyncio.TimerHandle | None = None
         self._on_lost = on_lost
         self._on_fixed = on_fixed
@@ -69,6 +71,7 @@ class HoldRegistry:
 
     def add(self, hold: Hold) -> None:
         self._holds[id(hold)] = hold
+        self._settled.pop((hold.resource, hold.owner), None)
         if hold.kind.reentrant:
             self._index[(hold.resource, hold.owner)] = hold
         self._by_owner.setdefault(hold.owner, {})[id(hold)] = hold
@@ -144,9 +147,20 @@ class HoldRegistry:
         hold.renew = False
         self._parked[(hold.resource, hold.owner)] = hold
 
-    def unpark(self, hold: Hold) -> None:
-        if self._parked.get((hold.resource, hold.owner)) is hold:
-            del self._parked[(hold.resource, hold.owner)]
+    def unpark(self, hold: Hold, *, settled: bool = True) -> None:
+        """*hold*'s final release was confirmed (*settled*), or it was lost after all."""
+        key = (hold.resource, hold.owner)
+        if self._parked.get(key) is hold:
+            del self._parked[key]
+            if settled:
+                # The owner was told its release failed; if it calls release() again,
+                # that call finds the work done instead of "not owned".
+                self._settled[key] = hold
+                while len(self._settled) > LOST_MEMORY:
+                    self._settled.popitem(last=False)
+
+    def pop_settled(self, resource: str, owner: str) -> Hold | None:
+        return self._settled.pop((resource, owner), None)
 
     def parked(self, resource: str, owner: str) -> Hold | None:
         return self._parked.get((resource, owner))

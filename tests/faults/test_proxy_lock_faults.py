@@ -222,9 +222,8 @@ async def test_user_retries_a_release_whose_reply_was_lost(
             except aiolock.LockError as exc:
                 second = exc
             # Either the repeated release settled it, or the background retry already had
-            # (then this task simply holds nothing): never a loss, never a raw error.
-            print(f"\nrepeated release after a lost reply: {second!r}")
-            assert second is None or type(second) is aiolock.LockNotOwnedError, repr(second)
+            # and the repeated call finds the work done: never a loss, never an error.
+            assert second is None, repr(second)
             assert await other.hold_count() == 1, "the other owner's hold was released"
             assert await _held(direct, key)
             await other.release()
