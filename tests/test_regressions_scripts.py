@@ -379,3 +379,65 @@ async def test_a_single_connection_client_is_enough(redis_url: str, prefix: str)
                 await client.ping()  # the client now has its one connection
     finally:
         await client.aclose()
+
+
+def _names_in_slots(prefix: str, count: int, *, same: bool) -> list[str]:
+    """*count* lock names whose keys fall in one slot (*same*) or in distinct slots."""
+    from redis.crc import key_slot
+
+    names: list[str] = []
+    slots: set[int] = set()
+    for i in range(100_000):
+        name = f"n{i}"
+        slot = key_slot(LockKeys(prefix, name).lock.encode())
+        if (same and (not slots or slot in slots)) or (not same and slot not in slots):
+            names.append(name)
+            slots.add(slot)
+            if len(names) == count:
+                return names
+    raise AssertionError("no such names found")
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["one-slot", "three-slots"])
+async def test_renewal_batches_never_mix_slots(redis: Redis, prefix: str, same: bool) -> None:
+    """Issue 7, defect 12: renew.lua said a batch never spans Redis Cluster slots, but the
+    watchdog sent every hold in one batch. One renewal round now sends one script call per
+    slot (and one for all the holds of a slot)."""
+    async with aiolock.LockManager(redis, prefix=prefix, lease=30) as locks:
+        names = _names_in_slots(prefix, 3, same=same)
+        held = [locks.lock(name) for name in names]
+        for lock in held:
+            await lock.acquire()
+        engine = locks._open_engine()
+        before = locks.statistics().renewal_round_trips
+        assert await engine.watchdog.renew_all()
+        sent = locks.statistics().renewal_round_trips - before
+        assert sent == (1 if same else 3)
+        for lock in held:
+            assert await lock.owned()
+            await lock.release()
+
+
+async def test_an_exhausted_pool_is_named_as_such(redis_url: str, prefix: str) -> None:
+    """Issue 7, defect 13: a pool with no connection left was reported as 'Redis could not
+    be reached'. The error now says the pool is exhausted and what to do."""
+    pool = BlockingConnectionPool.from_url(redis_url, max_connections=2, timeout=0.2)
+    client = Redis(connection_pool=pool)
+    taken: list[Any] = []
+    try:
+        async with aiolock.LockManager(client, prefix=prefix) as locks:
+            # Somebody else holds every connection of the shared pool.
+            taken = [await pool.get_connection() for _ in range(2)]  # type: ignore[no-untyped-call]
+            with pytest.raises(aiolock.LockConnectionError) as caught:
+                await locks.lock("starved").locked()
+            message = str(caught.value)
+            assert "pool" in message and "max_connections" in message, message
+            assert "could not be reached" not in message, message
+            for conn in taken:
+                await pool.release(conn)
+            taken = []
+            assert not await locks.lock("starved").locked()
+    finally:
+        for conn in taken:
+            await pool.release(conn)
+        await client.aclose()
