@@ -27,7 +27,7 @@ import redis
 from aiolock.testing import RedisServer, find_redis_server
 from benchmarks import report
 from benchmarks.adapters import ADAPTERS
-from benchmarks.config import FLOOR, PROFILES, REPEATS, RUN_TIMEOUT, WORKLOADS
+from benchmarks.config import FLOOR, GROUPS, PROFILES, REPEATS, RUN_TIMEOUT, WORKLOADS
 from benchmarks.metrics import ADMIN_NAME
 from benchmarks.worker import RESULT_PREFIX
 
@@ -41,6 +41,9 @@ KEY_METRIC = {
     "w3mp": "acquisitions_per_s",
     "w4": "all_served_s",
     "w5": "renew_round_trips_per_period",
+    "c1": "sent_us_per_op",
+    "c2": "server_cpu_us_per_op",
+    "c3": "bytes_left_per_name",
 }
 
 
@@ -48,10 +51,20 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def parse_list(value: str | None, allowed: list[str], what: str) -> list[str]:
+def parse_list(
+    value: str | None,
+    allowed: list[str],
+    what: str,
+    groups: dict[str, list[str]] | None = None,
+) -> list[str]:
+    """The chosen items of a comma list, in *allowed*'s order; a group name stands for
+    its members (``cost`` = ``c1,c2,c3``)."""
     if not value:
         return list(allowed)
-    chosen = [v.strip() for v in value.split(",") if v.strip()]
+    chosen: list[str] = []
+    for v in (v.strip() for v in value.split(",")):
+        if v:
+            chosen.extend((groups or {}).get(v, [v]))
     unknown = [v for v in chosen if v not in allowed]
     if unknown:
         raise ValueError(f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})")
@@ -141,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs (< 1 minute total)")
     parser.add_argument("--libs", help=f"comma list of {', '.join(ADAPTERS)}")
-    parser.add_argument("--workloads", help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--workloads",
+        help=f"comma list of {', '.join(WORKLOADS)}, or a group: "
+        + ", ".join(f"{g} = {','.join(ws)}" for g, ws in GROUPS.items()),
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--repeats", type=int, help="override repeats per workload")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -150,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = "quick" if args.quick else "full"
     try:
         libs = parse_list(args.libs, list(ADAPTERS), "libraries")
-        selected = parse_list(args.workloads, list(WORKLOADS), "workloads")
+        selected = parse_list(args.workloads, list(WORKLOADS), "workloads", GROUPS)
     except ValueError as exc:
         parser.error(str(exc))  # exits 2
     out = Path(args.out)

@@ -92,6 +92,14 @@ def _client(url: str) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(url, max_connections=MAX_CONNECTIONS)
 
 
+def default_client(url: str) -> redis.asyncio.Redis:
+    """``redis.asyncio.Redis(host=..., port=..., db=...)`` and nothing else: redis-py's
+    defaults (pool of 100, ``socket_timeout=None``, ...), as a user would build it."""
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0)
+    return redis.asyncio.Redis(host=parts.hostname or "127.0.0.1", port=parts.port or 6379, db=db)
+
+
 # -- aiolock ---------------------------------------------------------------------------
 
 
@@ -100,14 +108,17 @@ class AiolockAdapter(LockAdapter):
     dist = "aiolock"
     auto_renews = True
     note = (
-        "`LockManager(Redis.from_url(url), prefix='aiolock', lease=...)`; acquire is "
+        "`LockManager(Redis(host=..., port=...), prefix='aiolock', lease=...)` on a client "
+        "with redis-py's defaults in every workload (no `max_connections` or timeout "
+        "tuning: aiolock uses at most a handful of connections); acquire is "
         "`lock.try_acquire(timeout=...)`, release is `lock.release()`; the owner is the "
         "acquiring task."
     )
 
     async def setup(self, url: str, lease: float, concurrency: int = 64) -> None:
         module: Any = importlib.import_module("aiolock")
-        self._redis = _client(url)
+        # redis-py defaults, as users build it: W2 (64 tasks) must not rely on tuning.
+        self._redis = default_client(url)
         self._manager: Any = module.LockManager(self._redis, prefix="aiolock", lease=lease)
         await self._manager.__aenter__()
 

@@ -13,10 +13,15 @@ WORKLOADS: dict[str, str] = {
     "w3mp": "W3 contention: 4 processes x 4 tasks on one name",
     "w4": "W4 many waiters: one holder keeps the lock while 500 tasks wait",
     "w5": "W5 many holds: 10,000 locks held at once with renewal on",
+    "c1": "C1 Redis cost: server time of the commands sent per uncontended acquire+release cycle",
+    "c2": "C2 Redis cost: server CPU per contended acquisition, 4 processes x 4 tasks on one name",
+    "c3": "C3 Redis cost: memory left per used name after release",
 }
 #: Workloads run once per library (W0 is library-independent and runs once, as "floor").
 LIB_WORKLOADS = [w for w in WORKLOADS if w != "w0"]
 FLOOR = "floor"
+#: Names for groups of workloads on the command line (``--workloads cost``).
+GROUPS: dict[str, list[str]] = {"cost": ["c1", "c2", "c3"]}
 
 #: Lease used by W1-W4 (long enough that nothing expires during a run).
 LEASE = 10.0
@@ -32,6 +37,9 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "w3mp": {"procs": 4, "tasks": 4, "seconds": 0.6},
         "w4": {"waiters": 500, "hold": 1.0, "settle": 0.2, "serve_timeout": 3.0},
         "w5": {"locks": 1000, "lease": 2.0, "periods": 1.0, "acquire_seconds": 20.0},
+        "c1": {"cycles": 300, "seconds": 0.5},
+        "c2": {"procs": 4, "tasks": 4, "seconds": 0.5, "idle": 0.2},
+        "c3": {"names": 200, "reused_names": 20, "reuses": 10, "seconds": 5.0, "settle": 0.2},
     },
     "full": {
         "w0": {"cycles": 20000, "seconds": 8.0},
@@ -41,12 +49,15 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "w3mp": {"procs": 4, "tasks": 4, "seconds": 4.0},
         "w4": {"waiters": 500, "hold": 3.0, "settle": 0.3, "serve_timeout": 20.0},
         "w5": {"locks": 10000, "lease": 15.0, "periods": 2.0, "acquire_seconds": 60.0},
+        "c1": {"cycles": 3000, "seconds": 3.0},
+        "c2": {"procs": 4, "tasks": 4, "seconds": 2.0, "idle": 0.5},
+        "c3": {"names": 2000, "reused_names": 200, "reuses": 10, "seconds": 20.0, "settle": 0.5},
     },
 }
 #: How often each workload is repeated (fresh process each time); the report shows medians.
 REPEATS: dict[str, dict[str, int]] = {
     "quick": {},
-    "full": {"w0": 3, "w1": 3, "w2": 3, "w3": 3, "w3mp": 3},
+    "full": {"w0": 3, "w1": 3, "w2": 3, "w3": 3, "w3mp": 3, "c1": 3, "c2": 3},
 }
 #: Wall-clock limit for one worker process, in seconds.
 RUN_TIMEOUT = {"quick": 60.0, "full": 240.0}

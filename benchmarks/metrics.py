@@ -21,6 +21,15 @@ Counting method (also documented in ``benchmarks/README.md``):
   tallied and subtracted exactly.
 * **Connections** come from ``CLIENT LIST``, excluding the harness's own connection
   (named ``bench-admin``).
+* **Server time** comes from the ``usec`` of ``INFO commandstats``. A script's EVALSHA
+  time includes the commands it runs with ``redis.call``, and Redis *also* adds those to
+  their own ``cmdstat_*``: summing every command would count them twice. So the server
+  time of what a client sent is the ``usec`` of the command names the client sent (each
+  name's time scaled by its top-level share of the calls, for a name that runs both at top
+  level and inside scripts). See :func:`sent_usec`.
+* **Server CPU** is ``used_cpu_user + used_cpu_sys`` of ``INFO cpu`` (``getrusage`` of
+  the server process: command execution plus reading, parsing and writing on sockets,
+  event loop, pub/sub delivery, background cron).
 """
 
 from __future__ import annotations
@@ -231,6 +240,20 @@ class _AdminConnection(redis.asyncio.connection.Connection):
 class ServerSnapshot:
     calls: dict[str, int]
     admin_tally: dict[str, int]
+    #: ``usec`` by command name (INFO commandstats)
+    usec: dict[str, int] = field(default_factory=dict)
+    #: ``used_cpu_user + used_cpu_sys`` (INFO cpu), seconds
+    cpu_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One key left in Redis: its name, ``MEMORY USAGE`` (bytes), ``PTTL`` (ms), type."""
+
+    key: str
+    bytes: int
+    pttl_ms: int
+    kind: str
 
 
 class Admin:
@@ -252,8 +275,46 @@ class Admin:
     async def snapshot(self) -> ServerSnapshot:
         tally = dict(self._tally)
         self._tally["info"] += 1
-        info: dict[str, Any] = await self._client.info("commandstats")
-        return ServerSnapshot(parse_commandstats(info), tally)
+        # One INFO for both sections (Redis >= 7 takes several): its own time and CPU show
+        # up in the *next* snapshot, as an `info` call the tally removes (time) or as a
+        # few tens of microseconds of server CPU per snapshot (not removed).
+        info: dict[str, Any] = await self._client.info("commandstats", "cpu")
+        return ServerSnapshot(
+            parse_commandstats(info), tally, parse_commandstats(info, "usec"), server_cpu_s(info)
+        )
+
+    async def keys_matching(self, match: str, limit: int = 100_000) -> list[KeyInfo]:
+        """Every key matching *match* (SCAN, at most *limit*), with its memory and TTL;
+        keys that expire while being looked at are left out."""
+        keys: list[str] = []
+        cursor = 0
+        for _ in range(100_000):  # bounded; the cursor returns to 0 long before
+            self._tally["scan"] += 1
+            cursor, batch = await self._client.scan(cursor, match=match, count=1000)
+            keys.extend(k.decode() if isinstance(k, bytes) else str(k) for k in batch)
+            if cursor == 0 or len(keys) >= limit:
+                break
+        keys = sorted(set(keys))[:limit]
+        out: list[KeyInfo] = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            pipe = self._client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.memory_usage(key, samples=0)
+                pipe.pttl(key)
+                pipe.type(key)
+            self._tally["memory|usage"] += len(chunk)
+            self._tally["pttl"] += len(chunk)
+            self._tally["type"] += len(chunk)
+            replies: list[Any] = await pipe.execute()
+            for i, key in enumerate(chunk):
+                size, pttl, kind = replies[3 * i : 3 * i + 3]
+                if isinstance(kind, bytes):
+                    kind = kind.decode()
+                if int(pttl) == -2 or kind == "none":
+                    continue  # expired (or deleted) between SCAN and now: not left
+                out.append(KeyInfo(key, int(size or 0), int(pttl), str(kind)))
+        return out
 
     async def connections(self) -> list[dict[str, Any]]:
         """Clients other than the harness's own (``CLIENT LIST``)."""
@@ -266,15 +327,23 @@ class Admin:
         return int(await self._client.dbsize())
 
 
-def parse_commandstats(info: dict[str, Any]) -> dict[str, int]:
-    calls: dict[str, int] = {}
+def parse_commandstats(info: dict[str, Any], field_name: str = "calls") -> dict[str, int]:
+    """``calls + rejected_calls`` (or another field, e.g. ``usec``) by command name."""
+    out: dict[str, int] = {}
     for key, value in info.items():
         if not key.startswith("cmdstat_") or not isinstance(value, dict):
             continue
-        calls[key[len("cmdstat_") :]] = int(value.get("calls", 0)) + int(
-            value.get("rejected_calls", 0)
-        )
-    return calls
+        if field_name == "calls":
+            n = int(value.get("calls", 0)) + int(value.get("rejected_calls", 0))
+        else:
+            n = int(value.get(field_name, 0))
+        out[key[len("cmdstat_") :]] = n
+    return out
+
+
+def server_cpu_s(info: dict[str, Any]) -> float:
+    """``used_cpu_user + used_cpu_sys`` of an INFO reply (0 when absent)."""
+    return float(info.get("used_cpu_user", 0.0)) + float(info.get("used_cpu_sys", 0.0))
 
 
 def server_delta(before: ServerSnapshot, after: ServerSnapshot) -> Counter[str]:
@@ -285,6 +354,31 @@ def server_delta(before: ServerSnapshot, after: ServerSnapshot) -> Counter[str]:
     for name, n in after.admin_tally.items():
         delta[name] -= n - before.admin_tally.get(name, 0)
     return +delta
+
+
+def usec_delta(before: ServerSnapshot, after: ServerSnapshot, calls: Counter[str]) -> Counter[str]:
+    """Server time (``usec``) between two snapshots, by command name, for the names in
+    *calls* (a :func:`server_delta`: the harness's own commands are not in it)."""
+    out: Counter[str] = Counter()
+    for name in calls:
+        out[name] = after.usec.get(name, 0) - before.usec.get(name, 0)
+    return +out
+
+
+def sent_usec(usec: Counter[str], calls: Counter[str], sent: Counter[str]) -> float:
+    """Server time of the commands a client *sent*, scripts' inner commands included.
+
+    *usec* and *calls* are server deltas by name, *sent* the client's top-level commands
+    by name. A script's time already includes what it runs with ``redis.call``, which
+    Redis also adds to those commands' own stats, so only the sent names count; a name
+    that also ran inside scripts counts in proportion to its top-level calls.
+    """
+    total = 0.0
+    for name, n_sent in sent.items():
+        n_all = calls.get(name, 0)
+        if n_all > 0 and n_sent > 0:
+            total += usec.get(name, 0) * min(1.0, n_sent / n_all)
+    return total
 
 
 def sub_count(clients: Iterable[dict[str, Any]]) -> int:

@@ -55,6 +55,13 @@ def progress_line(record: dict[str, Any]) -> str:
     if not record.get("ok"):
         return head + f"FAILED: {short(record.get('error'))}"
     m = record["metrics"]
+    cost = [
+        f"{num(m[key], 1)} {label}"
+        for key, label in COST_PROGRESS.get(record["workload"], ())
+        if key in m
+    ]
+    if cost:
+        return head + ", ".join(cost)
     for key, label in (
         ("cycles_per_s", "cycles/s"),
         ("acquisitions_per_s", "acq/s"),
@@ -64,6 +71,13 @@ def progress_line(record: dict[str, Any]) -> str:
         if key in m:
             return head + f"{num(m[key], 3 if key == 'all_served_s' else 0)} {label}"
     return head + "ok"
+
+
+COST_PROGRESS: dict[str, tuple[tuple[str, str], ...]] = {
+    "c1": (("sent_us_per_op", "server us/cycle"), ("server_cpu_us_per_op", "server CPU us/cycle")),
+    "c2": (("server_cpu_us_per_op", "server CPU us/acq"), ("acquisitions_per_s", "acq/s")),
+    "c3": (("bytes_left_per_name", "B left/name"), ("keys_per_name", "keys/name")),
+}
 
 
 def metric(summary: Summary, workload: str, lib: str, key: str) -> Any:
@@ -115,12 +129,12 @@ def vs_aiolock(summary: Summary, workload: str, key: str) -> Column:
     )
 
 
-def spread(summary: Summary, workload: str) -> Column:
+def spread(summary: Summary, workload: str, digits: int = 0) -> Column:
     def cell(lib: str, _m: dict[str, Any]) -> str:
         values = summary[workload][lib].get("key_values") or []
         if len(values) < 2:
             return "-"
-        return f"{min(values):,.0f}-{max(values):,.0f}"
+        return f"{min(values):,.{digits}f}-{max(values):,.{digits}f}"
 
     return Column("range over repeats", cell)
 
@@ -211,11 +225,201 @@ def sections(summary: Summary) -> list[str]:
             col("acquire all, s", "acquire_all_s", 2),
         ],
     }
+    specs.update(cost_specs(summary))
     for workload, columns in specs.items():
         lines = table(summary, workload, columns)
         if lines:
             out += [f"### {WORKLOADS[workload]}", "", *lines, ""]
+            out += COST_NOTES.get(workload, [])
     return out
+
+
+# -- Redis-side cost (C1-C3) -----------------------------------------------------------
+
+#: The peer the Redis-side cost targets compare with: redis-py's own ``Lock``.
+COST_BASE = "redis-py"
+
+
+def ttl_text(value: Any) -> str:
+    if value is None:
+        return "nothing left"
+    if value == "never":
+        return "never (no TTL)"
+    return f"{num(value, 1)} s"
+
+
+def sent_by_name(m: dict[str, Any], per_key: str) -> str:
+    """Server time per operation of each command name the client sent."""
+    n = m.get(per_key) or 0
+    usec: dict[str, int] = m.get("server_usec_by_name") or {}
+    calls: dict[str, int] = m.get("all_by_name") or {}
+    sent: dict[str, int] = m.get("top_level_by_name") or {}
+    if not n:
+        return "n/a"
+    parts = []
+    for name, k in sorted(sent.items(), key=lambda kv: -usec.get(kv[0], 0)):
+        total = calls.get(name, 0)
+        if total > 0:
+            share = min(1.0, k / total)
+            parts.append(f"{name} {usec.get(name, 0) * share / n:.1f}")
+    return ", ".join(parts) or "n/a"
+
+
+def shapes_text(m: dict[str, Any], key: str = "key_shapes") -> str:
+    """What is left per name: key shape, type, bytes per key, longest TTL."""
+    shapes: dict[str, dict[str, Any]] = m.get(key) or {}
+    if not shapes:
+        return "nothing"
+    parts = []
+    for shape, info in shapes.items():
+        keys = int(info.get("keys") or 0)
+        each = info.get("bytes", 0) / keys if keys else 0
+        parts.append(
+            f"`{shape}` {info.get('type')} x{keys:,}, {each:,.0f} B each, "
+            f"TTL {ttl_text(info.get('max_ttl_s'))}"
+        )
+    return "; ".join(parts)
+
+
+def idle_corrected(m: dict[str, Any]) -> Any:
+    """Server CPU per acquisition minus the idle server's background over the window."""
+    values = [m.get(k) for k in ("server_cpu_s", "server_idle_cpu_per_s", "wall_s")]
+    n = m.get("acquisitions")
+    if not n or not all(isinstance(v, (int, float)) for v in values):
+        return None
+    cpu, idle, wall = (float(v or 0) for v in values)
+    return (cpu - idle * wall) * 1e6 / n
+
+
+def cost_specs(summary: Summary) -> dict[str, list[Column]]:
+    return {
+        "c1": [
+            col("server us/cycle (sent cmds)", "sent_us_per_op", 1),
+            vs_aiolock(summary, "c1", "sent_us_per_op"),
+            spread(summary, "c1", 1),
+            Column("us/cycle by sent command", lambda _l, m: sent_by_name(m, "cycles")),
+            col("of which redis.call in scripts, us/cycle", "in_script_us_per_op", 1),
+            col("every cmdstat summed, us/cycle", "all_usec_per_op", 1),
+            col("server CPU us/cycle", "server_cpu_us_per_op", 1),
+            col("client cmds/cycle", "top_level_commands_per_op", 2),
+            col("all cmds/cycle", "all_commands_per_op", 2),
+            col("cycles", "cycles"),
+        ],
+        "c2": [
+            col("server CPU us/acq", "server_cpu_us_per_op", 1),
+            vs_aiolock(summary, "c2", "server_cpu_us_per_op"),
+            spread(summary, "c2", 1),
+            Column("minus idle, us/acq", lambda _l, m: num(idle_corrected(m), 1)),
+            Column(
+                "idle server CPU ms/s",
+                lambda _l, m: num(_scaled(m.get("server_idle_cpu_per_s"), 1e3), 2),
+            ),
+            col("server us/acq (sent cmds)", "sent_us_per_op", 1),
+            col("acquisitions", "acquisitions"),
+            col("acq/s", "acquisitions_per_s"),
+            col("client cmds/acq", "top_level_commands_per_op", 2),
+            col("all cmds/acq", "all_commands_per_op", 2),
+            col("round trips/acq", "round_trips_per_op", 2),
+        ],
+        "c3": [
+            col("names used", "names"),
+            col("bytes left/name", "bytes_left_per_name", 1),
+            col("keys left/name", "keys_per_name", 2),
+            col("keys without TTL", "persistent_keys"),
+            Column("longest TTL", lambda _l, m: ttl_text(m.get("max_ttl_s"))),
+            Column("what is left", lambda _l, m: shapes_text(m)),
+            Column(
+                "names used N times",
+                lambda _l, m: f"{num(m.get('reused_names'))} x {num(m.get('reuses'))}",
+            ),
+            col("bytes left/name (used N times)", "reused_bytes_left_per_name", 1),
+            Column("longest TTL (used N times)", lambda _l, m: ttl_text(m.get("reused_max_ttl_s"))),
+            Column(
+                "what is left (used N times)", lambda _l, m: shapes_text(m, "reused_key_shapes")
+            ),
+        ],
+    }
+
+
+COST_NOTES: dict[str, list[str]] = {
+    "c1": [
+        "Server time = INFO commandstats `usec` of the commands the library sent (a "
+        "script's EVALSHA time includes what it runs with `redis.call`; those inner "
+        'commands are not added again; "every cmdstat summed" adds them a second time, '
+        'and "of which redis.call" is their share, the rest being Lua and the script '
+        "call itself). Server CPU = INFO cpu (`used_cpu_user + "
+        'used_cpu_sys`), which adds socket I/O and the event loop. "aiolock / this" '
+        "here: higher means aiolock costs the server more.",
+        "",
+    ],
+    "c2": [
+        "Server CPU = INFO cpu delta over the window plus the drain after it, divided by "
+        "the acquisitions in it (whole server: command execution, socket I/O, pub/sub "
+        'delivery, cron). "minus idle" subtracts the background measured while all '
+        "4 processes were connected and idle just before the window.",
+        "",
+    ],
+    "c3": [
+        "Keys left = every key whose name contains a used lock name (`SCAN MATCH *c3:*`), "
+        "after every name was acquired and released once, one at a time (and, in the "
+        '"used N times" columns, other names acquired and released N times in a row); '
+        "bytes = "
+        "`MEMORY USAGE key SAMPLES 0`; TTL = `PTTL` right after the run.",
+        "",
+    ],
+}
+
+
+def cost_rows(summary: Summary) -> list[str]:
+    """One row per Redis-side cost measure, every library side by side."""
+    measures = [
+        ("c1", "sent_us_per_op", "Redis script execution per uncontended cycle, us", 1, "<= 2x"),
+        (
+            "c2",
+            "server_cpu_us_per_op",
+            "Redis CPU per contended acquisition across 4 processes, us",
+            1,
+            "<= 1.2x",
+        ),
+        ("c3", "bytes_left_per_name", "Redis memory left per used name after release, B", 0,
+         "<= 100 B, or gone within 60 s"),
+        ("c3", "reused_bytes_left_per_name",
+         "Redis memory left per name used 10 times, B", 0, "(same)"),
+    ]  # fmt: skip
+    present = [m for m in measures if summary.get(m[0])]
+    if not present:
+        return []
+    libs = [lib for lib in ADAPTERS if any(lib in summary[m[0]] for m in present)]
+    lines = [
+        "### Redis-side cost per operation (C1-C3), side by side",
+        "",
+        "| measure | " + " | ".join(libs) + f" | aiolock / {COST_BASE} | target |",
+        "|---|" + "---|" * (len(libs) + 2),
+    ]
+    reuses = next(
+        (m["metrics"].get("reuses") for m in summary.get("c3", {}).values() if m.get("ok")), None
+    )
+    for workload, key, label, digits, goal in present:
+        title = label.replace("10 times", f"{num(reuses)} times")
+        cells = []
+        for lib in libs:
+            value = metric(summary, workload, lib, key)
+            text = num(value, digits)
+            if workload == "c3" and value is not None:
+                ttl = metric(
+                    summary, workload, lib, key.replace("bytes_left_per_name", "max_ttl_s")
+                )
+                text += " (nothing left)" if ttl is None else f" (TTL {ttl_text(ttl)})"
+            cells.append(text)
+        mine, base = (
+            metric(summary, workload, AIOLOCK, key),
+            metric(summary, workload, COST_BASE, key),
+        )
+        rel = ratio(mine, base)
+        if workload == "c3" and base == 0:
+            rel = f"n/a ({COST_BASE} leaves nothing)"
+        lines.append(f"| {title} | " + " | ".join(cells) + f" | {rel} | {goal} |")
+    return [*lines, ""]
 
 
 def _scaled(value: Any, factor: float) -> Any:
@@ -379,6 +583,7 @@ def targets(summary: Summary) -> list[Target]:
                 ),
             )
         )
+    out += cost_targets(summary)
     if "w5" in summary:
         rt, locks = a("w5", "renew_round_trips_per_period"), a("w5", "locks")
         out.append(
@@ -387,6 +592,52 @@ def targets(summary: Summary) -> list[Target]:
                 "renewal of 10,000 held locks in <= 100 round trips per lease period",
                 f"{num(rt, 1)} round trips per period for {num(locks)} locks",
                 _status(None if rt is None else rt <= 100),
+            )
+        )
+    return out
+
+
+def cost_targets(summary: Summary) -> list[Target]:
+    out: list[Target] = []
+    for workload, key, label, limit, what in (
+        ("c1", "sent_us_per_op", "C1", 2.0,
+         "server time of the commands sent per uncontended cycle"),
+        ("c2", "server_cpu_us_per_op", "C2", 1.2,
+         "Redis CPU per contended acquisition (4 processes)"),
+    ):  # fmt: skip
+        if workload not in summary:
+            continue
+        mine = metric(summary, workload, AIOLOCK, key)
+        base = metric(summary, workload, COST_BASE, key)
+        ok = None if mine is None or not base else mine <= limit * base
+        out.append(
+            Target(
+                label,
+                f"{what} <= {limit:g}x redis-py's Lock",
+                f"{num(mine, 1)} us vs redis-py {num(base, 1)} us = {ratio(mine, base)}",
+                _status(ok),
+            )
+        )
+    if "c3" not in summary:
+        return out
+    for pre, label, what in (
+        ("", "C3", "used name"),
+        ("reused_", "C3 (names used N times)", "name used N times (N in the C3 table)"),
+    ):
+        per_name = metric(summary, "c3", AIOLOCK, f"{pre}bytes_left_per_name")
+        if per_name is None and pre:
+            continue
+        gone = metric(summary, "c3", AIOLOCK, f"{pre}gone_within_60s")
+        keys = metric(summary, "c3", AIOLOCK, f"{pre}keys_per_name")
+        ok = None if per_name is None else (per_name <= 100 or bool(gone))
+        out.append(
+            Target(
+                label,
+                f"Redis memory left per {what} after release <= 100 B on average, "
+                "or all of it gone within 60 s",
+                f"{num(per_name, 1)} B/name in {num(keys, 2)} keys/name, longest TTL "
+                f"{ttl_text(metric(summary, 'c3', AIOLOCK, f'{pre}max_ttl_s'))}",
+                _status(ok),
             )
         )
     return out
@@ -495,6 +746,13 @@ METHOD = """\
 * **Memory**: `tracemalloc` (Python allocations) and RSS deltas; tracemalloc runs only
   while memory is measured (W4 wait, W5 acquiring), never during timed sections.
 * **CPU**: `time.process_time()` of the worker process (all threads).
+* **Redis-side cost** (C1-C3): server time = `INFO commandstats` `usec` delta of the
+  command names the library sent (a script's time includes the commands it runs, which
+  Redis also adds to their own stats, so those are not added again; a name sent and also
+  run inside scripts counts in proportion to its top-level calls); server CPU = `INFO
+  cpu` `used_cpu_user + used_cpu_sys` delta (the whole server process, so it includes
+  socket I/O and a few tens of microseconds per harness `INFO`); memory left =
+  `MEMORY USAGE ... SAMPLES 0` and `PTTL` of every key named after a used lock name.
 * Per-acquire timeout 20 s; every loop is bounded by a deadline and/or a count.
 """
 
@@ -534,8 +792,9 @@ def markdown(
     if meta["profile"] == "quick":
         lines += [
             "Quick profile: short runs, W4 holds 1 s and waits at most 3 s for the "
-            "waiters, W5 holds 1,000 locks (not 10,000) with a 2 s lease, so these numbers "
-            "check the harness; use the full run for comparisons.",
+            "waiters, W5 holds 1,000 locks (not 10,000) with a 2 s lease, C1 runs 300 "
+            "cycles, C2 0.5 s and C3 200 names, so these numbers check the harness; use "
+            "the full run for comparisons.",
             "",
         ]
     lines += [
@@ -545,6 +804,7 @@ def markdown(
         "\"aiolock / this\" is aiolock's value divided by the row's.",
         "",
     ]
+    lines += cost_rows(summary)
     lines += sections(summary)
     failures = [r for r in runs if not r.get("ok")]
     if failures:
@@ -570,8 +830,9 @@ def markdown(
         if name in meta["versions"]:
             lines.append(f"* **{name}**: {cls.note}")
     lines += [
-        "* All redis-py clients are built with `max_connections=1024` (redis-py 8's default "
-        "pool of 100 overflows with W4's 500 waiters).",
+        "* The peers' redis-py clients are built with `max_connections=1024` (redis-py 8's "
+        "default pool of 100 overflows with W4's 500 waiters); aiolock's client has "
+        "redis-py's defaults.",
         "",
         METHOD,
         "## Parameters",

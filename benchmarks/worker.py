@@ -1,9 +1,10 @@
 """One measurement in a fresh process: ``python -m benchmarks.worker LIB WORKLOAD ...``.
 
 Prints one line ``BENCH-RESULT <json>`` on stdout (anything else a library prints is
-ignored by the orchestrator). ``w3mp`` makes this process a coordinator that starts
-``procs`` more workers in ``w3part`` mode and merges their records; the parts talk to it
-over stdin/stdout (``READY`` -> ``GO <end>`` -> ``BENCH-RESULT`` -> ``EXIT``).
+ignored by the orchestrator). ``w3mp`` (and ``c2``, the same run measured for Redis CPU)
+makes this process a coordinator that starts ``procs`` more workers in ``w3part`` mode and
+merges their records; the parts talk to it over stdin/stdout (``READY`` -> ``GO <end>`` ->
+``BENCH-RESULT`` -> ``EXIT``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ async def run_lib_workload(lib: str, workload: str, url: str, params: dict[str, 
         await admin.ping()
         if workload == "w0":
             return await workloads.w0_floor(url, admin, params)
-        if workload == "w3mp":
+        if workload in ("w3mp", "c2"):
             return await coordinate_w3mp(lib, url, admin, params)
         adapter = make_adapter(lib)
         lease = float(params.get("lease", LEASE))
@@ -132,6 +133,13 @@ async def coordinate_w3mp(lib: str, url: str, admin: Admin, params: dict[str, An
         for child in children:
             assert child.stdout is not None
             await _wait_ready(child.stdout, 30)
+        idle: dict[str, Any] = {}
+        if params.get("idle"):
+            # The server's CPU while every part is connected and waiting for GO: its
+            # background (cron, idle connections) per second, to compare with the window.
+            quiet = await workloads.Window.take(admin)
+            await asyncio.sleep(float(params["idle"]))
+            idle = quiet.until(await workloads.Window.take(admin))
         conns = asyncio.ensure_future(workloads.sample_connections(admin, 0.1 + seconds / 2))
         start = await workloads.Window.take(admin)
         end_at = start.wall + seconds
@@ -158,7 +166,11 @@ async def coordinate_w3mp(lib: str, url: str, admin: Admin, params: dict[str, An
         total["top_level_by_name"] = dict(client.commands)
         total["in_script_commands"] = max(0, total.get("all_commands", 0) - client.total_commands)
         total["cpu_s"] = sum(float(p["cpu_s"]) for p in parts)
+        workloads.resent_usec(total, client.commands)
         out = workloads.contention_metrics(records, start.wall, end_at)
+        if idle.get("wall_s"):
+            total["server_idle_cpu_per_s"] = idle["server_cpu_s"] / idle["wall_s"]
+            total["server_idle_commands"] = idle.get("all_commands")
         return {
             "procs": procs,
             "tasks": procs * int(params["tasks"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 import tracemalloc
 from collections import Counter
@@ -61,15 +62,37 @@ class Window:
             out["all_commands"] = sum(server.values())
             out["all_by_name"] = dict(server)
             out["in_script_commands"] = max(0, out["all_commands"] - client.total_commands)
+            usec = metrics.usec_delta(self.server, later.server, server)
+            out["server_usec_by_name"] = dict(usec)
+            out["server_cpu_s"] = later.server.cpu_s - self.server.cpu_s
+            out["server_usec"] = sum(usec.values())
+            out["sent_usec"] = metrics.sent_usec(usec, server, client.commands)
         return out
 
 
+def resent_usec(total: Result, sent: Counter[str]) -> None:
+    """Recompute ``sent_usec`` of a window for the commands *sent* by other processes."""
+    if "server_usec_by_name" in total:
+        total["sent_usec"] = metrics.sent_usec(
+            Counter(total["server_usec_by_name"]), Counter(total["all_by_name"]), sent
+        )
+
+
 def per(total: Result, n: int, keys: Sequence[str] = ()) -> Result:
-    """``<key>_per`` fields: *total* counts divided by *n* operations."""
+    """``<key>_per`` fields: *total* counts divided by *n* operations; server time and
+    CPU as ``sent_us_per_op`` and ``server_cpu_us_per_op`` (microseconds)."""
     out: Result = {}
     for key in ("round_trips", "top_level_commands", "all_commands", "in_script_commands", *keys):
         if key in total and n > 0:
             out[f"{key}_per_op"] = total[key] / n
+    if n > 0 and "sent_usec" in total:
+        out["sent_us_per_op"] = total["sent_usec"] / n
+        # Every cmdstat summed: counts what scripts run with redis.call twice.
+        out["all_usec_per_op"] = total["server_usec"] / n
+        # Of the sent commands' time, what the commands run inside scripts took; the rest
+        # of a script's time is Lua and the script call itself.
+        out["in_script_us_per_op"] = (total["server_usec"] - total["sent_usec"]) / n
+        out["server_cpu_us_per_op"] = total["server_cpu_s"] * 1e6 / n
     return out
 
 
@@ -137,6 +160,116 @@ async def w1_uncontended(adapter: LockAdapter, admin: Admin, params: Result) -> 
         await adapter.release(await adapter.acquire("w1", ACQUIRE_TIMEOUT))
 
     return await _cycles(admin, params, cycle)
+
+
+# -- C1 server time per uncontended cycle ----------------------------------------------
+
+
+async def c1_server_time(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    """W1's loop, shorter: what one acquire+release cycle costs the server.
+
+    ``sent_us_per_op`` (INFO commandstats ``usec`` of the commands the library sent, so a
+    script counts with everything it runs) is the headline; ``server_cpu_us_per_op`` adds
+    the server's socket I/O and event loop (INFO cpu).
+    """
+    for _ in range(50):  # warm-up: connections, script loading
+        await adapter.release(await adapter.acquire("c1", ACQUIRE_TIMEOUT))
+
+    async def cycle() -> None:
+        await adapter.release(await adapter.acquire("c1", ACQUIRE_TIMEOUT))
+
+    return await _cycles(admin, params, cycle)
+
+
+# -- C3 memory left per used name -------------------------------------------------------
+
+#: C3's lock names: ``c3:<n>`` (used once each) and ``c3r:<n>`` (used ``reuses`` times
+#: each); no other key contains these (the warm-up name is ``c3warm``).
+C3_TAG = "c3:"
+C3_REUSED_TAG = "c3r:"
+
+
+def key_shape(key: str, tag: str = C3_TAG) -> str:
+    """*key* with the lock name (``<tag><n>``) replaced by ``<name>``, ids by ``<id>``."""
+    head, _, rest = key.partition(tag)
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    return f"{head}<name>" + re.sub(r"[0-9a-f]{16,}(:\d+)?", "<id>", rest[digits:])
+
+
+async def memory_left(admin: Admin, tag: str, used: int) -> Result:
+    """What Redis holds for the names ``<tag><n>``: keys, bytes, TTLs, per used name."""
+    left = await admin.keys_matching(f"*{tag}*")
+    total_bytes = sum(k.bytes for k in left)
+    expiring = [k.pttl_ms for k in left if k.pttl_ms >= 0]
+    persistent = sum(1 for k in left if k.pttl_ms == -1)
+    shapes: dict[str, dict[str, Any]] = {}
+    for k in left:
+        shape = shapes.setdefault(
+            key_shape(k.key, tag), {"type": k.kind, "keys": 0, "bytes": 0, "max_ttl_s": None}
+        )
+        shape["keys"] += 1
+        shape["bytes"] += k.bytes
+        if k.pttl_ms == -1:
+            shape["max_ttl_s"] = "never"
+        elif shape["max_ttl_s"] != "never":
+            shape["max_ttl_s"] = max(float(shape["max_ttl_s"] or 0.0), k.pttl_ms / 1000)
+    return {
+        "keys_left": len(left),
+        "keys_per_name": len(left) / used if used else None,
+        "bytes_left": total_bytes,
+        "bytes_left_per_name": total_bytes / used if used else None,
+        "persistent_keys": persistent,
+        # None when nothing is left; "never" when some key has no expiry.
+        "max_ttl_s": "never" if persistent else (max(expiring) / 1000 if expiring else None),
+        "min_ttl_s": min(expiring) / 1000 if expiring else None,
+        "key_shapes": shapes,
+        "gone_within_60s": persistent == 0 and all(t <= 60_000 for t in expiring),
+    }
+
+
+async def c3_memory_left(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    """Acquire and release N distinct names once each; then measure what Redis keeps.
+
+    Keys left = every key containing a used name (``SCAN MATCH *c3:*``), whatever the
+    library's prefix; their ``MEMORY USAGE`` (``SAMPLES 0``, exact) summed over N, and
+    their ``PTTL``: a key without expiry stays until deleted. The same for a few names
+    used ``reuses`` times each (``reused_*`` fields): state that grows with use shows there.
+    """
+    n = int(params["names"])
+    n_reused = int(params.get("reused_names", 0))
+    reuses = int(params.get("reuses", 1))
+    deadline = time.monotonic() + float(params["seconds"])
+    await adapter.release(await adapter.acquire("c3warm", ACQUIRE_TIMEOUT))  # scripts
+    for tag in (C3_TAG, C3_REUSED_TAG):
+        before = await admin.keys_matching(f"*{tag}*")
+        if before:
+            raise RuntimeError(f"{len(before)} keys named like C3's locks exist before the run")
+    used = 0
+    t0 = time.monotonic()
+    while used < n and time.monotonic() < deadline:
+        await adapter.release(await adapter.acquire(f"{C3_TAG}{used}", ACQUIRE_TIMEOUT))
+        used += 1
+    cycle_s = time.monotonic() - t0
+    reused = 0
+    while reused < n_reused and time.monotonic() < deadline:
+        for _ in range(reuses):
+            await adapter.release(
+                await adapter.acquire(f"{C3_REUSED_TAG}{reused}", ACQUIRE_TIMEOUT)
+            )
+        reused += 1
+    # Let anything a release leaves to the background (a publish, a deferred delete) land.
+    await asyncio.sleep(float(params["settle"]))
+    once = await memory_left(admin, C3_TAG, used)
+    again = await memory_left(admin, C3_REUSED_TAG, reused) if n_reused else {}
+    return {
+        "names": used,
+        "cycle_s": cycle_s,
+        "settle_s": float(params["settle"]),
+        **once,
+        "reused_names": reused,
+        "reuses": reuses,
+        **{f"reused_{k}": v for k, v in again.items()},
+    }
 
 
 # -- W2 concurrency --------------------------------------------------------------------
@@ -476,6 +609,19 @@ LOCK_WORKLOADS = {
     "w3": w3_contention,
     "w4": w4_waiters,
     "w5": w5_holds,
+    "c1": c1_server_time,
+    "c3": c3_memory_left,
 }
-CONCURRENCY = {"w1": 1, "w2": 64, "w3": 16, "w3mp": 4, "w4": 501, "w5": 1}
+#: Most tasks using one adapter (``c2`` runs ``w3mp``'s parts, 4 tasks each).
+CONCURRENCY = {
+    "w1": 1,
+    "w2": 64,
+    "w3": 16,
+    "w3mp": 4,
+    "w4": 501,
+    "w5": 1,
+    "c1": 1,
+    "c2": 4,
+    "c3": 1,
+}
 DEFAULT_LEASE = LEASE
