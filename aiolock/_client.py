@@ -10,7 +10,7 @@ import asyncio
 import re
 import sys
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -26,6 +26,7 @@ from ._errors import (
     LockPermissionError,
 )
 from ._scripts import REQUIRED_COMMANDS, Script
+from ._transport import Watchdog, exchange, fast_parser, where
 
 __all__ = ["Client", "as_int", "as_text", "translate"]
 
@@ -63,9 +64,20 @@ def _pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
 
 
 def _usable(conn: AbstractConnection) -> bool:
-    """Whether a kept connection's transport is still open (redis-py keeps it private)."""
+    """Whether a kept connection is still open (redis-py keeps its streams private).
+
+    A connection the server closed (restart, CLIENT KILL, timeout) keeps an open transport
+    once its end-of-file is read (asyncio half-closes), so that is checked too, as
+    redis-py's pool does on checkout.
+    """
     transport = getattr(getattr(conn, "_writer", None), "transport", None)
-    return transport is not None and not transport.is_closing()
+    reader = getattr(conn, "_reader", None)
+    return (
+        transport is not None
+        and not transport.is_closing()
+        and reader is not None
+        and not reader.at_eof()
+    )
 
 
 def as_text(value: object) -> str:
@@ -297,7 +309,7 @@ class Client:
         A script the server does not know (restart, SCRIPT FLUSH) is loaded and its
         commands are sent again.
         """
-        replies = await self._bounded(self._round_trip(commands))
+        replies = await self._round_trip(commands)
         retry = [
             i
             for i, reply in enumerate(replies)
@@ -306,10 +318,10 @@ class Client:
         if retry:
             sources = {scripts[i].sha: scripts[i].source for i in retry}  # type: ignore[union-attr]
             loads: list[tuple[Arg, ...]] = [("SCRIPT", "LOAD", src) for src in sources.values()]
-            for reply in await self._bounded(self._round_trip(loads)):
+            for reply in await self._round_trip(loads):
                 if isinstance(reply, rex.RedisError):
                     raise reply  # e.g. an ACL that forbids SCRIPT LOAD
-            again = await self._bounded(self._round_trip([commands[i] for i in retry]))
+            again = await self._round_trip([commands[i] for i in retry])
             for i, reply in zip(retry, again, strict=True):
                 replies[i] = reply
         return replies
@@ -318,61 +330,132 @@ class Client:
         """Write *commands* at once on one pooled connection and read their replies.
 
         This bypasses redis-py's command layer (its argument packing dominated the
-        profile) but uses its pool, connections and reply parser. A dropped connection
-        is retried once on a fresh one: every command aiolock sends is idempotent.
+        profile) and, where :mod:`._transport` can, its per-read time limit, but uses its
+        pool, connections and reply parser. A dropped connection is retried once on a
+        fresh one: every command aiolock sends is idempotent.
         """
         self.round_trips += 1
         if len(commands) > 1:
             self.pipelines += 1
             self.pipelined += len(commands)
         if self.redis.connection is not None:  # a single-connection client: its own path
-            return await self._via_redis_py(commands)
+            return await self._bounded(self._via_redis_py(commands))
         packed = _pack(commands)
-        for attempt in (1, 2):
-            conn = await self._checkout()
-            reusable = False
-            try:
-                await conn.send_packed_command(packed)
-                replies: list[Any] = []
-                for _ in commands:
-                    try:
-                        replies.append(await conn.read_response())
-                    except rex.ResponseError as exc:  # an error reply: the stream is intact
-                        replies.append(exc)
-                reusable = True
-                return replies
-            except (rex.ConnectionError, OSError) as exc:
-                self.connection_errors += 1
-                await conn.disconnect(nowait=True)
-                if attempt == 2 or isinstance(exc, rex.AuthenticationError):
-                    raise
-            except BaseException:
-                await conn.disconnect(nowait=True)  # a reply may be pending: never reuse
+        deadline = None
+        if self.command_timeout is not None:  # one deadline for the round trip, retry included
+            deadline = asyncio.get_running_loop().time() + self.command_timeout
+        try:
+            return await self._attempt(packed, len(commands), deadline, kept=True)
+        except (rex.ConnectionError, OSError) as exc:
+            # TimeoutError is an OSError: a round trip out of time is not retried, nor is
+            # a refused login (the next connection would be refused too).
+            if isinstance(exc, (TimeoutError, rex.AuthenticationError)):
                 raise
-            finally:
-                if reusable:
-                    self._idle.append(conn)
-                else:
-                    await self.redis.connection_pool.release(conn)
-        raise AssertionError("unreachable")  # pragma: no cover
+            self.connection_errors += 1
+        # Whatever broke this connection (server restart, proxy or network drop) most
+        # likely broke the kept idle ones too: retrying on one of them would fail the
+        # same way. Drop them all and retry on a connection from the pool, which checks
+        # or reconnects what it hands out.
+        await self._drop_idle()
+        return await self._attempt(packed, len(commands), deadline, kept=False)
 
-    async def _checkout(self) -> AbstractConnection:
-        """A connection for one round trip: one of ours if idle, else one from the pool.
+    async def _attempt(
+        self, packed: bytes, count: int, deadline: float | None, *, kept: bool
+    ) -> list[Any]:
+        """One try of a round trip on one connection (a kept one if *kept* allows)."""
+        conn = await self._checkout(deadline, kept=kept)
+        reusable = False
+        try:
+            replies = await self._on(conn, packed, count, deadline)
+            reusable = True
+            return replies
+        except BaseException:
+            await conn.disconnect(nowait=True)  # a reply may be pending: never reuse
+            raise
+        finally:
+            if reusable:
+                self._idle.append(conn)
+            else:
+                await self.redis.connection_pool.release(conn)
+
+    async def _on(
+        self, conn: AbstractConnection, packed: bytes, count: int, deadline: float | None
+    ) -> list[Any]:
+        """Send and read on *conn* within the round trip's time limit, if it has one.
+
+        The limit is *deadline* (command_timeout) and, on the fast path, the connection's
+        socket_timeout counted once for the whole round trip: redis-py counts it per read,
+        and still does on the fallback path, so it is not armed twice there.
+        """
+        parser = fast_parser(conn)
+        loop = asyncio.get_running_loop()
+        when, per_socket = deadline, False
+        if parser is not None and conn.socket_timeout:
+            socket_deadline = loop.time() + conn.socket_timeout
+            if when is None or socket_deadline < when:
+                when, per_socket = socket_deadline, True
+        if when is None:
+            return await self._talk(conn, parser, packed, count)
+        watchdog = Watchdog(loop, when, conn)
+        try:
+            return await self._talk(conn, parser, packed, count)
+        except Exception as exc:  # not CancelledError: the caller's cancellation wins
+            if not watchdog.expired:
+                raise
+            # The watchdog aborted the transport; report what ran out, as before: redis-py's
+            # TimeoutError for socket_timeout, ours (-> "command_timeout") for the other.
+            if per_socket:
+                raise rex.TimeoutError(f"Timeout reading from {where(conn)}") from exc
+            raise TimeoutError from exc
+        finally:
+            watchdog.cancel()
+
+    def _talk(
+        self, conn: AbstractConnection, parser: Any, packed: bytes, count: int
+    ) -> Coroutine[Any, Any, list[Any]]:
+        if parser is None:
+            return self._slow(conn, packed, count)
+        return exchange(conn, parser, packed, count)
+
+    async def _slow(self, conn: AbstractConnection, packed: bytes, count: int) -> list[Any]:
+        """redis-py's own send and read, for connections the fast path does not cover."""
+        await conn.send_packed_command(packed)
+        replies: list[Any] = []
+        for _ in range(count):
+            try:
+                replies.append(await conn.read_response())
+            except rex.ResponseError as exc:  # an error reply: the stream is intact
+                replies.append(exc)
+        return replies
+
+    async def _checkout(self, deadline: float | None, *, kept: bool) -> AbstractConnection:
+        """A connection for one round trip: one of ours if idle (and *kept*), else the pool's.
 
         Up to *max_in_flight* connections are kept between round trips instead of going
         back to redis-py's pool each time; its bookkeeping cost as much as our own logic.
         """
-        while self._idle:
-            kept = self._idle.pop()
-            if _usable(kept):
-                return kept
+        while kept and self._idle:
+            conn = self._idle.pop()
+            if _usable(conn):
+                return conn
             # The server or the network closed it while it sat idle (redis-py's pool
             # checks for this on checkout; we must too). Writing to it would fail, on
             # Python 3.13 even with an AttributeError instead of a connection error.
-            await kept.disconnect(nowait=True)
-            await self.redis.connection_pool.release(kept)
-        conn: AbstractConnection = await self.redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
-        return conn
+            await conn.disconnect(nowait=True)
+            await self.redis.connection_pool.release(conn)
+        pool = self.redis.connection_pool
+        if deadline is None:
+            return await pool.get_connection()  # type: ignore[no-untyped-call,no-any-return]
+        # Opening a connection is part of the round trip's command_timeout (the watchdog
+        # only covers the exchange); this path is rare, so a timeout context is fine here.
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await self._bounded(pool.get_connection(), remaining)  # type: ignore[no-untyped-call]
+
+    async def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect(nowait=True)
+            await self.redis.connection_pool.release(conn)
 
     async def _via_redis_py(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -392,11 +475,14 @@ class Client:
             f"{what} got no answer from Redis within {self.command_timeout} s (command_timeout)"
         )
 
-    async def _bounded(self, awaitable: Awaitable[T]) -> T:
-        if self.command_timeout is None:
+    async def _bounded(self, awaitable: Awaitable[T], limit: float | None = None) -> T:
+        """*awaitable* within *limit* seconds (default: command_timeout), else TimeoutError."""
+        if limit is None:
+            limit = self.command_timeout
+        if limit is None:
             return await awaitable
         if sys.version_info >= (3, 11):
-            async with asyncio.timeout(self.command_timeout):
+            async with asyncio.timeout(limit):
                 return await awaitable
-        with anyio.fail_after(self.command_timeout):  # pragma: no cover - Python 3.10
+        with anyio.fail_after(limit):  # pragma: no cover - Python 3.10
             return await awaitable

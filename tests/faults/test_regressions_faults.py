@@ -320,7 +320,7 @@ async def test_waiter_rides_out_a_short_outage(
             except aiolock.LockError as exc:
                 pytest.fail(f"the waiter (timeout=10) failed on a 1 s outage: {exc!r}")
             assert len(got) == 1
-            assert locks.statistics().connection_errors >= 1  # type: ignore[attr-defined]
+            assert locks.statistics().connection_errors >= 1
     finally:
         await client.aclose()
         await holder_client.aclose()
@@ -351,7 +351,8 @@ async def test_killed_kept_connections_are_replaced(own_server: RedisServer) -> 
             assert await lock.hold_count() == 1
             await lock.release()
             assert not await lock.locked()
-            assert locks.statistics().connection_errors >= 1  # type: ignore[attr-defined]
+            # No connection_errors check: a kept connection the server closed is usually
+            # found dead at checkout (end of stream) before anything is written to it.
     finally:
         await client.aclose()
         await admin.aclose()

@@ -1,0 +1,156 @@
+"""Round trips on a redis-py connection without redis-py's per-read time limit.
+
+redis-py bounds every reply it reads with ``asyncio.timeout(socket_timeout)`` and every
+write with ``asyncio.wait_for`` (a task per write). ``Redis()`` sets ``socket_timeout=5``
+by default, so that machinery ran once per reply and cost about 28 % of aiolock's client
+CPU. Here a round trip writes the packed commands on the connection's stream and feeds
+what arrives to the connection's own ``hiredis.Reader``, the one redis-py's parser reads
+with. Because it is the same reader:
+
+* error replies come out as the same redis-py exception instances (redis-py's
+  ``parse_error`` is the reader's ``replyError``), so ``translate`` sees what it always saw;
+* decoding follows the client's ``decode_responses``/encoding, RESP2 or RESP3;
+* redis-py's own reads on the connection (health checks, the pool's "has data?" check on
+  checkout) see a consistent buffer.
+
+The time limit is a :class:`Watchdog`: one timer per round trip that aborts the transport
+when it fires, instead of a timeout context per read.
+
+Connections the fast path does not understand (no hiredis, a parser or connection class
+that reads differently, e.g. Sentinel's, which turns READONLY into a failover) return
+``None`` from :func:`fast_parser`, and the caller falls back to ``read_response``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis import exceptions as rex
+from redis.asyncio.connection import AbstractConnection
+
+try:  # private to redis-py: if it moves, the fast path is simply off
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+except ImportError:  # pragma: no cover - redis-py without these names
+    _AsyncHiredisParser = None  # type: ignore[assignment,misc]
+    NOT_ENOUGH_DATA = object()
+
+__all__ = ["Watchdog", "exchange", "fast_parser", "where", "write"]
+
+#: bytes asked of the stream per read (redis-py's default socket_read_size)
+READ_SIZE = 65536
+#: where redis-py defines the connection methods whose behaviour the fast path reproduces;
+#: a method defined elsewhere (a subclass, Sentinel, a test or benchmark counter) is used as is
+_REDIS_PY = "redis.asyncio.connection"
+
+
+def fast_parser(conn: AbstractConnection) -> Any | None:
+    """The hiredis parser of *conn* if its replies can be read directly, else ``None``."""
+    parser = getattr(conn, "_parser", None)
+    if (
+        _AsyncHiredisParser is None
+        or type(parser) is not _AsyncHiredisParser
+        or getattr(type(conn).read_response, "__module__", None) != _REDIS_PY
+        or not getattr(parser, "_connected", False)
+        or getattr(parser, "_reader", None) is None
+        or getattr(parser, "_stream", None) is None
+    ):
+        return None
+    return parser
+
+
+async def write(conn: AbstractConnection, packed: bytes) -> None:
+    """Send *packed* on *conn*, without redis-py's ``wait_for`` around the write.
+
+    A ``send_packed_command`` that is not redis-py's own (a subclass or a patch counting
+    round trips, as the test helpers and the benchmark harness do) is called instead, so
+    what it observes stays true.
+    """
+    if getattr(type(conn).send_packed_command, "__module__", None) != _REDIS_PY:
+        await conn.send_packed_command(packed)
+        return
+    if not conn.is_connected:
+        await conn.connect()  # type: ignore[no-untyped-call]
+    if conn.health_check_interval:  # redis-py's PING when the connection sat idle long enough
+        await conn.check_health()  # type: ignore[no-untyped-call]
+    writer = conn._writer
+    # Writing to a closing transport raised AttributeError on Python 3.13 instead of a
+    # connection error: say it is one, so the round trip is retried on a fresh connection.
+    if writer is None or writer.transport.is_closing():
+        raise rex.ConnectionError(f"Connection to {where(conn)} is closed.")
+    try:
+        writer.write(packed)
+        await writer.drain()
+    except OSError as exc:
+        raise rex.ConnectionError(f"Error while writing to {where(conn)}: {exc!r}") from exc
+
+
+async def exchange(conn: AbstractConnection, parser: Any, packed: bytes, count: int) -> list[Any]:
+    """Write *packed* (*count* commands) and read their *count* replies.
+
+    Error replies are returned as exception values, as ``read_response`` would have raised
+    them; a broken connection raises :class:`redis.exceptions.ConnectionError`.
+    """
+    await write(conn, packed)
+    reader, stream = parser._reader, parser._stream
+    # RESP3 push messages (maintenance notifications, invalidations) go to redis-py's
+    # handlers, as its parser does; they are not replies.
+    push = getattr(parser, "_hiredis_PushNotificationType", None)
+    replies: list[Any] = []
+    while len(replies) < count:
+        reply = reader.gets()
+        if reply is NOT_ENOUGH_DATA:
+            try:
+                data = await stream.read(READ_SIZE)
+            except OSError as exc:
+                raise rex.ConnectionError(
+                    f"Error while reading from {where(conn)}: {exc!r}"
+                ) from exc
+            if not data:
+                raise rex.ConnectionError(f"Connection to {where(conn)} closed by server.")
+            reader.feed(data)
+        elif isinstance(reply, rex.ConnectionError):
+            raise reply  # e.g. "max number of clients reached": as read_response does
+        elif push is not None and isinstance(reply, push):
+            await parser.handle_push_response(reply)
+        elif type(reply) is list and reply and isinstance(reply[0], rex.ConnectionError):
+            raise reply[0]
+        else:
+            replies.append(reply)
+    if conn.health_check_interval:  # what read_response records after a read
+        conn.next_health_check = asyncio.get_running_loop().time() + conn.health_check_interval
+    return replies
+
+
+def where(conn: AbstractConnection) -> str:
+    """The server address redis-py names in its errors."""
+    try:
+        return conn._host_error()
+    except Exception:  # pragma: no cover - a connection class without it
+        return "Redis"
+
+
+class Watchdog:
+    """Aborts a connection's transport at *when* (loop time): one timer per round trip.
+
+    Aborting makes the pending read or write fail at once with a connection error; the
+    caller then checks :attr:`expired` to report a timeout instead. The connection is
+    dropped either way (a reply may still be on its way), which a per-read timeout did too.
+    Costs one ``call_at`` and one ``cancel`` per round trip.
+    """
+
+    __slots__ = ("_conn", "_handle", "expired")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float, conn: AbstractConnection):
+        self.expired = False
+        self._conn = conn
+        self._handle = loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.expired = True
+        writer = self._conn._writer
+        if writer is not None:
+            writer.transport.abort()
+
+    def cancel(self) -> None:
+        self._handle.cancel()

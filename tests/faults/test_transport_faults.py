@@ -1,0 +1,75 @@
+"""The client's transport over TLS and through network faults (aiolock/_transport.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._client import Client
+from aiolock._transport import fast_parser
+
+from .proxy import FaultProxy
+from .servers import TlsRedisServer
+
+
+async def _through_blackhole(client: Client, proxy: FaultProxy) -> tuple[str, float]:
+    assert await client.call("PING") == b"PONG"
+    (conn,) = client._idle
+    assert fast_parser(conn) is not None
+    proxy.blackhole()
+    start = time.monotonic()
+    with pytest.raises(aiolock.LockConnectionError) as caught:
+        await client.call("PING")
+    took = time.monotonic() - start
+    proxy.restore()
+    assert not client._idle  # the timed-out connection was aborted, not kept
+    assert await client.call("PING") == b"PONG"
+    return str(caught.value), took
+
+
+async def test_tls_locks_and_socket_timeout(tls_redis: TlsRedisServer) -> None:
+    """The watchdog aborts an SSL transport as it does a plain one."""
+    async with FaultProxy(tls_redis.host, tls_redis.port, scheme="rediss") as proxy:
+        redis = Redis.from_url(proxy.url, ssl_ca_certs=tls_redis.ca_path, socket_timeout=0.4)
+        client = Client(redis)
+        try:
+            async with (
+                aiolock.LockManager(redis, prefix="transport-tls") as locks,
+                locks.lock("tls"),
+            ):
+                assert await locks.lock("tls").locked()
+            message, took = await _through_blackhole(client, proxy)
+            assert "Timeout reading" in message, message
+            assert 0.35 < took < 1.0
+        finally:
+            await client.aclose()
+            await redis.aclose()
+
+
+async def test_command_timeout_through_a_blackhole(fault_proxy: FaultProxy) -> None:
+    redis = Redis.from_url(fault_proxy.url)  # socket_timeout: redis-py's default, 5 s
+    client = Client(redis, command_timeout=0.3)
+    try:
+        message, took = await _through_blackhole(client, fault_proxy)
+        assert "command_timeout" in message, message
+        assert 0.25 < took < 0.8
+    finally:
+        await client.aclose()
+        await redis.aclose()
+
+
+async def test_dropped_connections_are_replaced(fault_proxy: FaultProxy) -> None:
+    """All kept connections reset at once (a proxy or a server restart): the next round trip
+    still succeeds, on a new connection."""
+    redis = Redis.from_url(fault_proxy.url)
+    client = Client(redis)
+    try:
+        await client.call("PING")
+        fault_proxy.drop_all()
+        assert await client.call("PING") == b"PONG"
+    finally:
+        await client.aclose()
+        await redis.aclose()
