@@ -66,12 +66,14 @@ class ReentrantLockKind:
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = attempt.keys
-        code, value = await self._client.run(
+        reply = await self._client.run(
             ACQUIRE,
             (keys.lock, keys.fence, attempt.void),
             (attempt.field, ms(attempt.lease), attempt.count),
         )
-        code = as_int(code)
+        if isinstance(reply, int):  # the common path: acquired, this is the token
+            return Granted(reply, 1)
+        code, value = as_int(reply[0]), reply[1]
         if code == _ACQUIRED:
             return Granted(as_int(value), 1)
         if code == _REENTERED:
@@ -108,7 +110,6 @@ class ReentrantLockKind:
             (
                 hold.field,
                 count,
-                keys.channel,
                 rt.manager_id,
                 hold.token,
                 rt.fence_ms,
@@ -119,6 +120,8 @@ class ReentrantLockKind:
                 1 if listening else 0,
             ),
         )
+        if isinstance(reply, int):  # the common path: released, heard by this many others
+            return Released(ReleaseStatus.RELEASED, reply)
         code, value = as_int(reply[0]), reply[1]
         status = _RELEASE_CODES.get(code)
         if status is None:  # -1: the key holds another type

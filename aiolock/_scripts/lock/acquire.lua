@@ -7,8 +7,10 @@
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  hold count the client believes it has (0 for a new acquisition)
 --
--- Returns {code, value}:
---   { 1, token}  acquired anew; token is the new fencing token
+-- Returns, on the common path, the new fencing token alone (an integer: acquired anew;
+-- one reply element less to build costs the server more than the rest of the branch),
+-- else {code, value}:
+--   { 1, token}  acquired anew (a resent attempt); token is the new fencing token
 --   { 2, count}  re-entered; count is the new hold count
 --   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none)
 --   { 3, 0    }  voided: an undo reached Redis before this attempt did; nothing done
@@ -24,7 +26,7 @@ if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
   local token = fence(KEYS[2])
   redis.call('hset', KEYS[1], ARGV[1], 1)
   redis.call('pexpire', KEYS[1], ARGV[2])
-  return {1, token}
+  return token
 end
 if redis.call('exists', KEYS[3]) == 1 then
   return {3, 0}

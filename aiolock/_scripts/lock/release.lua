@@ -5,20 +5,21 @@
 -- KEYS[3]  tombstone of this final release: lets a resent release answer as the first
 -- ARGV[1]  owner field
 -- ARGV[2]  hold count the client has before this release (>= 1); 1 = the last hold
--- ARGV[3]  release channel
--- ARGV[4]  message to publish (the releasing manager's id)
--- ARGV[5]  the releasing hold's fencing token
--- ARGV[6]  fence state lifetime in ms ('0' none, '-1' forever)
--- ARGV[7]  tombstone lifetime in ms
--- ARGV[8]  owner field of a local successor to hand the lock to, or '' for none
--- ARGV[9]  the successor's lease in milliseconds
--- ARGV[10] '1': hand over even if other clients listen on the channel
--- ARGV[11] '1' if the releasing manager itself listens on the channel, else '0'
+-- ARGV[3]  message to publish (the releasing manager's id)
+-- ARGV[4]  the releasing hold's fencing token
+-- ARGV[5]  fence state lifetime in ms ('0' none, '-1' forever)
+-- ARGV[6]  tombstone lifetime in ms
+-- ARGV[7]  owner field of a local successor to hand the lock to, or '' for none
+-- ARGV[8]  the successor's lease in milliseconds
+-- ARGV[9]  '1': hand over even if other clients listen on the channel
+-- ARGV[10] '1' if the releasing manager itself listens on the channel, else '0'
+-- The release channel is KEYS[1] .. ':released'.
 --
--- Returns {code, value}:
+-- Returns, on the common path, an integer n alone: released, the key deleted and the
+-- release published, n other clients heard it (the releasing manager then yields to
+-- them); else {code, value}:
 --   { 1, count}  one hold released, still held; count holds are left
---   { 2, n    }  released: the key is deleted and the release published; n other
---                clients heard it (the releasing manager then yields to them)
+--   { 2, 0    }  a resend of a final release that had freed the lock
 --   { 4, token}  handed over: the successor now holds the lock with this fencing token
 --   { 0, 0    }  this owner does not hold the lock
 --   {-1, type }  KEYS[1] holds a value of another Redis type; nothing done
@@ -38,7 +39,7 @@ end
 if not held then
   local done = redis.call('get', KEYS[3])
   if done then
-    if ARGV[8] ~= '' and done ~= '0' and redis.call('hexists', KEYS[1], ARGV[8]) == 1 then
+    if ARGV[7] ~= '' and done ~= '0' and redis.call('hexists', KEYS[1], ARGV[7]) == 1 then
       return {4, tonumber(done)}
     end
     return {2, 0}
@@ -52,17 +53,18 @@ if left > 0 then
   return {1, left}
 end
 
-local mine = tonumber(ARGV[11])
-if ARGV[8] ~= '' and (ARGV[10] == '1'
-    or redis.call('pubsub', 'numsub', ARGV[3])[2] - mine <= 0) then
+local channel = KEYS[1] .. ':released'
+local mine = tonumber(ARGV[10])
+if ARGV[7] ~= '' and (ARGV[9] == '1'
+    or redis.call('pubsub', 'numsub', channel)[2] - mine <= 0) then
   local token = fence(KEYS[2])
   redis.call('del', KEYS[1])
-  redis.call('hset', KEYS[1], ARGV[8], 1)
-  redis.call('pexpire', KEYS[1], ARGV[9])
-  redis.call('set', KEYS[3], string.format('%.0f', token), 'px', ARGV[7])
+  redis.call('hset', KEYS[1], ARGV[7], 1)
+  redis.call('pexpire', KEYS[1], ARGV[8])
+  redis.call('set', KEYS[3], string.format('%.0f', token), 'px', ARGV[6])
   return {4, token}
 end
 redis.call('del', KEYS[1])
-keep_fence(KEYS[2], ARGV[5], ARGV[6])
-redis.call('set', KEYS[3], '0', 'px', ARGV[7])
-return {2, redis.call('publish', ARGV[3], ARGV[4]) - mine}
+keep_fence(KEYS[2], ARGV[4], ARGV[5])
+redis.call('set', KEYS[3], '0', 'px', ARGV[6])
+return redis.call('publish', channel, ARGV[3]) - mine
