@@ -236,7 +236,7 @@ class Engine:
             keys=keys,
             owner=owner,
             field=f"{owner}:{number}" if hold is None else hold.field,
-            count=0 if hold is None else hold.count,
+            before=0 if hold is None else hold.count,
             lease=lease_s,
             void=keys.void(f"{rt.manager_id}:{number}"),
         )
@@ -249,7 +249,7 @@ class Engine:
         if isinstance(outcome, Busy):
             return outcome
         if hold is not None:  # a re-entry
-            if outcome.count != hold.count + 1:
+            if outcome.held != hold.count + 1:
                 # The lock was free: the hold being re-entered had already ended, and the
                 # script took the lock anew. That is not a re-entry: give it back.
                 stray = Hold(
@@ -257,7 +257,7 @@ class Engine:
                 )
                 await self.release_quietly(stray)
                 return Busy(0.0)
-            hold.count = outcome.count
+            hold.count = outcome.held
             if not hold.renew:
                 self.registry.reset_lease(hold, lease_s, sent_at)
             return hold
@@ -283,7 +283,7 @@ class Engine:
         channel = kind.channel(attempt.keys)
 
         async def send() -> None:
-            if await kind.undo(attempt) and attempt.count == 0:
+            if await kind.undo(attempt) and attempt.before == 0:
                 self.hub.wake(channel)  # our own message is ignored by the hub
 
         give_up_at = time.monotonic() + attempt.lease

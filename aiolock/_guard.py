@@ -57,7 +57,7 @@ class BodyGuard:
 
     async def exit(
         self,
-        what: str,
+        handle: object,
         engine: Engine | None,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
@@ -67,7 +67,7 @@ class BodyGuard:
         task = asyncio.current_task()
         stack = self._entered.get(task) if task is not None else None
         if not stack:
-            raise RuntimeError(f"{what} exited in a task that did not enter it")
+            raise RuntimeError(f"{handle!r} exited in a task that did not enter it")
         hold, scope = stack.pop()
         if not stack:
             del self._entered[task]  # type: ignore[arg-type]

@@ -133,7 +133,7 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("channel", "confirmed", "listen", "streak", "waiters")
+    __slots__ = ("channel", "confirmed", "listen", "waiters")
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
@@ -142,8 +142,6 @@ class ChannelQueue:
         self.listen = False
         #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
         self.confirmed = False
-        #: hand-overs in a row within this manager
-        self.streak = 0
 
     def wake_head(self) -> None:
         if self.waiters:
@@ -178,6 +176,9 @@ class WaiterHub:
         self._queues: dict[str, ChannelQueue] = {}
         #: channels this manager yields, until when (monotonic)
         self._yields: dict[str, float] = {}
+        #: hand-overs in a row within this manager, per channel, since it was last freed
+        #: (kept apart from the queues, which come and go between hand-overs)
+        self._streaks: dict[str, int] = {}
         self._subscribed: set[str] = set()  # SUBSCRIBE sent on the current connection
         self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
         self._dirty = asyncio.Event()
@@ -228,14 +229,17 @@ class WaiterHub:
         return left
 
     def streak(self, channel: str) -> int:
-        queue = self._queues.get(channel)
-        return queue.streak if queue is not None else 0
+        """Hand-overs in a row within this manager since the lock was last freed."""
+        return self._streaks.get(channel, 0)
 
     def count_handover(self, channel: str, handed: bool) -> None:
         """A final release handed the lock over (*handed*) or freed it."""
-        queue = self._queues.get(channel)
-        if queue is not None:
-            queue.streak = queue.streak + 1 if handed else 0
+        if not handed:
+            self._streaks.pop(channel, None)
+            return
+        if len(self._streaks) > 4096:  # locks handed over, then never freed by us
+            self._streaks.clear()
+        self._streaks[channel] = self._streaks.get(channel, 0) + 1
 
     def leave(self, waiter: Waiter, *, acquired: bool) -> None:
         """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
@@ -250,9 +254,13 @@ class WaiterHub:
         if not acquired and not waiter.reserved and (was_head or waiter.pending):
             queue.wake_head()
         if not queue.waiters:
-            queue.listen = False
-            queue.streak = 0
-            self._dirty.set()
+            if queue.listen or queue.channel in self._subscribed:
+                queue.listen = False
+                self._dirty.set()  # the pump unsubscribes and forgets the queue
+            elif self._queues.get(queue.channel) is queue:
+                # Never subscribed (the common, uncontended case): forget it now, without
+                # waking the pump on every acquisition.
+                del self._queues[queue.channel]
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""

@@ -27,8 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from anyio import CancelScope
@@ -120,37 +119,36 @@ class Hold:
         return f"<Hold {self.keys.name!r} count={self.count} token={self.token} {state}>"
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One try at acquiring: everything a kind's attempt and undo scripts need."""
+class Attempt(NamedTuple):
+    """One try at acquiring: everything a kind's attempt and undo scripts need.
+
+    The outcome types here are named tuples: they are made on every acquisition and
+    release, and a tuple is the cheapest immutable record to make."""
 
     keys: LockKeys
     owner: str
     #: the hash field the grant is recorded under (unique per acquisition)
     field: str
     #: the hold count the owner already has (0 for a new acquisition, n to re-enter)
-    count: int
+    before: int
     lease: float
     #: the key that, once set by an undo, makes this attempt a no-op if it runs late
     void: str
 
 
-@dataclass(frozen=True, slots=True)
-class Granted:
+class Granted(NamedTuple):
     token: int
     #: the hold count after the attempt (1 for a new acquisition)
-    count: int
+    held: int
 
 
-@dataclass(frozen=True, slots=True)
-class Busy:
+class Busy(NamedTuple):
     #: seconds the current holder's lease has left (0 if unknown): the longest a waiter
     #: sleeps before trying again, in case the holder crashed
     ttl: float
 
 
-@dataclass(frozen=True, slots=True)
-class Successor:
+class Successor(NamedTuple):
     """A local waiter that a final release may hand the resource to in the same script."""
 
     field: str
@@ -164,8 +162,7 @@ class ReleaseStatus(enum.Enum):
     NOT_HELD = "not held"  # Redis no longer had the hold
 
 
-@dataclass(frozen=True, slots=True)
-class Released:
+class Released(NamedTuple):
     status: ReleaseStatus
     value: int
 

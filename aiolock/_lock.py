@@ -200,7 +200,7 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         engine = self._manager._engine if self._manager.is_open else None
-        await self._guard.exit(repr(self), engine, exc_type, exc, tb)
+        await self._guard.exit(self, engine, exc_type, exc, tb)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -69,7 +69,7 @@ class ReentrantLockKind:
         reply = await self._client.run(
             ACQUIRE,
             (keys.lock, keys.fence, attempt.void),
-            (attempt.field, ms(attempt.lease), attempt.count),
+            (attempt.field, ms(attempt.lease), attempt.before),
         )
         if isinstance(reply, int):  # the common path: acquired, this is the token
             return Granted(reply, 1)
@@ -89,7 +89,7 @@ class ReentrantLockKind:
         undone = await self._client.run(
             UNDO,
             (keys.lock, attempt.void),
-            (attempt.field, attempt.count, void_ms, keys.channel, self._rt.manager_id),
+            (attempt.field, attempt.before, void_ms, keys.channel, self._rt.manager_id),
         )
         return as_int(undone) == 1
 
