@@ -94,7 +94,9 @@ class Engine:
         self.client = runtime.client
         self.hub = hub
         self.registry = HoldRegistry(on_lost=self._on_lost, on_fixed=self._on_fixed)
-        self.watchdog = Watchdog(self.registry, runtime.lease)
+        # Redis Cluster is not supported yet (the manager refuses its client): one node
+        # takes renewal batches that span slots.
+        self.watchdog = Watchdog(self.registry, runtime.lease, group_by_slot=False)
         self.cleanup = Cleanup()
         #: round trips that failed on a connection error and were ridden out or retried
         self.connection_errors = 0

@@ -7,8 +7,8 @@
 --
 -- Returns an array with one entry per key: 1 if that owner still holds the lock (and
 -- its lease was renewed if asked), 0 if not (expired, force-released, evicted, or the
--- key was replaced by another type). A batch never spans Redis Cluster slots: the
--- engine groups holds by slot.
+-- key was replaced by another type). On Redis Cluster a batch must not span slots: the
+-- watchdog then groups holds by slot (a single server takes any mix).
 
 local held = {}
 for i = 1, #KEYS do
