@@ -45,6 +45,16 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
+async def admin(redis_url: str) -> AsyncIterator[Redis]:
+    """A second client of its own, for looking at (or changing) Redis behind a manager."""
+    client = Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
 async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
     async with aiolock.LockManager(redis, prefix=prefix) as manager:
         yield manager

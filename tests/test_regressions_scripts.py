@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,15 +64,6 @@ async def yield_fields(admin: Redis, prefix: str) -> dict[str, list[str]]:
             if hits:
                 found[key.decode() if isinstance(key, bytes) else key] = hits
     return found
-
-
-@pytest.fixture
-async def admin(redis_url: str) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 # -- defect 5: one 'yield:<manager id>' field per manager that ever yielded -------------------

@@ -4,7 +4,6 @@ time limits, and the retry after a broken connection (aiolock/_transport.py, _cl
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,15 +16,6 @@ import aiolock._client
 from aiolock._client import Arg, Client
 from aiolock._transport import fast_parser
 from aiolock.testing import RedisServer
-
-
-@pytest.fixture
-async def admin(redis_url: str) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def _replies(redis: Redis, prefix: str) -> list[Any]:
