@@ -26,7 +26,7 @@ from ._errors import (
     LockPermissionError,
 )
 from ._scripts import REQUIRED_COMMANDS, Script
-from ._transport import Watchdog, exchange, fast_parser, where
+from ._transport import RoundTripTimer, exchange, fast_parser, where
 
 __all__ = ["Client", "as_int", "as_text", "translate"]
 
@@ -396,19 +396,19 @@ class Client:
                 when, per_socket = socket_deadline, True
         if when is None:
             return await self._talk(conn, parser, packed, count)
-        watchdog = Watchdog(loop, when, conn)
+        timer = RoundTripTimer(loop, when, conn)
         try:
             return await self._talk(conn, parser, packed, count)
         except Exception as exc:  # not CancelledError: the caller's cancellation wins
-            if not watchdog.expired:
+            if not timer.expired:
                 raise
-            # The watchdog aborted the transport; report what ran out, as before: redis-py's
+            # The timer aborted the transport; report what ran out, as before: redis-py's
             # TimeoutError for socket_timeout, ours (-> "command_timeout") for the other.
             if per_socket:
                 raise rex.TimeoutError(f"Timeout reading from {where(conn)}") from exc
             raise TimeoutError from exc
         finally:
-            watchdog.cancel()
+            timer.cancel()
 
     def _talk(
         self, conn: AbstractConnection, parser: Any, packed: bytes, count: int
@@ -446,7 +446,7 @@ class Client:
         pool = self.redis.connection_pool
         if deadline is None:
             return await pool.get_connection()  # type: ignore[no-untyped-call,no-any-return]
-        # Opening a connection is part of the round trip's command_timeout (the watchdog
+        # Opening a connection is part of the round trip's command_timeout (the round-trip timer
         # only covers the exchange); this path is rare, so a timeout context is fine here.
         remaining = deadline - asyncio.get_running_loop().time()
         return await self._bounded(pool.get_connection(), remaining)  # type: ignore[no-untyped-call]

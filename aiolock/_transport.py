@@ -13,7 +13,7 @@ with. Because it is the same reader:
 * redis-py's own reads on the connection (health checks, the pool's "has data?" check on
   checkout) see a consistent buffer.
 
-The time limit is a :class:`Watchdog`: one timer per round trip that aborts the transport
+The time limit is a :class:`RoundTripTimer`: one timer per round trip that aborts the transport
 when it fires, instead of a timeout context per read.
 
 Connections the fast path does not understand (no hiredis, a parser or connection class
@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - redis-py without these names
     _AsyncHiredisParser = None  # type: ignore[assignment,misc]
     NOT_ENOUGH_DATA = object()
 
-__all__ = ["Watchdog", "exchange", "fast_parser", "where", "write"]
+__all__ = ["RoundTripTimer", "exchange", "fast_parser", "where", "write"]
 
 #: bytes asked of the stream per read (redis-py's default socket_read_size)
 READ_SIZE = 65536
@@ -130,7 +130,7 @@ def where(conn: AbstractConnection) -> str:
         return "Redis"
 
 
-class Watchdog:
+class RoundTripTimer:
     """Aborts a connection's transport at *when* (loop time): one timer per round trip.
 
     Aborting makes the pending read or write fail at once with a connection error; the

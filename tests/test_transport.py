@@ -163,9 +163,9 @@ async def test_command_timeout_bounds_a_round_trip(
 
 async def test_no_time_limit_arms_no_timer(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_timer(*_: object) -> None:
-        raise AssertionError("a watchdog was armed")
+        raise AssertionError("a round-trip timer was armed")
 
-    monkeypatch.setattr(aiolock._client, "Watchdog", no_timer)
+    monkeypatch.setattr(aiolock._client, "RoundTripTimer", no_timer)
     client = Client(Redis.from_url(redis_url, socket_timeout=None))
     try:
         assert await client.call("PING") == b"PONG"

@@ -31,7 +31,7 @@ async def _through_blackhole(client: Client, proxy: FaultProxy) -> tuple[str, fl
 
 
 async def test_tls_locks_and_socket_timeout(tls_redis: TlsRedisServer) -> None:
-    """The watchdog aborts an SSL transport as it does a plain one."""
+    """The round-trip timer aborts an SSL transport as it does a plain one."""
     async with FaultProxy(tls_redis.host, tls_redis.port, scheme="rediss") as proxy:
         redis = Redis.from_url(proxy.url, ssl_ca_certs=tls_redis.ca_path, socket_timeout=0.4)
         client = Client(redis)
