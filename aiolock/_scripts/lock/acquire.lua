@@ -28,17 +28,23 @@ if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return token
 end
+-- Then the contended case, in as few commands: held by another owner.
+local held = redis.pcall('hget', KEYS[1], ARGV[1])
+if type(held) == 'table' then
+  return {-1, redis.call('type', KEYS[1]).ok}  -- the key holds another type
+end
+if not held then
+  -- Not ours. PTTL -2 means no lock key: then the first EXISTS counted the void marker.
+  local ttl = redis.call('pttl', KEYS[1])
+  if ttl == -2 then
+    return {3, 0}
+  end
+  return {0, ttl}
+end
 if redis.call('exists', KEYS[3]) == 1 then
-  return {3, 0}
+  return {3, 0}  -- a voided re-entry
 end
-local kind = redis.call('type', KEYS[1]).ok
-if kind ~= 'hash' then
-  return {-1, kind}
-end
-local count = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or 0)
-if count == 0 then
-  return {0, redis.call('pttl', KEYS[1])}
-end
+local count = tonumber(held)
 if count ~= tonumber(ARGV[3]) + 1 then
   count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
 end
