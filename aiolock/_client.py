@@ -163,6 +163,9 @@ class _Request:
         self.key = key
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
+    def error(self, exc: rex.RedisError) -> LockError:
+        return translate(exc, self.what, self.key, changes=self.script is not None)
+
 
 class Client:
     """Runs aiolock's scripts and commands on a ``redis.asyncio.Redis``.
@@ -284,11 +287,7 @@ class Client:
                 if request.future.done():
                     continue
                 if isinstance(reply, rex.RedisError):
-                    request.future.set_exception(
-                        translate(
-                            reply, request.what, request.key, changes=request.script is not None
-                        )
-                    )
+                    request.future.set_exception(request.error(reply))
                 else:
                     request.future.set_result(reply)
         except BaseException as exc:
@@ -465,7 +464,7 @@ class Client:
 
     def _batch_error(self, exc: BaseException, request: _Request) -> LockError:
         if isinstance(exc, rex.RedisError):
-            return translate(exc, request.what, request.key, changes=request.script is not None)
+            return request.error(exc)
         if isinstance(exc, TimeoutError):
             return self._timed_out(request.what)
         return LockConnectionError(f"{request.what} failed: {exc!r}")

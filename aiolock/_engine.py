@@ -109,7 +109,7 @@ class Engine:
         self.hub.wake(hold.kind.channel(hold.keys))
 
     def _on_fixed(self, hold: Hold) -> None:
-        self.watchdog.reschedule()
+        self.watchdog.reschedule(hold.next_check)
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -470,14 +470,13 @@ class Engine:
 
     def _release_in_background(self, hold: Hold, what: str) -> None:
         release_id = self._release_id(hold)
-        channel = hold.kind.channel(hold.keys)
+        self.cleanup.add(what, lambda: self._free(hold, release_id), time.monotonic() + hold.lease)
 
-        async def send() -> None:
-            outcome = await self._send_final(hold, release_id)
-            if outcome.status is ReleaseStatus.RELEASED:
-                self.hub.wake(channel)  # our own message is ignored by the hub
-
-        self.cleanup.add(what, send, time.monotonic() + hold.lease)
+    async def _free(self, hold: Hold, release_id: str) -> None:
+        """Send *hold*'s final release (no hand-over); wake the local head if it freed it."""
+        outcome = await self._send_final(hold, release_id)
+        if outcome.status is ReleaseStatus.RELEASED:
+            self.hub.wake(hold.kind.channel(hold.keys))  # our own message is ignored by the hub
 
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
@@ -486,10 +485,8 @@ class Engine:
             if pass_on:
                 await self.release(hold)
             else:
-                outcome = await self._send_final(hold, self._release_id(hold))
+                await self._free(hold, self._release_id(hold))
                 self.registry.remove(hold)
-                if outcome.status is ReleaseStatus.RELEASED:
-                    self.hub.wake(hold.kind.channel(hold.keys))
         except LockError as exc:
             hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
             logger.warning("could not release lock %r: %s", hold.keys.name, exc)

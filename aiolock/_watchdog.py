@@ -46,10 +46,17 @@ class Watchdog:
         self.rounds = 0
         self.round_trips = 0
         self._changed = asyncio.Event()
+        #: when the loop plans to wake up next (monotonic clock)
+        self._wake_at = math.inf
 
-    def reschedule(self) -> None:
-        """A fixed-lease hold was added or extended: it may be due before the next round."""
-        self._changed.set()
+    def reschedule(self, due: float) -> None:
+        """A fixed-lease hold was added or extended and is due at *due*.
+
+        The loop is woken only if that is before its planned wake-up, so that acquiring
+        fixed-lease holds does not wake it (and make it scan every hold) each time.
+        """
+        if due < self._wake_at:
+            self._changed.set()
 
     async def run(self) -> None:
         next_round = time.monotonic() + self.period
@@ -57,7 +64,7 @@ class Watchdog:
             now = time.monotonic()
             fixed = self._registry.fixed()
             due = min((hold.next_check for hold in fixed), default=math.inf)
-            wake_at = min(next_round, due)
+            wake_at = self._wake_at = min(next_round, due)
             if wake_at > now:
                 self._changed.clear()
                 with anyio.move_on_after(wake_at - now):
