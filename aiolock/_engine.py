@@ -20,10 +20,18 @@ is passed on without ever being registered under that task. Releases are idempot
 interrupted by a cancellation is sent again, shielded and bounded in time, and one that
 cannot reach Redis is retried in the background while its hold is parked.
 
-Fairness between clients needs no state in Redis: while other clients listen for a
-lock, at most :data:`MAX_LOCAL_STREAK` hand-overs in a row stay within this manager,
-and after a release they heard this manager yields for :data:`YIELD_WINDOW` (see
-:mod:`aiolock._hub`).
+Kinds with claims register their waiters in Redis (a fair lock's queue, a writer's
+claim): a waiter registers with its first attempt, under one field for its whole wait.
+Queued kinds (the fair lock) keep the waiters' order there: a release names the waiter
+it grants to, and the hub wakes exactly that one. While a waiter waits, its
+registration is refreshed in batches (one script call per name and manager every
+``claim_ttl / 3``), so a crashed waiter leaves the queue within ``claim_ttl``; a waiter
+that gives up withdraws it at once.
+
+Fairness between clients of the other kinds needs no state in Redis: while other
+clients listen for a lock, at most :data:`MAX_LOCAL_STREAK` hand-overs in a row stay
+within this manager, and after a release they heard this manager yields for
+:data:`YIELD_WINDOW` (see :mod:`aiolock._hub`).
 
 Owner tasks. A task that ends while holding locks has its holds released in the
 background, with a warning: the hold would otherwise be renewed for as long as the
@@ -35,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import anyio
@@ -46,7 +55,6 @@ from ._errors import (
     LockKeyTypeError,
     LockLostError,
     LockPermissionError,
-    LockTimeoutError,
     ManagerNotOpenError,
 )
 from ._hub import Waiter, WaiterHub
@@ -102,9 +110,16 @@ class Engine:
         self.connection_errors = 0
         #: holds released because the task that held them ended
         self.released_on_task_exit = 0
+        #: per kind name: acquisitions (new holds), timeouts, holds lost
+        self.acquired: Counter[str] = Counter()
+        self.timeouts: Counter[str] = Counter()
+        self.lost: Counter[str] = Counter()
         self._watched: set[str] = set()
+        #: kinds with claims: (kind, lock key) -> the fields of this manager's waiters
+        self._claims: dict[tuple[LockKind, str], tuple[LockKeys, set[str]]] = {}
 
     def _on_lost(self, hold: Hold) -> None:
+        self.lost[hold.kind.name] += 1
         # The lock may be free now (or soon): the local head should try for it.
         self.hub.wake(hold.kind.channel(hold.keys))
 
@@ -120,18 +135,21 @@ class Engine:
         owner: str,
         timeout: float | None,
         lease: float | None,
+        permits: int = 1,
     ) -> Hold:
+        """A new hold of *kind* on *keys* for *owner* (or its hold, re-entered)."""
         if kind.reentrant:
-            held = self.registry.get(keys.lock, owner)
+            held = self.registry.get(kind.resource(keys), owner)
             if held is not None:
                 return await self._reenter(held, lease)
-        if timeout == 0:  # one attempt, queue or no queue
-            outcome = await self._attempt(kind, keys, owner, lease)
+        if timeout == 0 and not kind.claims:  # one attempt, queue or no queue
+            outcome = await self._attempt(kind, keys, owner, lease, permits=permits)
             if isinstance(outcome, Hold):
                 return outcome
-            raise _timeout_error(keys, timeout)
+            self.timeouts[kind.name] += 1
+            raise kind.timeout_error(keys, timeout, permits)
         deadline = None if timeout is None else time.monotonic() + timeout
-        return await self._wait(kind, keys, owner, lease, deadline, timeout)
+        return await self._wait(kind, keys, owner, lease, deadline, timeout, permits)
 
     async def _reenter(self, hold: Hold, lease: float | None) -> Hold:
         if hold.renew:
@@ -160,11 +178,16 @@ class Engine:
         lease: float | None,
         deadline: float | None,
         timeout: float | None,
+        permits: int,
     ) -> Hold:
         hub = self.hub
         channel = kind.channel(keys)
-        waiter = hub.join(channel, owner, lease)
+        # A waiter that registers in Redis keeps one field for its whole wait: it names
+        # its registration, and (queued kinds) a release message wakes it by that name.
+        field = f"{owner}:{self.rt.next_id()}" if kind.claims else None
+        waiter = hub.join(channel, owner, lease, field, queued=kind.queued)
         acquired = False
+        claimed = False
         try:
             should_try = waiter.is_head  # the head tries at once; the rest wait their turn
             ttl: float | None = None
@@ -182,7 +205,9 @@ class Engine:
                     ttl = hub.yielding(channel)  # others' turn first: try when it ends
                     if ttl <= 0:
                         try:
-                            outcome = await self._attempt(kind, keys, owner, lease)
+                            outcome = await self._attempt(
+                                kind, keys, owner, lease, permits=permits, field=field
+                            )
                         except LockConnectionError as exc:
                             # Ride it out until this waiter's own deadline.
                             self.connection_errors += 1
@@ -194,6 +219,9 @@ class Engine:
                                 return outcome
                             failure, backoff = None, MIN_BACKOFF
                             ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
+                            if field is not None and not claimed:
+                                claimed = True
+                                self._claim(kind, keys, field)
                             hub.listen(waiter)
                             if not hub.confirmed(channel):
                                 ttl = min(ttl, READY_WAIT)  # the confirmation wakes it
@@ -201,7 +229,8 @@ class Engine:
                 if remaining is not None and remaining <= 0:
                     if failure is not None:
                         raise failure
-                    raise _timeout_error(keys, timeout)
+                    self.timeouts[kind.name] += 1
+                    raise kind.timeout_error(keys, timeout, permits)
                 woken = await waiter.wait(
                     _shortest(remaining, ttl) if waiter.is_head else remaining
                 )
@@ -209,6 +238,13 @@ class Engine:
         finally:
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
+            if field is not None:
+                if claimed:
+                    self._unclaim(kind, keys, field)
+                if not acquired:
+                    # Withdraw the registration now (and pass on a grant that came too
+                    # late), rather than when it expires.
+                    await self._undo(kind, self._new_attempt(keys, owner, field, lease, permits))
             if not acquired and waiter.handed is not None:
                 # The lock was handed over just as this task gave up: pass it on, without
                 # ever registering it under this task.
@@ -223,25 +259,20 @@ class Engine:
         owner: str,
         lease: float | None,
         hold: Hold | None = None,
+        *,
+        permits: int = 1,
+        field: str | None = None,
     ) -> Hold | Busy:
         """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
 
-        With *hold*, the attempt re-enters it; otherwise it is a new acquisition under a
-        hash field of its own (the owner plus this attempt's number).
+        With *hold*, the attempt re-enters it; otherwise it is a new acquisition under
+        *field* (a queued waiter's) or under a field of its own (the owner plus this
+        attempt's number).
         """
-        rt = self.rt
-        lease_s = rt.lease if lease is None else lease
-        number = rt.next_id()
-        # The void marker's id is unique across clients: a marker left by another
-        # process's cancelled attempt must never void this one.
-        attempt = Attempt(
-            keys=keys,
-            owner=owner,
-            field=f"{owner}:{number}" if hold is None else hold.field,
-            before=0 if hold is None else hold.count,
-            lease=lease_s,
-            void=keys.void(f"{rt.manager_id}:{number}"),
-        )
+        lease_s = self.rt.lease if lease is None else lease
+        if hold is not None:
+            field, permits = hold.field, hold.permits
+        attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold)
         sent_at = time.monotonic()
         try:
             outcome = await kind.attempt(attempt)
@@ -255,22 +286,50 @@ class Engine:
                 # The lock was free: the hold being re-entered had already ended, and the
                 # script took the lock anew. That is not a re-entry: give it back.
                 stray = Hold(
-                    kind, keys, ORPHAN, attempt.field, outcome.token, lease_s, False, sent_at
-                )
+                    kind, keys, ORPHAN, attempt.field, outcome.token, lease_s, False, sent_at,
+                    permits,
+                )  # fmt: skip
                 await self.release_quietly(stray)
                 return Busy(0.0)
             hold.count = outcome.held
             if not hold.renew:
                 self.registry.reset_lease(hold, lease_s, sent_at)
             return hold
-        new = Hold(kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at)
+        new = Hold(
+            kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at,
+            permits,
+        )  # fmt: skip
         if self.hub.closed:  # the manager closed while the attempt was in flight
             await self.release_quietly(new)
             raise self.manager_closed()
         return self._adopt(new)
 
+    def _new_attempt(
+        self,
+        keys: LockKeys,
+        owner: str,
+        field: str | None,
+        lease: float | None,
+        permits: int,
+        hold: Hold | None = None,
+    ) -> Attempt:
+        rt = self.rt
+        number = rt.next_id()
+        # The void marker's id is unique across clients: a marker left by another
+        # process's cancelled attempt must never void this one.
+        return Attempt(
+            keys=keys,
+            owner=owner,
+            field=f"{owner}:{number}" if field is None else field,
+            before=0 if hold is None else hold.count,
+            lease=rt.lease if lease is None else lease,
+            void=keys.void(f"{rt.manager_id}:{number}"),
+            permits=permits,
+        )
+
     def _adopt(self, hold: Hold) -> Hold:
         """Register *hold* for the current task, which has just acquired it."""
+        self.acquired[hold.kind.name] += 1
         self.registry.add(hold)
         if hold.owner not in self._watched:
             task = asyncio.current_task()
@@ -294,6 +353,44 @@ class Engine:
             self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
 
         await finish_despite_cancel(lambda: send_or(send, retry_later))
+
+    # -- kinds with claims: registrations of waiting tasks -----------------------------
+
+    def _claim(self, kind: LockKind, keys: LockKeys, field: str) -> None:
+        entry = self._claims.get((kind, keys.lock))
+        if entry is None:
+            entry = self._claims[(kind, keys.lock)] = (keys, set())
+        entry[1].add(field)
+
+    def _unclaim(self, kind: LockKind, keys: LockKeys, field: str) -> None:
+        entry = self._claims.get((kind, keys.lock))
+        if entry is not None:
+            entry[1].discard(field)
+            if not entry[1]:
+                del self._claims[(kind, keys.lock)]
+
+    @property
+    def claims(self) -> int:
+        """Registrations of this manager's waiting tasks kept alive in Redis."""
+        return sum(len(fields) for _, fields in self._claims.values())
+
+    async def keep_claims(self) -> None:
+        """Refresh the registrations of waiting tasks (kinds with claims), in batches.
+
+        A background task of the manager. Each kind's registrations expire after its
+        ``claim_ttl`` unless refreshed; they are refreshed every third of it, so a waiter
+        whose process died leaves the queue within that time.
+        """
+        while True:
+            period = min((kind.claim_ttl for kind, _ in self._claims), default=1.0) / 3
+            await anyio.sleep(period)
+            for (kind, _), (keys, fields) in list(self._claims.items()):
+                if not fields:
+                    continue
+                try:
+                    await kind.refresh_claims(keys, sorted(fields))
+                except LockError as exc:  # the waiters' own attempts report it
+                    logger.warning("refreshing the waiters of %r failed: %s", keys.name, exc)
 
     # -- owner tasks that end while holding --------------------------------------------
 
@@ -381,6 +478,8 @@ class Engine:
         )
 
     def _reserve_successor(self, hold: Hold) -> _Handoff | None:
+        if not hold.kind.hand_over:
+            return None
         waiter = self.hub.successor(hold.kind.channel(hold.keys))
         if waiter is None:
             return None
@@ -393,7 +492,7 @@ class Engine:
         """Redis handed the lock to *handoff*'s waiter: give it the hold, or pass it on."""
         waiter, successor = handoff.waiter, handoff.successor
         new = Hold(hold.kind, hold.keys, waiter.owner, successor.field, token,
-                   successor.lease, handoff.renew, handoff.sent_at)  # fmt: skip
+                   successor.lease, handoff.renew, handoff.sent_at, hold.permits)  # fmt: skip
         if waiter.left or self.hub.closed:  # it gave up meanwhile: it must never see it
             new.owner = ORPHAN
             await self.release_quietly(new, pass_on=True)
@@ -507,7 +606,7 @@ class Engine:
     async def force_release(self, kind: LockKind, keys: LockKeys) -> bool:
         held = await kind.force_release(keys)
         for hold in self.registry:
-            if hold.resource == keys.lock:
+            if hold.keys.lock == keys.lock:
                 self.registry.lose(hold, "it was force-released")
         self.hub.wake(kind.channel(keys))
         return held
@@ -532,13 +631,6 @@ class Engine:
             "the LockManager was closed while this task waited for a lock; "
             "open a new LockManager to keep using locks"
         )
-
-
-def _timeout_error(keys: LockKeys, timeout: float | None) -> LockTimeoutError:
-    return LockTimeoutError(
-        f"lock {keys.name!r} is held by another owner and was not released within "
-        f"{timeout} s; pass a longer timeout, or timeout=None to wait as long as it takes"
-    )
 
 
 def _shortest(a: float | None, b: float | None) -> float | None:

@@ -23,6 +23,10 @@ manager holds the lock (whose release or loss wakes it). Hence:
 * a wake that arrives while the head is busy is kept (``pending``), never dropped;
 * a waiter cancelled after being woken passes the wake on.
 
+A queue of a *queued* kind (the fair lock, whose waiters' order Redis keeps) works
+differently: every waiter is its own head and tries at once, and a release message names
+the waiter it was granted to (its field), so the hub wakes that one only.
+
 Bookkeeping (join, leave, wake) is synchronous and never awaits; all I/O happens in
 two background tasks: the *pump* sends SUBSCRIBE/UNSUBSCRIBE for the channels whose
 demand changed, in batches, and the *reader* receives messages and confirmations. If
@@ -63,6 +67,7 @@ class Waiter:
 
     __slots__ = (
         "_future",
+        "field",
         "handed",
         "lease",
         "left",
@@ -72,8 +77,12 @@ class Waiter:
         "reserved",
     )
 
-    def __init__(self, queue: ChannelQueue, owner: str, lease: float | None) -> None:
+    def __init__(
+        self, queue: ChannelQueue, owner: str, lease: float | None, field: str | None = None
+    ) -> None:
         self.queue = queue
+        #: a queued kind's waiter: its field in Redis, which release messages name
+        self.field = field
         #: the waiting task's owner id, and the fixed lease it asked for (None: renewed)
         self.owner = owner
         self.lease = lease
@@ -93,7 +102,9 @@ class Waiter:
 
     @property
     def is_head(self) -> bool:
-        return bool(self.queue.waiters) and self.queue.waiters[0] is self
+        queue = self.queue
+        # In a queued kind's queue Redis keeps the order: every waiter tries for itself.
+        return queue.queued or (bool(queue.waiters) and queue.waiters[0] is self)
 
     def wake(self) -> None:
         future = self._future
@@ -133,10 +144,12 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("channel", "confirmed", "listen", "waiters")
+    __slots__ = ("channel", "confirmed", "listen", "queued", "waiters")
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, queued: bool = False) -> None:
         self.channel = channel
+        #: the kind keeps its waiters' order in Redis (see the module docstring)
+        self.queued = queued
         self.waiters: deque[Waiter] = deque()
         #: a waiter found the lock busy: the queue needs the release channel
         self.listen = False
@@ -144,8 +157,19 @@ class ChannelQueue:
         self.confirmed = False
 
     def wake_head(self) -> None:
-        if self.waiters:
+        if self.queued:  # every waiter is a head: a wake of unknown target reaches all
+            for waiter in self.waiters:
+                waiter.wake()
+        elif self.waiters:
             self.waiters[0].wake()
+
+    def wake_field(self, field: str) -> bool:
+        """Wake the waiter registered as *field*; False if none of ours is."""
+        for waiter in self.waiters:
+            if waiter.field == field:
+                waiter.wake()
+                return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -192,12 +216,24 @@ class WaiterHub:
 
     # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
 
-    def join(self, channel: str, owner: str, lease: float | None) -> Waiter:
-        """Queue a new waiter at the tail of *channel*'s queue (no I/O yet)."""
+    def join(
+        self,
+        channel: str,
+        owner: str,
+        lease: float | None,
+        field: str | None = None,
+        *,
+        queued: bool = False,
+    ) -> Waiter:
+        """Queue a new waiter at the tail of *channel*'s queue (no I/O yet).
+
+        *field* names its registration in Redis, if its kind has one; *queued* says that
+        the kind keeps the waiters' order there (see the module docstring).
+        """
         queue = self._queues.get(channel)
         if queue is None:
-            queue = self._queues[channel] = ChannelQueue(channel)
-        waiter = Waiter(queue, owner, lease)
+            queue = self._queues[channel] = ChannelQueue(channel, queued=queued)
+        waiter = Waiter(queue, owner, lease, field)
         queue.waiters.append(waiter)
         return waiter
 
@@ -251,7 +287,13 @@ class WaiterHub:
         except ValueError:
             return  # already gone (the hub was closed)
         # A reserved waiter's releaser passes the lock on itself when the hand-over lands.
-        if not acquired and not waiter.reserved and (was_head or waiter.pending):
+        # (In a queued kind's queue nobody waits for a turn that this waiter held.)
+        if (
+            not acquired
+            and not queue.queued
+            and not waiter.reserved
+            and (was_head or waiter.pending)
+        ):
             queue.wake_head()
         if not queue.waiters:
             if queue.listen or queue.channel in self._subscribed:
@@ -265,7 +307,7 @@ class WaiterHub:
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
         queue = self._queues.get(channel)
-        if queue is None or self.closed or not queue.waiters:
+        if queue is None or self.closed or not queue.waiters or queue.queued:
             return None
         head = queue.waiters[0]  # first come, first served: only the head
         return head if not head.reserved and head.handed is None else None
@@ -390,8 +432,15 @@ class WaiterHub:
         channel = as_text(message.get("channel"))
         queue = self._queues.get(channel)
         if kind == "message":
+            data = as_text(message.get("data"))
+            if queue is not None and queue.queued:
+                # A queued kind's release names the waiter it was granted to (which may
+                # be one of ours, released by one of ours), or is "" if nobody waited.
+                self._messages += 1
+                if data:
+                    queue.wake_field(data)
             # Our own releases already woke the local head directly.
-            if as_text(message.get("data")) != self._manager_id:
+            elif data != self._manager_id:
                 self._messages += 1
                 # Another client released: the clients we yielded to had their turn.
                 self._yields.pop(channel, None)

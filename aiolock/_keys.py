@@ -164,11 +164,16 @@ def hash_tag(name: str) -> str:
 class LockKeys:
     """The keys and channel of one lock name, computed once per handle."""
 
-    __slots__ = ("channel", "fence", "lock", "name", "slot", "void_prefix")
+    __slots__ = ("channel", "fence", "kind", "lock", "name", "slot", "void_prefix")
 
-    def __init__(self, prefix: str, name: str) -> None:
-        base = f"{prefix}:{{{hash_tag(name)}}}"
+    def __init__(self, prefix: str, name: str, kind: str = "") -> None:
+        # Each kind but the plain lock names its keys ``P:<kind>:{N}``: a name used with
+        # two kinds names two independent objects, never one structure read two ways
+        # (and a lock's keys always have ``{`` right after the prefix, so none collide).
+        base = f"{prefix}:{kind}:{{{hash_tag(name)}}}" if kind else f"{prefix}:{{{hash_tag(name)}}}"
         self.name = name
+        #: the kind's tag in the keys ("" for the reentrant lock)
+        self.kind = kind
         self.lock = base
         self.fence = f"{base}:fence"
         self.channel = f"{base}:released"
@@ -184,6 +189,10 @@ class LockKeys:
         """The key that remembers one final release; *release_id* is unique across clients."""
         return f"{self.lock}:rel:{release_id}"
 
+    def part(self, suffix: str) -> str:
+        """Another key of this object (same slot): ``<lock key>:<suffix>``."""
+        return f"{self.lock}:{suffix}"
+
 
 class KeySpace:
     """Naming for one manager: its prefix, its id, and its owners' field names."""
@@ -194,8 +203,8 @@ class KeySpace:
         self.prefix = check_prefix(prefix)
         self.manager_id = manager_id
 
-    def keys(self, name: str) -> LockKeys:
-        return LockKeys(self.prefix, name)
+    def keys(self, name: str, kind: str = "") -> LockKeys:
+        return LockKeys(self.prefix, name, kind)
 
     def owner(self, serial: int) -> str:
         return f"{self.manager_id}:{serial}"

@@ -19,7 +19,18 @@ A kind answers:
   share one Redis Cluster slot;
 * :attr:`~LockKind.reentrant` and :attr:`~LockKind.shared`: whether a task's second
   acquire re-enters its hold, and whether one grant lets the next local waiter try at
-  once (read locks and semaphores) instead of waiting for a release.
+  once (read locks and semaphores) instead of waiting for a release;
+* :attr:`~LockKind.hand_over`: whether its release script can hand the resource to a
+  local successor in the same call;
+* :attr:`~LockKind.claims`: whether a waiter registers in Redis (a place in a fair
+  lock's queue, a writer's claim that holds off new readers): then it keeps one field
+  for its whole wait, :meth:`~LockKind.refresh_claims` keeps the registrations of live
+  waiters from expiring, and a waiter that gives up withdraws its own (by undo);
+* :attr:`~LockKind.queued`: whether Redis keeps the waiters' order (a fair lock, which
+  also has claims): every local waiter then tries at once, and a release message names
+  the waiter it was granted to, which alone is woken.
+
+:class:`KindBase` gives the defaults; a kind overrides what differs.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from ._errors import LockTimeoutError
 
 if TYPE_CHECKING:
     from anyio import CancelScope
@@ -39,6 +52,7 @@ __all__ = [
     "Busy",
     "Granted",
     "Hold",
+    "KindBase",
     "LockKind",
     "ReleaseStatus",
     "Released",
@@ -59,9 +73,11 @@ class Hold:
         "lost_reason",
         "next_check",
         "owner",
+        "permits",
         "release_id",
         "release_sent_at",
         "renew",
+        "resource",
         "scopes",
         "slot",
         "timer",
@@ -79,10 +95,17 @@ class Hold:
         lease: float,
         renew: bool,
         sent_at: float,
+        permits: int = 1,
     ) -> None:
         #: the kind that granted it: its scripts release and renew it
         self.kind = kind
         self.keys = keys
+        #: what the hold is a hold on, for the registry: the key of the kind's structure
+        #: (two kinds on one structure, such as the read and write sides of a read-write
+        #: lock, give distinct resources)
+        self.resource = kind.resource(keys)
+        #: how much of the resource it holds (a semaphore's permits; 1 otherwise)
+        self.permits = permits
         #: the owner id of the task that holds it
         self.owner = owner
         #: the hash field in Redis: unique to this acquisition, so a late or resent
@@ -109,11 +132,6 @@ class Hold:
         self.release_id: str | None = None
         self.release_sent_at = 0.0
 
-    @property
-    def resource(self) -> str:
-        """What the hold is a hold on: the key of the kind's main structure."""
-        return self.keys.lock
-
     def __repr__(self) -> str:
         state = "lost" if self.lost else ("renewed" if self.renew else "fixed")
         return f"<Hold {self.keys.name!r} count={self.count} token={self.token} {state}>"
@@ -134,6 +152,8 @@ class Attempt(NamedTuple):
     lease: float
     #: the key that, once set by an undo, makes this attempt a no-op if it runs late
     void: str
+    #: how much of the resource is asked for (a semaphore's permits; 1 otherwise)
+    permits: int = 1
 
 
 class Granted(NamedTuple):
@@ -176,6 +196,26 @@ class LockKind(Protocol):
     reentrant: bool
     #: one grant lets the next local waiter try at once (shared holds)
     shared: bool
+    #: release() may hand the resource to a local successor in the same script
+    hand_over: bool
+    #: waiters register in Redis; see the module docstring
+    claims: bool
+    #: Redis keeps the waiters' order; see the module docstring
+    queued: bool
+    #: seconds a waiter's registration lasts in Redis unless refreshed
+    claim_ttl: float
+
+    def resource(self, keys: LockKeys) -> str:
+        """The registry's name for holds of this kind on *keys* (see :attr:`Hold.resource`)."""
+        ...
+
+    def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
+        """The error for a wait that ran out (a :class:`~aiolock.LockTimeoutError`)."""
+        ...
+
+    async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
+        """Kinds with claims: extend these live waiters' registrations by ``claim_ttl``."""
+        ...
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy: ...
 
@@ -214,3 +254,35 @@ class LockKind(Protocol):
     def channel(self, keys: LockKeys) -> str:
         """The pub/sub channel on which releases of *keys* are announced."""
         ...
+
+
+class KindBase:
+    """Defaults for a :class:`LockKind`: an exclusive, non-reentrant kind with no queue.
+
+    Subclasses set the flags and implement the script calls (attempt, undo, release,
+    renew, extend, force_release).
+    """
+
+    name = "lock"
+    reentrant = False
+    shared = False
+    hand_over = False
+    claims = False
+    queued = False
+    claim_ttl = 10.0
+
+    def resource(self, keys: LockKeys) -> str:
+        return keys.lock
+
+    def channel(self, keys: LockKeys) -> str:
+        return keys.channel
+
+    def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
+        return LockTimeoutError(
+            f"{self.name} {keys.name!r} is held by another owner and was not released "
+            f"within {timeout} s; pass a longer timeout, or timeout=None to wait as long "
+            "as it takes"
+        )
+
+    async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
+        raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")

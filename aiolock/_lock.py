@@ -44,7 +44,7 @@ class Lock:
     :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_timeout")
+    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_resource", "_timeout")
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class Lock:
         self._manager = manager
         self._kind = kind
         self._keys = keys
+        self._resource = kind.resource(keys)
         self._timeout = timeout
         self._lease = lease
         self._guard = BodyGuard()
@@ -129,12 +130,12 @@ class Lock:
         engine = self._manager._open_engine()
         owner = self._manager._owner()
         registry = engine.registry
-        if registry.get(self._keys.lock, owner) is None:
-            parked = registry.parked(self._keys.lock, owner)
+        if registry.get(self._resource, owner) is None:
+            parked = registry.parked(self._resource, owner)
             if parked is not None:
                 await engine.release(parked)  # an unconfirmed release, sent again (idempotent)
                 return
-            if registry.pop_settled(self._keys.lock, owner) is not None:
+            if registry.pop_settled(self._resource, owner) is not None:
                 return  # the release that raised LockConnectionError has since gone through
         await engine.release(self._owned_hold())
 
@@ -171,7 +172,7 @@ class Lock:
     async def hold_count(self) -> int:
         """How many times the current task holds the lock, per Redis (0 if not)."""
         engine = self._manager._open_engine()
-        hold = engine.registry.get(self._keys.lock, self._manager._owner())
+        hold = engine.registry.get(self._resource, self._manager._owner())
         if hold is None:
             # Still ask Redis, so that a key of another type is reported as such.
             await engine.client.call("HEXISTS", self._keys.lock, "-", key=self._keys.lock)
@@ -208,15 +209,15 @@ class Lock:
         engine = self._manager._engine
         if engine is None or asyncio.current_task() is None:
             return None
-        return engine.registry.get(self._keys.lock, self._manager._owner())
+        return engine.registry.get(self._resource, self._manager._owner())
 
     def _owned_hold(self) -> Hold:
         engine = self._manager._open_engine()
         owner = self._manager._owner()
-        hold = engine.registry.get(self._keys.lock, owner)
+        hold = engine.registry.get(self._resource, owner)
         if hold is not None:
             return hold
-        lost = engine.registry.pop_lost(self._keys.lock, owner)
+        lost = engine.registry.pop_lost(self._resource, owner)
         if lost is not None:
             raise LockLostError(
                 f"lock {self.name!r} was lost while this task held it ({lost.lost_reason}); "

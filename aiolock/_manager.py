@@ -12,8 +12,9 @@ import asyncio
 import inspect
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -58,6 +59,14 @@ class ManagerStatistics:
     connection_errors: int = 0
     #: holds released because the task that held them ended without releasing them
     released_on_task_exit: int = 0
+    #: per kind ("lock", "fair lock", "read lock", "write lock", "semaphore"): holds
+    #: now, acquisitions (new holds, not re-entries), waits that timed out, holds lost
+    held_by_kind: dict[str, int] = field(default_factory=dict)
+    acquired: dict[str, int] = field(default_factory=dict)
+    timeouts: dict[str, int] = field(default_factory=dict)
+    lost: dict[str, int] = field(default_factory=dict)
+    #: queued waiters (fair lock) whose place in Redis this manager keeps alive
+    claims: int = 0
 
 
 class LockManager:
@@ -188,6 +197,11 @@ class LockManager:
             pending_cleanups=engine.cleanup.pending,
             connection_errors=engine.connection_errors + self._client.connection_errors,
             released_on_task_exit=engine.released_on_task_exit,
+            held_by_kind=dict(Counter(hold.kind.name for hold in engine.registry)),
+            acquired=dict(engine.acquired),
+            timeouts=dict(engine.timeouts),
+            lost=dict(engine.lost),
+            claims=engine.claims,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -215,6 +229,7 @@ class LockManager:
             tg.start_soon(core.hub.run, name="aiolock pub/sub hub")
             tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
             tg.start_soon(core.cleanup.run, name="aiolock cleanup")
+            tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
             await self._stop.wait()
             tg.cancel_scope.cancel()
 

@@ -21,6 +21,7 @@ from .._kind import (
     Busy,
     Granted,
     Hold,
+    KindBase,
     Released,
     ReleaseStatus,
     Successor,
@@ -50,19 +51,16 @@ _RELEASE_CODES = {
 }
 
 
-class ReentrantLockKind:
+class ReentrantLockKind(KindBase):
     """Scripts and reply decoding of the reentrant lock; everything else is the engine's."""
 
     name = "lock"
     reentrant = True
-    shared = False
+    hand_over = True
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._client = runtime.client
-
-    def channel(self, keys: LockKeys) -> str:
-        return keys.channel
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = attempt.keys
