@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from ._errors import LockConnectionError, LockLostError
+from ._errors import LockConnectionError, LockError, LockLostError
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -41,19 +41,28 @@ class ManagerLike(Protocol):
 
 
 class BodyGuard:
+    """Cancels ``async with`` bodies whose holds are lost, and releases them on exit.
+
+    A block guards one hold, or several acquired together (a multi-lock): the loss of
+    any of them cancels the body.
+    """
+
     __slots__ = ("_entered",)
 
     def __init__(self) -> None:
-        # Per task, the holds and cancel scopes of the ``async with`` blocks it is in.
-        self._entered: dict[asyncio.Task[Any], list[tuple[Hold, anyio.CancelScope]]] = {}
+        # Per task, the holds and cancel scope of each ``async with`` block it is in.
+        self._entered: dict[
+            asyncio.Task[Any], list[tuple[tuple[Hold, ...], anyio.CancelScope]]
+        ] = {}
 
-    def enter(self, hold: Hold) -> None:
+    def enter(self, *holds: Hold) -> None:
         scope = anyio.CancelScope()
         scope.__enter__()
-        hold.scopes.append(scope)
+        for hold in holds:
+            hold.scopes.append(scope)
         task = asyncio.current_task()
-        assert task is not None  # the acquire that made *hold* checked
-        self._entered.setdefault(task, []).append((hold, scope))
+        assert task is not None  # the acquire that made the holds checked
+        self._entered.setdefault(task, []).append((holds, scope))
 
     async def exit(
         self,
@@ -68,36 +77,56 @@ class BodyGuard:
         stack = self._entered.get(task) if task is not None else None
         if not stack:
             raise RuntimeError(f"{handle!r} exited in a task that did not enter it")
-        hold, scope = stack.pop()
+        holds, scope = stack.pop()
         if not stack:
             del self._entered[task]  # type: ignore[arg-type]
-        if scope in hold.scopes:
-            hold.scopes.remove(scope)
+        for hold in holds:
+            if scope in hold.scopes:
+                hold.scopes.remove(scope)
         swallowed = bool(scope.__exit__(exc_type, exc, tb))
         cancelled_from_outside = (
             exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
         )
-        if hold.lost and not cancelled_from_outside:
+        lost = [hold for hold in holds if hold.lost]
+        if lost and not cancelled_from_outside:
             if engine is not None:
-                engine.registry.pop_lost(hold.resource, hold.owner)
-                engine.release_lost(hold)  # Redis may still have it if renewal was cut off
+                for hold in lost:
+                    engine.registry.pop_lost(hold.resource, hold.owner)
+                    engine.release_lost(hold)  # Redis may still have it if renewal was cut off
+                await _release_all(engine, [h for h in holds if not h.lost], quiet=True)
+            first = lost[0]
             raise LockLostError(
-                f"lock {hold.keys.name!r} was lost inside 'async with' ({hold.lost_reason}); "
+                f"lock {first.keys.name!r} was lost inside 'async with' ({first.lost_reason}); "
                 "the body was cancelled because another owner may have entered"
             ) from (None if swallowed else exc)
-        if hold.lost:
-            return  # cancelled from outside: that cancellation goes on
         if engine is None:
-            return  # the manager closed meanwhile and released it
+            return  # the manager closed meanwhile and released them
+        # Cancelled from outside with a hold lost: that cancellation goes on, and the
+        # holds still held are released.
+        await _release_all(engine, [h for h in holds if not h.lost], quiet=bool(lost))
+
+
+async def _release_all(engine: Engine, holds: list[Hold], *, quiet: bool) -> None:
+    """Release *holds* in reverse order of acquisition; every one is tried.
+
+    A release that cannot reach Redis is logged, not raised: the body's work is done and
+    the release is retried in the background, bounded by the lease (raising here would
+    turn finished work into an error, a 503 in a web handler). An explicit release()
+    still raises. The first other error is raised once all were tried, unless *quiet*.
+    """
+    error: LockError | None = None
+    for hold in reversed(holds):
         try:
             await engine.release(hold)
         except LockConnectionError as exc_release:
-            # The body's work is done and the release is retried in the background,
-            # bounded by the lease: raising here would turn finished work into an error
-            # (a 503 in a web handler). An explicit release() still raises.
             logger.warning(
                 "lock %r: the release after 'async with' could not reach Redis (%s); it "
                 "is retried in the background and the lease bounds it meanwhile",
                 hold.keys.name,
                 exc_release,
             )
+        except LockError as exc:
+            if error is None:
+                error = exc
+    if error is not None and not quiet:
+        raise error

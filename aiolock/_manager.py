@@ -13,7 +13,7 @@ import inspect
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
 from ._kinds import ReentrantLockKind
 from ._lock import Lock
+from ._multi import MultiLock, check_names
 from ._runtime import Runtime
 
 __all__ = ["LockManager", "ManagerStatistics"]
@@ -184,6 +185,29 @@ class LockManager:
             lease = check_lease(lease)
         kind = self._kind(ReentrantLockKind)
         return Lock(self, kind, self._keyspace.keys(name), timeout=timeout, lease=lease)
+
+    def multi_lock(
+        self, names: Iterable[str], *, timeout: float | None = None, lease: float | None = None
+    ) -> MultiLock:
+        """A handle on several locks taken as one: all of *names* or none; no I/O yet.
+
+        The names are acquired in one global order (so multi-locks never deadlock each
+        other), each with its own script call (so they may live in different Redis
+        Cluster slots), within one shared *timeout*; a failed or cancelled acquire
+        releases what it took. Each name is an ordinary lock: ``lock(name)`` elsewhere
+        excludes and is excluded by it.
+
+        Args:
+            timeout: the wait for all of them together (``None``: as long as it takes).
+            lease: a fixed lease for each hold; ``None`` renews them in the background.
+        """
+        checked = check_names(names)
+        timeout = check_timeout(timeout)
+        if lease is not None:
+            lease = check_lease(lease)
+        kind = self._kind(ReentrantLockKind)
+        keys = [self._keyspace.keys(name) for name in checked]
+        return MultiLock(self, kind, keys, timeout=timeout, lease=lease)
 
     def statistics(self) -> ManagerStatistics:
         engine = self._engine

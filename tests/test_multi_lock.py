@@ -1,0 +1,202 @@
+"""MultiLock: all of its names or none, in a deadlock-free order, released together."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._keys import LockKeys
+
+from .helpers import eventually
+
+
+@pytest.fixture
+async def other(redis_url: str, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as manager:
+        yield manager
+
+
+async def free(manager: aiolock.LockManager, name: str) -> bool:
+    lock = manager.lock(name)
+    if not await lock.try_acquire():
+        return False
+    await lock.release()
+    return True
+
+
+async def test_all_names_are_held_then_all_released(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    ml = locks.multi_lock(["acct:2", "acct:1", "acct:3"])
+    assert ml.names == ["acct:1", "acct:2", "acct:3"]  # the global order
+    async with ml:
+        tokens = ml.fencing_tokens
+        assert sorted(tokens) == ["acct:1", "acct:2", "acct:3"]
+        assert all(isinstance(t, int) and t > 0 for t in tokens.values())
+        for name in ("acct:1", "acct:2", "acct:3"):
+            assert not await free(other, name)
+        assert all((await ml.locked()).values())
+    assert ml.fencing_tokens == {}
+    for name in ("acct:1", "acct:2", "acct:3"):
+        assert await free(other, name)
+
+
+async def test_a_timeout_leaves_none_of_the_names_held(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    blocker = other.lock("b")
+    await blocker.acquire()
+    ml = locks.multi_lock(["a", "b", "c"])
+    with pytest.raises(aiolock.LockTimeoutError, match="none of its names is held"):
+        await ml.acquire(timeout=0.3)
+    assert not await ml.try_acquire()
+    assert not await ml.try_acquire(timeout=0.1)
+    assert locks.statistics().held == 0
+    assert await free(other, "a")  # taken first while it waited for "b", then given back
+    assert await free(other, "c")
+    await blocker.release()
+    assert await ml.try_acquire()
+    await ml.release()
+
+
+async def test_a_cancelled_acquire_gives_back_what_it_took(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    blocker = other.lock("y")
+    await blocker.acquire()
+    waiter = asyncio.create_task(locks.multi_lock(["x", "y"]).acquire())
+    await eventually(lambda: locks.statistics().hub.waiters == 1, what="waiting for y")
+    assert locks.statistics().held == 1  # x, taken first
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert locks.statistics().held == 0
+    assert await free(other, "x")
+    await blocker.release()
+
+
+async def test_opposite_orders_never_deadlock(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    """Two managers ask for the same names in opposite orders, many times, with no timeout."""
+    inside = 0
+    overlaps = 0
+    rounds = 0
+
+    async def worker(manager: aiolock.LockManager, names: list[str], seed: int) -> None:
+        nonlocal inside, overlaps, rounds
+        rng = random.Random(seed)
+        for _ in range(40):
+            async with manager.multi_lock(names):
+                inside += 1
+                overlaps += inside > 1
+                await asyncio.sleep(rng.choice((0, 0.001)))
+                inside -= 1
+                rounds += 1
+
+    names = ["p", "q", "r"]
+    await asyncio.wait_for(
+        asyncio.gather(
+            *(worker(locks, names, i) for i in range(3)),
+            *(worker(other, names[::-1], 10 + i) for i in range(3)),
+        ),
+        timeout=60,
+    )
+    assert (rounds, overlaps) == (240, 0)
+
+
+async def test_plain_locks_and_multi_locks_exclude_each_other(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    """An independent checker per name: never two holders of one name at once."""
+    holders: dict[str, int] = {"m": 0, "n": 0}
+    worst = 0
+
+    async def enter(names: list[str]) -> None:
+        nonlocal worst
+        for name in names:
+            holders[name] += 1
+            worst = max(worst, holders[name])
+        await asyncio.sleep(0.001)
+        for name in names:
+            holders[name] -= 1
+
+    async def multi(manager: aiolock.LockManager) -> None:
+        for _ in range(30):
+            async with manager.multi_lock(["m", "n"]):
+                await enter(["m", "n"])
+
+    async def single(manager: aiolock.LockManager, name: str) -> None:
+        for _ in range(30):
+            async with manager.lock(name):
+                await enter([name])
+
+    await asyncio.wait_for(
+        asyncio.gather(multi(locks), multi(other), single(locks, "m"), single(other, "n")),
+        timeout=60,
+    )
+    assert worst == 1
+
+
+async def test_losing_one_name_cancels_the_body_and_releases_the_others(
+    redis_url: str, prefix: str, admin: Redis, other: aiolock.LockManager
+) -> None:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as short:
+        ml = short.multi_lock(["keep", "lose"])
+        cancelled = False
+        with pytest.raises(aiolock.LockLostError, match="lose"):
+            async with ml:
+                assert await short.lock("lose").force_release()
+                try:
+                    await asyncio.sleep(5)
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
+        assert cancelled
+        assert short.statistics().held == 0
+        assert await free(other, "keep")
+
+
+async def test_a_task_that_holds_a_name_re_enters_it(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    single = locks.lock("e1")
+    await single.acquire()
+    ml = locks.multi_lock(["e1", "e2"])
+    await ml.acquire()
+    assert await single.hold_count() == 2
+    await ml.release()
+    assert await single.hold_count() == 1  # the task's own hold stays
+    assert await free(other, "e2")
+    assert not await free(other, "e1")
+    await single.release()
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await ml.release()
+
+
+async def test_names_in_different_cluster_slots_work(locks: aiolock.LockManager) -> None:
+    names = ["slot-a", "slot-b", "slot-c", "slot-d"]
+    slots = {LockKeys(locks.prefix, name).slot for name in names}
+    assert len(slots) > 1  # no single script could take them all on a cluster
+    async with locks.multi_lock(names) as ml:
+        assert len(ml.fencing_tokens) == 4
+
+
+def test_bad_names_are_refused_at_the_call(locks: aiolock.LockManager) -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        locks.multi_lock([])
+    with pytest.raises(ValueError, match=r"distinct.*'a'"):
+        locks.multi_lock(["a", "b", "a"])
+    with pytest.raises(TypeError, match="list"):
+        locks.multi_lock("ab")
+    with pytest.raises(TypeError):
+        locks.multi_lock(["a", 3])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="timeout"):
+        locks.multi_lock(["a"], timeout=-1)
+    with pytest.raises(ValueError, match="lease"):
+        locks.multi_lock(["a"], lease=0)
