@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -200,3 +203,58 @@ def test_bad_names_are_refused_at_the_call(locks: aiolock.LockManager) -> None:
         locks.multi_lock(["a"], timeout=-1)
     with pytest.raises(ValueError, match="lease"):
         locks.multi_lock(["a"], lease=0)
+
+
+CHILD = """
+import asyncio, json, sys
+import aiolock
+from redis.asyncio import Redis
+
+async def main(spec):
+    checker = Redis.from_url(spec["url"])
+    overlaps = 0
+    async with aiolock.LockManager.from_url(spec["url"], prefix=spec["prefix"]) as locks:
+        async def task(i):
+            nonlocal overlaps
+            names = spec["names"] if i % 2 == 0 else spec["names"][::-1]
+            for _ in range(spec["rounds"]):
+                async with locks.multi_lock(names, timeout=30):
+                    counts = [await checker.incr(spec["prefix"] + ":in:" + n) for n in names]
+                    overlaps += sum(c != 1 for c in counts)
+                    await asyncio.sleep(0.001)
+                    for n in names:
+                        await checker.decr(spec["prefix"] + ":in:" + n)
+        await asyncio.wait_for(asyncio.gather(*(task(i) for i in range(4))), 60)
+    await checker.aclose()
+    print(json.dumps({"overlaps": overlaps}))
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+async def test_multi_locks_of_several_processes_exclude_each_other(
+    redis_url: str, prefix: str
+) -> None:
+    """Three processes, four tasks each, half of them listing the names backwards."""
+    spec = {"url": redis_url, "prefix": prefix, "names": ["u", "v", "w"], "rounds": 15}
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            CHILD,
+            json.dumps(spec),
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(3)
+    ]
+    try:
+        outputs = [await asyncio.wait_for(c.communicate(), 90) for c in children]
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+    assert [c.returncode for c in children] == [0, 0, 0]
+    reports = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["overlaps"] for r in reports] == [0, 0, 0]
