@@ -231,3 +231,19 @@ async def test_bad_input_is_refused_at_the_call(case: Case, locks: aiolock.LockM
     with pytest.raises(TypeError, match="timeout"):
         await case.acquire(handle, "soon")  # type: ignore[arg-type]
     assert locks.statistics().held == 0
+
+
+async def test_statistics_count_per_kind(
+    case: Case, locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    handle = case.make(locks, "counted")
+    got = await case.acquire(handle, 0)
+    held = locks.statistics().held_by_kind
+    assert sum(held.values()) == locks.statistics().held >= 1
+    assert not await probe_free(case, other, "counted")
+    await case.release(handle, got)
+    stats, seen = locks.statistics(), other.statistics()
+    assert set(stats.acquired) == set(held)  # the same kind names
+    assert sum(stats.acquired.values()) == sum(held.values())
+    assert stats.held_by_kind == {}
+    assert sum(seen.timeouts.values()) == 1  # the probe's one attempt
