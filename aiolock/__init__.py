@@ -22,6 +22,7 @@ from ._errors import (
 from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
+from ._semaphore import Permit, Semaphore
 
 __version__ = "0.1.0.dev0"
 
@@ -39,5 +40,7 @@ __all__ = [
     "LockTimeoutError",
     "ManagerNotOpenError",
     "ManagerStatistics",
+    "Permit",
+    "Semaphore",
     "__version__",
 ]

@@ -49,6 +49,14 @@ async def _lock_release(handle: aiolock.Lock, _: object) -> None:
     await handle.release()
 
 
+async def _sem_acquire(handle: aiolock.Semaphore, timeout: float | None) -> aiolock.Permit:
+    return await handle.acquire(timeout=timeout)
+
+
+async def _sem_release(_: aiolock.Semaphore, permit: aiolock.Permit) -> None:
+    await permit.release()
+
+
 CASES = [
     Case(
         id="lock",
@@ -56,6 +64,14 @@ CASES = [
         acquire=_lock_acquire,
         release=_lock_release,
         probe=lambda m, n: m.lock(n),
+    ),
+    # limit=1, so that the probe (the last permit) is exclusive
+    Case(
+        id="semaphore",
+        make=lambda m, n: m.semaphore(n, limit=1),
+        acquire=_sem_acquire,
+        release=_sem_release,
+        probe=lambda m, n: m.semaphore(n, limit=1),
     ),
 ]
 

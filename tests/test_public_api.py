@@ -27,6 +27,8 @@ def test_public_names_are_pinned() -> None:
         "LockTimeoutError",
         "ManagerNotOpenError",
         "ManagerStatistics",
+        "Permit",
+        "Semaphore",
         "__version__",
     }
     for name in aiolock.__all__:
