@@ -23,6 +23,7 @@ A permit field (also the request's claim field while it waits) is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,6 +127,9 @@ class SemaphoreKind(KindBase):
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._client = runtime.client
+        #: claim field -> when (monotonic, before sending) an attempt last set its expiry:
+        #: a claim refreshed that recently is left out of the next refresh round
+        self._claimed_at: dict[str, float] = {}
 
     def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
         limit = _keys(keys).limit
@@ -138,6 +142,7 @@ class SemaphoreKind(KindBase):
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = _keys(attempt.keys)
         rt = self._rt
+        sent_at = time.monotonic()
         reply = await self._client.run(
             ACQUIRE,
             (keys.lock, keys.expiry, keys.claims, keys.wants, keys.limit_key, keys.fence,
@@ -146,11 +151,14 @@ class SemaphoreKind(KindBase):
              ms(self.claim_ttl), rt.fence_ms, rt.manager_id),
         )  # fmt: skip
         if isinstance(reply, int):  # the common path: granted, this is the token
+            self._claimed_at.pop(attempt.field, None)
             return Granted(reply, 1)
         code, value = as_int(reply[0]), reply[1]
         if code == _GRANTED:
+            self._claimed_at.pop(attempt.field, None)
             return Granted(as_int(value), 1)
-        if code == _BUSY:
+        if code == _BUSY:  # the claim is registered, or its expiry pushed back
+            self._claimed_at[attempt.field] = sent_at
             return Busy(max(as_int(value), 0) / 1000)
         if code == _VOIDED:  # only an attempt resent after its own undo sees this
             return Busy(0.0)
@@ -170,6 +178,7 @@ class SemaphoreKind(KindBase):
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = _keys(attempt.keys)
+        self._claimed_at.pop(attempt.field, None)
         void_ms = ms(max(2 * attempt.lease, MIN_VOID_TTL))
         undone = await self._client.run(
             UNDO,
@@ -179,8 +188,19 @@ class SemaphoreKind(KindBase):
         return as_int(undone) == 1
 
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
+        # The engine asks every claim_ttl / 3 for every waiter; a claim that an attempt
+        # registered or pushed back less than that long ago has time enough left, so a
+        # round with only such claims sends nothing (a fresh wait costs no refresh).
         sk = _keys(keys)
-        await self._client.run(REFRESH, (sk.claims, sk.wants), (ms(self.claim_ttl), *fields))
+        sent_at = time.monotonic()
+        due_before = sent_at - self.claim_ttl / 3
+        due = [f for f in fields if self._claimed_at.get(f, -1.0) <= due_before]
+        if not due:
+            return
+        await self._client.run(REFRESH, (sk.claims, sk.wants), (ms(self.claim_ttl), *due))
+        for field in due:
+            if field in self._claimed_at:
+                self._claimed_at[field] = sent_at
 
     async def release(
         self,
