@@ -64,7 +64,7 @@ class Holder:
         await asyncio.wait_for(self.task, 2)
 
 
-# -- the limit -----------------------------------------------------------------------------
+# -- the limit -------------------------------------------------------------------------
 
 
 async def test_the_limit_holds_under_concurrency_in_one_process(
@@ -77,8 +77,7 @@ async def test_the_limit_holds_under_concurrency_in_one_process(
         sem = manager.semaphore("pool", limit)
         for _ in range(12):
             want = rng.randint(1, 3)
-            async with asyncio.timeout(20):
-                permit = await sem.acquire(want)
+            permit = await sem.acquire(want, timeout=20)
             # checked through Redis too, by a counter the semaphore does not know
             total = await admin.incrby(f"{prefix}:inside", want)
             inside[0] += want
@@ -103,19 +102,7 @@ async def test_the_limit_holds_across_processes_with_killed_holders(
         "processes": processes, "tasks": 4, "rounds": 25, "max_permits": 3, "hold": 0.03,
         "timeout": 15.0, "max_seconds": 40.0,
     }  # fmt: skip
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.sem_child", json.dumps({**spec, "index": i, "seed": i})],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=str(REPO_ROOT),
-        )  # fmt: skip
-        for i in range(processes)
-    ]
+    children = [_start_child({**spec, "index": i, "seed": i}) for i in range(processes)]
     try:
         killed = children[:2]
         for child in killed:  # kill them while they hold permits
@@ -124,8 +111,7 @@ async def test_the_limit_holds_across_processes_with_killed_holders(
             assert line.strip() == "READY", line
         await asyncio.sleep(0.05)
         for index, child in enumerate(killed):
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(5)
+            _kill(child)
             # Its permits stay counted by the checker for half a lease: surely less than
             # what they have left in Redis (renewed every third of the lease).
             await admin.pexpire(counter(prefix, index), int(lease * 500))
@@ -136,9 +122,7 @@ async def test_the_limit_holds_across_processes_with_killed_holders(
             results.append(json.loads(out.strip().splitlines()[-1].removeprefix("DONE ")))
     finally:
         for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait(5)
+            _kill(child)
     violations = int(await admin.get(f"{prefix}:check:violations") or 0)
     log = await admin.lrange(f"{prefix}:check:violations:log", 0, 10)
     assert violations == 0, log
@@ -147,7 +131,27 @@ async def test_the_limit_holds_across_processes_with_killed_holders(
     assert sum(r["acquired"] for r in results) == 2 * 4 * 25
 
 
-# -- leases ----------------------------------------------------------------------------------
+def _start_child(spec: dict[str, object]) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.sem_child", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO_ROOT),
+    )
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    """SIGKILL a child of this test (by its pid) if it still runs."""
+    if child.poll() is None:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(5)
+
+
+# -- leases ----------------------------------------------------------------------------
 
 
 async def test_expired_permits_are_reclaimed_by_lease(
@@ -186,7 +190,7 @@ async def test_renewal_of_many_permits_is_batched(
             await permit.release()
 
 
-# -- waking policy ------------------------------------------------------------------------------
+# -- waking policy ---------------------------------------------------------------------
 
 
 async def test_a_big_waiter_is_not_starved_by_small_ones_and_they_go_on_after_it(
@@ -198,8 +202,7 @@ async def test_a_big_waiter_is_not_starved_by_small_ones_and_they_go_on_after_it
     async def churn(manager: aiolock.LockManager) -> None:
         sem = manager.semaphore("fair", limit)
         while not stop.is_set():
-            async with asyncio.timeout(10):
-                permit = await sem.acquire(1)
+            permit = await sem.acquire(1, timeout=10)
             await asyncio.sleep(0.02)
             await permit.release()
             small_done[0] += 1
@@ -260,7 +263,7 @@ async def test_a_release_of_several_permits_wakes_several_waiters_at_once(
         await waiter.release()
 
 
-# -- the limit in Redis ----------------------------------------------------------------------------
+# -- the limit in Redis ----------------------------------------------------------------
 
 
 async def test_a_handle_with_another_limit_is_refused_naming_both(
@@ -316,7 +319,7 @@ async def test_available_and_holders(
     assert (await sem.available(), await sem.holders()) == (5, 0)
 
 
-# -- the Permit API ---------------------------------------------------------------------------------
+# -- the Permit API --------------------------------------------------------------------
 
 
 async def test_permit_api(locks: aiolock.LockManager, admin: Redis) -> None:
