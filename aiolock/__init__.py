@@ -23,6 +23,7 @@ from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
 from ._multi import MultiLock
+from ._semaphore import Permit, Semaphore
 
 __version__ = "0.1.0.dev0"
 
@@ -41,5 +42,7 @@ __all__ = [
     "ManagerNotOpenError",
     "ManagerStatistics",
     "MultiLock",
+    "Permit",
+    "Semaphore",
     "__version__",
 ]

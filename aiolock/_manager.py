@@ -26,10 +26,12 @@ from ._engine import Engine
 from ._errors import LockError, ManagerNotOpenError
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from ._kinds import ReentrantLockKind
+from ._kinds import ReentrantLockKind, SemaphoreKind
+from ._kinds.semaphore import SemaphoreKeys, check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._runtime import Runtime
+from ._semaphore import Semaphore
 
 __all__ = ["LockManager", "ManagerStatistics"]
 
@@ -208,6 +210,30 @@ class LockManager:
         kind = self._kind(ReentrantLockKind)
         keys = [self._keyspace.keys(name) for name in checked]
         return MultiLock(self, kind, keys, timeout=timeout, lease=lease)
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Semaphore:
+        """A handle on the semaphore *name*, which grants at most *limit* permits at once.
+
+        The limit is stored in Redis by the first acquire; a handle made with another
+        limit gets :class:`LockError` at its next acquire (see :meth:`Semaphore.set_limit`).
+        *timeout* and *lease* are the defaults of :meth:`Semaphore.acquire`, as for
+        :meth:`lock`. See ``docs/semaphore.md``.
+        """
+        name = check_name(name)
+        limit = check_limit(limit)
+        timeout = check_timeout(timeout)
+        if lease is not None:
+            lease = check_lease(lease)
+        kind = self._kind(SemaphoreKind)
+        keys = SemaphoreKeys(self._keyspace.prefix, name, limit)
+        return Semaphore(self, kind, keys, timeout=timeout, lease=lease)
 
     def statistics(self) -> ManagerStatistics:
         engine = self._engine

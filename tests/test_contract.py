@@ -57,6 +57,14 @@ async def _multi_release(handle: aiolock.MultiLock, _: object) -> None:
     await handle.release()
 
 
+async def _sem_acquire(handle: aiolock.Semaphore, timeout: float | None) -> aiolock.Permit:
+    return await handle.acquire(timeout=timeout)
+
+
+async def _sem_release(_: aiolock.Semaphore, permit: aiolock.Permit) -> None:
+    await permit.release()
+
+
 CASES = [
     Case(
         id="lock",
@@ -73,6 +81,14 @@ CASES = [
         acquire=_multi_acquire,
         release=_multi_release,
         probe=lambda m, n: m.lock(f"{n}-2"),
+    ),
+    # limit=1, so that the probe (the last permit) is exclusive
+    Case(
+        id="semaphore",
+        make=lambda m, n: m.semaphore(n, limit=1),
+        acquire=_sem_acquire,
+        release=_sem_release,
+        probe=lambda m, n: m.semaphore(n, limit=1),
     ),
 ]
 

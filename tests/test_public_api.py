@@ -28,6 +28,8 @@ def test_public_names_are_pinned() -> None:
         "ManagerNotOpenError",
         "ManagerStatistics",
         "MultiLock",
+        "Permit",
+        "Semaphore",
         "__version__",
     }
     for name in aiolock.__all__:

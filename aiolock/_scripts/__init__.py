@@ -45,4 +45,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # called from the scripts
     "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
     "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",
+    # called from the semaphore's scripts
+    "hdel", "hmget", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zscore",
 )  # fmt: skip

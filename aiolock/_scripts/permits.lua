@@ -1,0 +1,83 @@
+-- aiolock prelude of the semaphore scripts: permit and claim bookkeeping (spliced in by
+-- the loader where a script says `--@include permits`).
+--
+-- Holders: a hash H {permit field -> permits, '#held' -> total permits held} and a
+-- sorted set E {permit field -> expiry, ms on the server's clock}. Both exist only
+-- while something is held and expire with the last permit's lease, so a semaphore
+-- whose holders all crashed leaves nothing behind.
+-- Claims of waiting requests: a sorted set C {claim field -> arrival, us on the server's
+-- clock} and a hash W {claim field -> '<permits>:<expiry ms>'}.
+
+local TOTAL = '#held'
+
+local function now_us()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Remove one holder; returns the permits it had (0 if it was not there).
+local function drop_holder(H, E, field)
+  local n = redis.call('hget', H, field)
+  redis.call('zrem', E, field)
+  if not n then
+    return 0
+  end
+  n = tonumber(n)
+  redis.call('hdel', H, field)
+  if redis.call('hincrby', H, TOTAL, -n) <= 0 then
+    redis.call('del', H, E)
+  end
+  return n
+end
+
+-- Remove every holder whose lease ended by `now` (ms); returns the permits freed.
+local function prune(H, E, now)
+  local freed = 0
+  for _, field in ipairs(redis.call('zrangebyscore', E, '-inf', now)) do
+    freed = freed + drop_holder(H, E, field)
+  end
+  return freed
+end
+
+-- Let both holder keys live as long as the longest lease in E.
+local function expire_holders(H, E, now)
+  local last = redis.call('zrange', E, -1, -1, 'withscores')
+  if last[2] then
+    local ttl = math.max(1, math.ceil(tonumber(last[2]) - now))
+    redis.call('pexpire', H, ttl)
+    redis.call('pexpire', E, ttl)
+  end
+end
+
+-- The live claims in arrival order, as {field, permits, expiry ms}; expired ones are
+-- removed on the way.
+local function live_claims(C, W, now)
+  local live = {}
+  local fields = redis.call('zrange', C, 0, -1)
+  if #fields == 0 then
+    return live
+  end
+  local data = redis.call('hmget', W, unpack(fields))
+  for i, field in ipairs(fields) do
+    local n, expiry
+    if data[i] then
+      n, expiry = string.match(data[i], '^(%d+):(%d+)$')
+    end
+    if n and tonumber(expiry) > now then
+      live[#live + 1] = {field, tonumber(n), tonumber(expiry)}
+    else
+      redis.call('zrem', C, field)
+      redis.call('hdel', W, field)
+    end
+  end
+  return live
+end
+
+-- Withdraw one claim; returns 1 if it was there.
+local function drop_claim(C, W, field)
+  if redis.call('zrem', C, field) == 1 then
+    redis.call('hdel', W, field)
+    return 1
+  end
+  return 0
+end

@@ -1,0 +1,31 @@
+-- aiolock semaphore: renew or check many permits in one round trip (also extend).
+--
+-- KEYS[2i-1]  holders hash H of permit i (see acquire.lua)
+-- KEYS[2i]    holders' expiry zset E of permit i
+-- ARGV[2i-1]  permit field i
+-- ARGV[2i]    new lease in milliseconds from now, or '0' to check without extending
+--
+-- Returns an array with one entry per permit: 1 if it is still held (lease not ended on
+-- the server's clock; renewed if asked), 0 if not (expired, reclaimed, force-released,
+-- or a key replaced by another type). An ended lease is never revived: another client
+-- may have counted those permits as free.
+--@include permits
+
+local now = math.floor(now_us() / 1000)
+local held = {}
+for i = 1, #KEYS / 2 do
+  local H, E = KEYS[2 * i - 1], KEYS[2 * i]
+  local field, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local expiry = redis.pcall('zscore', E, field)
+  if type(expiry) == 'string' and tonumber(expiry) > now
+      and redis.pcall('hexists', H, field) == 1 then
+    if lease > 0 then
+      redis.call('zadd', E, now + lease, field)
+      expire_holders(H, E, now)
+    end
+    held[i] = 1
+  else
+    held[i] = 0
+  end
+end
+return held

@@ -1,0 +1,263 @@
+"""Semaphore and Permit: the handles of the semaphore kind.
+
+A :class:`Semaphore` is a handle on one name, like :class:`~aiolock.Lock`; what it
+grants is a :class:`Permit` object (one acquisition of one or more permits), which is
+released, extended and asked for its fencing token on its own. The policy and the wire
+format are described in ``docs/semaphore.md`` and :mod:`aiolock._kinds.semaphore`.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from ._guard import BodyGuard, ManagerLike
+from ._keys import check_lease, check_timeout
+from ._kinds.semaphore import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
+
+if TYPE_CHECKING:
+    from ._kind import Hold
+
+__all__ = ["Permit", "Semaphore"]
+
+
+class _Default:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_DEFAULT: Any = _Default()
+
+
+class Permit:
+    """Permits granted by one acquisition of a :class:`Semaphore`.
+
+    It belongs to the task that acquired it: if that task ends without releasing it,
+    the manager releases it (with a warning). While held, its lease is renewed in the
+    background, unless it was acquired with a fixed ``lease=``.
+    """
+
+    __slots__ = ("_hold", "_manager", "_released")
+
+    def __init__(self, manager: ManagerLike, hold: Hold) -> None:
+        self._manager = manager
+        self._hold = hold
+        self._released = False
+
+    @property
+    def name(self) -> str:
+        return self._hold.keys.name
+
+    @property
+    def permits(self) -> int:
+        """How many permits this acquisition holds."""
+        return self._hold.permits
+
+    @property
+    def fencing_token(self) -> int:
+        """This acquisition's fencing token: larger than every token issued before it."""
+        return self._hold.token
+
+    @property
+    def held(self) -> bool:
+        """Whether this client still counts the permits as held (no I/O)."""
+        engine = self._manager._engine
+        return engine is not None and engine.registry.holds(self._hold)
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else ("lost" if self._hold.lost else "released")
+        return f"<Permit {self.name!r} permits={self.permits} token={self.fencing_token} {state}>"
+
+    async def release(self) -> None:
+        """Give the permits back (and wake waiters).
+
+        Raises :class:`LockNotOwnedError` if they were already released, and
+        :class:`LockLostError` (a subclass) if they were lost (lease ended, force
+        release). Interrupted by a cancellation, the release still completes (shielded,
+        bounded in time); if Redis cannot be reached it is retried in the background and
+        this raises :class:`LockConnectionError`; calling release() again then resends
+        it or finds it done.
+        """
+        engine = self._manager._open_engine()
+        hold = self._hold
+        registry = engine.registry
+        if self._released:
+            raise LockNotOwnedError(f"this permit of semaphore {self.name!r} was already released")
+        if hold.lost:
+            raise self._lost_error()
+        live = registry.holds(hold) or registry.parked(hold.resource, hold.owner) is hold
+        if not live:
+            if hold.release_id is None and hold.count == 0:
+                self._released = True  # an unconfirmed release has since gone through
+                return
+            raise LockNotOwnedError(
+                f"this permit of semaphore {self.name!r} is no longer held: the task that "
+                "acquired it ended, or the manager was closed, and it was released"
+            )
+        await engine.release(hold)
+        self._released = True
+
+    async def extend(self, lease: float) -> None:
+        """Set the remaining lease of a permit acquired with a fixed ``lease=`` to *lease* s."""
+        seconds = check_lease(lease)
+        engine = self._manager._open_engine()
+        hold = self._hold
+        if hold.lost:
+            raise self._lost_error()
+        if self._released or not engine.registry.holds(hold):
+            raise LockNotOwnedError(f"this permit of semaphore {self.name!r} is not held")
+        if hold.renew:
+            raise LockError(
+                f"this permit of semaphore {self.name!r} is renewed automatically, so there "
+                "is nothing to extend; extend() is for permits acquired with an explicit lease="
+            )
+        await engine.extend(hold, seconds)
+
+    def _lost_error(self) -> LockLostError:
+        return LockLostError(
+            f"this permit of semaphore {self.name!r} was lost ({self._hold.lost_reason}); "
+            "its permits may have been granted to others"
+        )
+
+
+class Semaphore:
+    """A distributed semaphore: at most ``limit`` permits held at once, across clients.
+
+    Made by :meth:`aiolock.LockManager.semaphore`. ``async with sem:`` holds one permit
+    for the body (the body is cancelled and :class:`LockLostError` raised if it is
+    lost); :meth:`acquire` returns a :class:`Permit` for several, released on its own.
+    """
+
+    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_timeout")
+
+    def __init__(
+        self,
+        manager: ManagerLike,
+        kind: SemaphoreKind,
+        keys: SemaphoreKeys,
+        *,
+        timeout: float | None,
+        lease: float | None,
+    ) -> None:
+        self._manager = manager
+        self._kind = kind
+        self._keys = keys
+        self._timeout = timeout
+        self._lease = lease
+        self._guard = BodyGuard()
+
+    @property
+    def name(self) -> str:
+        return self._keys.name
+
+    @property
+    def key(self) -> str:
+        """The Redis key of the holders' hash."""
+        return self._keys.lock
+
+    @property
+    def limit(self) -> int:
+        """The limit this handle was made with (or last set with :meth:`set_limit`)."""
+        return self._keys.limit
+
+    def __repr__(self) -> str:
+        return (
+            f"<Semaphore {self.name!r} limit={self.limit} timeout={self._timeout} "
+            f"lease={self._lease}>"
+        )
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        permits: int = 1,
+        timeout: float | None = _DEFAULT,
+        lease: float | None = _DEFAULT,
+    ) -> Permit:
+        """Acquire *permits* permits, waiting up to *timeout* seconds.
+
+        Raises :class:`LockTimeoutError` when the wait runs out, and :class:`LockError`
+        if the limit stored in Redis differs from this handle's. *timeout* and *lease*
+        default to the values given to :meth:`aiolock.LockManager.semaphore`.
+        """
+        return Permit(self._manager, await self._acquire(permits, timeout, lease))
+
+    async def try_acquire(
+        self, permits: int = 1, timeout: float | None = 0, lease: float | None = _DEFAULT
+    ) -> Permit | None:
+        """Like :meth:`acquire`, but return None instead of raising on timeout.
+
+        The default ``timeout=0`` makes one attempt.
+        """
+        try:
+            return await self.acquire(permits, timeout, lease)
+        except LockTimeoutError:
+            return None
+
+    async def _acquire(self, permits: int, timeout: float | None, lease: float | None) -> Hold:
+        permits = check_permits(permits, self._keys.limit)
+        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
+        fixed = (
+            self._lease if lease is _DEFAULT else (None if lease is None else check_lease(lease))
+        )
+        engine = self._manager._open_engine()
+        owner = self._manager._owner()
+        return await engine.acquire(self._kind, self._keys, owner, wait, fixed, permits)
+
+    async def __aenter__(self) -> Permit:
+        hold = await self._acquire(1, _DEFAULT, _DEFAULT)
+        self._guard.enter(hold)
+        return Permit(self._manager, hold)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        engine = self._manager._engine if self._manager.is_open else None
+        await self._guard.exit(self, engine, exc_type, exc, tb)
+
+    # -- state and administration -------------------------------------------------------
+
+    async def available(self) -> int:
+        """Permits free now: the limit minus the permits held (never below 0).
+
+        Permits that waiting requests have claimed are counted as free.
+        """
+        limit, held, _, _ = await self._state()
+        return max(0, limit - held)
+
+    async def holders(self) -> int:
+        """How many acquisitions (Permits, of any client) hold permits now."""
+        _, _, holders, _ = await self._state()
+        return holders
+
+    async def _state(self) -> tuple[int, int, int, int]:
+        self._manager._open_engine()  # refuses a manager that is not open
+        limit, held, holders, claims = await self._kind.state(self._keys)
+        return (self._keys.limit if limit < 0 else limit), held, holders, claims
+
+    async def set_limit(self, limit: int) -> None:
+        """Change the limit for every client (an administrator's tool).
+
+        This handle takes the new limit; other handles made with another limit get a
+        :class:`LockError` at their next acquire (requests already waiting go on under
+        the new limit). Lowering it takes nothing away: holders keep their permits, and
+        new requests wait until the total held drops enough. Raising it wakes waiters.
+        """
+        limit = check_limit(limit)
+        engine = self._manager._open_engine()
+        await self._kind.set_limit(self._keys, limit)
+        self._keys.limit = limit
+        engine.hub.wake(self._keys.channel)  # our own message does not wake our waiters
+
+    async def force_release(self) -> bool:
+        """Free every permit whoever holds it and wake waiters; True if any was held.
+
+        An administrator's tool: the holders are not asked, and learn of it as a loss.
+        """
+        return await self._manager._open_engine().force_release(self._kind, self._keys)

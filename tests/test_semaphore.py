@@ -1,0 +1,402 @@
+"""What only the semaphore promises: the limit (under crashes too), leases, waking, the limit
+stored in Redis, and the Permit API. The contract every kind keeps is in test_contract.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+
+from .helpers import eventually
+from .sem_child import counter
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def others(redis_url: str, prefix: str) -> AsyncIterator[list[aiolock.LockManager]]:
+    """Three more managers on the same keys: other processes, as far as Redis can tell."""
+    managers = [aiolock.LockManager.from_url(redis_url, prefix=prefix) for _ in range(3)]
+    for manager in managers:
+        await manager.__aenter__()
+    try:
+        yield managers
+    finally:
+        for manager in managers:
+            await manager.aclose()
+
+
+class Holder:
+    """A task that acquires permits and holds them until told to release them (a permit
+    belongs to the task that acquired it: a task that ends gives its permits back)."""
+
+    def __init__(self, sem: aiolock.Semaphore, permits: int) -> None:
+        self.got = asyncio.Event()
+        self.permit: aiolock.Permit | None = None
+        self._go = asyncio.Event()
+        self.task = asyncio.create_task(self._run(sem, permits))
+
+    async def _run(self, sem: aiolock.Semaphore, permits: int) -> None:
+        self.permit = await sem.acquire(permits)
+        self.got.set()
+        await self._go.wait()
+        await self.permit.release()
+
+    async def acquired(self, timeout: float = 2.0) -> aiolock.Permit:
+        await asyncio.wait_for(self.got.wait(), timeout)
+        assert self.permit is not None
+        return self.permit
+
+    async def release(self) -> None:
+        self._go.set()
+        await asyncio.wait_for(self.task, 2)
+
+
+# -- the limit -------------------------------------------------------------------------
+
+
+async def test_the_limit_holds_under_concurrency_in_one_process(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager], admin: Redis, prefix: str
+) -> None:
+    limit, inside, peak = 4, [0], [0]
+    rng = random.Random(7)
+
+    async def worker(manager: aiolock.LockManager) -> None:
+        sem = manager.semaphore("pool", limit)
+        for _ in range(12):
+            want = rng.randint(1, 3)
+            permit = await sem.acquire(want, timeout=20)
+            # checked through Redis too, by a counter the semaphore does not know
+            total = await admin.incrby(f"{prefix}:inside", want)
+            inside[0] += want
+            peak[0] = max(peak[0], inside[0], total)
+            await asyncio.sleep(rng.uniform(0, 0.01))
+            inside[0] -= want
+            await admin.decrby(f"{prefix}:inside", want)
+            await permit.release()
+
+    managers = [locks, *others]
+    await asyncio.gather(*(worker(managers[i % 4]) for i in range(12)))
+    assert 3 <= peak[0] <= limit
+    assert await locks.semaphore("pool", limit).available() == limit
+
+
+async def test_the_limit_holds_across_processes_with_killed_holders(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    processes, lease, limit = 4, 1.5, 5
+    spec = {
+        "url": redis_url, "prefix": prefix, "name": "shared", "limit": limit, "lease": lease,
+        "processes": processes, "tasks": 4, "rounds": 25, "max_permits": 3, "hold": 0.03,
+        "timeout": 15.0, "max_seconds": 40.0,
+    }  # fmt: skip
+    children = [_start_child({**spec, "index": i, "seed": i}) for i in range(processes)]
+    try:
+        killed = children[:2]
+        for child in killed:  # kill them while they hold permits
+            assert child.stdout is not None
+            line = await asyncio.to_thread(child.stdout.readline)
+            assert line.strip() == "READY", line
+        await asyncio.sleep(0.05)
+        for index, child in enumerate(killed):
+            _kill(child)
+            # Its permits stay counted by the checker for half a lease: surely less than
+            # what they have left in Redis (renewed every third of the lease).
+            await admin.pexpire(counter(prefix, index), int(lease * 500))
+        results = []
+        for child in children[2:]:
+            out, err = await asyncio.to_thread(child.communicate, timeout=60)
+            assert child.returncode == 0, err[-2000:]
+            results.append(json.loads(out.strip().splitlines()[-1].removeprefix("DONE ")))
+    finally:
+        for child in children:
+            _kill(child)
+    violations = int(await admin.get(f"{prefix}:check:violations") or 0)
+    log = await admin.lrange(f"{prefix}:check:violations:log", 0, 10)
+    assert violations == 0, log
+    # the survivors did all their work: the killed holders' permits came back
+    assert all(r["timeouts"] == 0 for r in results), results
+    assert sum(r["acquired"] for r in results) == 2 * 4 * 25
+
+
+def _start_child(spec: dict[str, object]) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.sem_child", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO_ROOT),
+    )
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    """SIGKILL a child of this test (by its pid) if it still runs."""
+    if child.poll() is None:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(5)
+
+
+# -- leases ----------------------------------------------------------------------------
+
+
+async def test_expired_permits_are_reclaimed_by_lease(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    sem = locks.semaphore("leased", 3)
+    crashed = await sem.acquire(3, lease=0.4)  # never released, as if its holder crashed
+    started = time.monotonic()
+    taken = await others[0].semaphore("leased", 3).acquire(2, timeout=5)
+    assert 0.3 <= time.monotonic() - started < 3
+    await eventually(lambda: not crashed.held, what="the local loss")
+    with pytest.raises(aiolock.LockLostError):
+        await crashed.release()
+    assert await sem.available() == 1
+    await taken.release()
+
+
+async def test_renewal_of_many_permits_is_batched(
+    redis_url: str, prefix: str, others: list[aiolock.LockManager]
+) -> None:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as short:
+        permits = [
+            await short.semaphore(f"batch{i % 4}", 6).acquire(1 + i % 2, timeout=2)
+            for i in range(12)
+        ]
+        before = short.statistics()
+        await asyncio.sleep(1.5)  # 2.5 leases: only renewal keeps them
+        after = short.statistics()
+        rounds = after.renewal_rounds - before.renewal_rounds
+        assert rounds >= 3
+        assert after.renewal_round_trips - before.renewal_round_trips == rounds  # one per round
+        for i in range(4):
+            assert await others[0].semaphore(f"batch{i}", 6).holders() == 3
+        assert all(p.held for p in permits)
+        for permit in permits:
+            await permit.release()
+
+
+# -- waking policy ---------------------------------------------------------------------
+
+
+async def test_a_big_waiter_is_not_starved_by_small_ones_and_they_go_on_after_it(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    limit, stop = 3, asyncio.Event()
+    small_done = [0]
+
+    async def churn(manager: aiolock.LockManager) -> None:
+        sem = manager.semaphore("fair", limit)
+        while not stop.is_set():
+            permit = await sem.acquire(1, timeout=10)
+            await asyncio.sleep(0.02)
+            await permit.release()
+            small_done[0] += 1
+
+    churners = [asyncio.create_task(churn(others[i % 2])) for i in range(4)]
+    try:
+        await eventually(lambda: small_done[0] >= 10, what="the small ones at work")
+        started = time.monotonic()
+        big = await locks.semaphore("fair", limit).acquire(3, timeout=5)
+        assert time.monotonic() - started < 2
+        during = small_done[0]
+        await asyncio.sleep(0.2)
+        assert small_done[0] == during  # all 3 permits are the big one's
+        await big.release()
+        await eventually(lambda: small_done[0] >= during + 10, what="the small ones again")
+    finally:
+        stop.set()
+        await asyncio.gather(*churners)
+
+
+async def test_within_a_process_waiters_are_served_in_order(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    holder = await others[0].semaphore("order", 3).acquire(2)
+    assert holder.permits == 2
+    sem = locks.semaphore("order", 3)
+    big = Holder(sem, 3)
+    await eventually(lambda: locks.statistics().hub.waiters == 1, what="the big waiter")
+    small = Holder(sem, 1)
+    await asyncio.sleep(0.2)
+    # 1 permit is free, but the small request queues behind the big one
+    assert not small.got.is_set() and not big.got.is_set()
+    # and a request of another process cannot take it either: the big one claimed it
+    assert await others[1].semaphore("order", 3).try_acquire(1) is None
+    await holder.release()
+    await big.acquired()
+    await asyncio.sleep(0.1)
+    assert not small.got.is_set()
+    await big.release()
+    await small.acquired()
+    await small.release()
+
+
+async def test_a_release_of_several_permits_wakes_several_waiters_at_once(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    everything = await locks.semaphore("wake", 4).acquire(4)  # lease 30 s: no timer helps
+    waiters = [Holder(manager.semaphore("wake", 4), 1) for manager in (*others, others[0])]
+    await eventually(
+        lambda: sum(m.statistics().hub.subscriptions for m in others) == 3, what="subs"
+    )
+    await asyncio.sleep(0.2)
+    started = time.monotonic()
+    await everything.release()
+    await asyncio.wait_for(asyncio.gather(*(w.acquired() for w in waiters)), 2)
+    assert time.monotonic() - started < 1
+    for waiter in waiters:
+        await waiter.release()
+
+
+# -- the limit in Redis ----------------------------------------------------------------
+
+
+async def test_a_handle_with_another_limit_is_refused_naming_both(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    ten = locks.semaphore("api", 10)
+    await (await ten.acquire()).release()
+    twenty = others[0].semaphore("api", 20)
+    with pytest.raises(aiolock.LockError, match=r"10.*20"):
+        await twenty.acquire()
+    await ten.set_limit(20)
+    assert ten.limit == 20
+    await (await twenty.acquire(15)).release()
+    with pytest.raises(aiolock.LockError, match=r"20.*10"):
+        await others[1].semaphore("api", 10).try_acquire()
+    assert await twenty.available() == 20
+
+
+async def test_raising_the_limit_wakes_waiters_and_lowering_keeps_holders(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    sem = locks.semaphore("lim", 2)
+    held = [await sem.acquire(1), await sem.acquire(1)]
+    waiter = Holder(others[0].semaphore("lim", 2), 1)
+    await eventually(lambda: others[0].statistics().hub.subscriptions == 1, what="a waiter")
+    await asyncio.sleep(0.1)
+    admin_handle = others[1].semaphore("lim", 2)
+    await admin_handle.set_limit(3)  # the waiting request goes on under the new limit
+    extra = await waiter.acquired()
+    await admin_handle.set_limit(1)  # lower than the 3 held: the holders keep theirs
+    assert all(p.held for p in [*held, extra])
+    assert await admin_handle.available() == 0
+    late = Holder(admin_handle, 1)
+    for permit in held:
+        await permit.release()
+        await asyncio.sleep(0.1)
+        assert not late.got.is_set()  # still 1 held, the new limit is 1
+    await waiter.release()
+    await late.acquired()
+    await late.release()
+
+
+async def test_available_and_holders(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager]
+) -> None:
+    sem = locks.semaphore("count", 5)
+    assert (await sem.available(), await sem.holders(), sem.limit) == (5, 0, 5)
+    a = await sem.acquire(2)
+    b = await others[0].semaphore("count", 5).acquire(1)
+    assert (await sem.available(), await sem.holders()) == (2, 2)
+    await a.release()
+    await b.release()
+    assert (await sem.available(), await sem.holders()) == (5, 0)
+
+
+# -- the Permit API --------------------------------------------------------------------
+
+
+async def test_permit_api(locks: aiolock.LockManager, admin: Redis) -> None:
+    sem = locks.semaphore("permits", 4, lease=0.5)
+    first = await sem.acquire(2)
+    second = await sem.acquire(1)  # several permits per task are fine
+    assert (first.permits, second.permits) == (2, 1)
+    assert second.fencing_token > first.fencing_token
+    await first.extend(5)
+    await asyncio.sleep(0.7)  # past the original lease: the extended permit lives on
+    assert first.held and not second.held
+    with pytest.raises(aiolock.LockLostError):
+        await second.release()
+    await first.release()
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await first.release()
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await first.extend(1)
+    third = await sem.acquire(4, lease=None)
+    assert third.fencing_token > first.fencing_token
+    with pytest.raises(aiolock.LockError, match="renewed automatically"):
+        await third.extend(5)
+    await third.release()
+    async with sem as a, sem as b:  # nested: one permit each, a stack per task
+        assert await sem.holders() == 2 and b.fencing_token > a.fencing_token
+    assert await sem.holders() == 0
+
+
+async def test_bad_input_is_refused_at_the_call(locks: aiolock.LockManager) -> None:
+    with pytest.raises(TypeError, match="limit"):
+        locks.semaphore("bad", "10")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="limit"):
+        locks.semaphore("bad", True)
+    with pytest.raises(ValueError, match="limit"):
+        locks.semaphore("bad", 0)
+    sem = locks.semaphore("bad", 3)
+    for permits, error in [(0, ValueError), (4, ValueError), (1.5, TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="permits"):
+            await sem.acquire(permits)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit"):
+        await sem.set_limit(-1)
+    with pytest.raises(ValueError, match="lease"):
+        await sem.acquire(1, lease=0)
+    assert locks.statistics().held == 0
+
+
+async def test_a_cancelled_waiter_leaves_no_claim(
+    locks: aiolock.LockManager, others: list[aiolock.LockManager], admin: Redis, prefix: str
+) -> None:
+    holder = await others[0].semaphore("cancel", 2).acquire(2)
+    waiter = asyncio.create_task(locks.semaphore("cancel", 2).acquire(2))
+    await eventually(lambda: locks.statistics().claims == 1, what="a claim")
+    claims = f"{prefix}:sem:{{cancel}}:claims"
+    assert await admin.zcard(claims) == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert await admin.zcard(claims) == 0
+    assert await admin.hlen(f"{prefix}:sem:{{cancel}}:wants") == 0
+    await holder.release()
+    assert await locks.semaphore("cancel", 2).available() == 2
+    assert (locks.statistics().held, locks.statistics().claims) == (0, 0)
+
+
+async def test_force_release_frees_every_permit_and_holders_learn_it(
+    redis_url: str, prefix: str, others: list[aiolock.LockManager]
+) -> None:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as short:
+        sem = short.semaphore("forced", 3)
+        permit = await sem.acquire(3)
+        assert await others[0].semaphore("forced", 3).force_release()
+        # the holder's watchdog finds it gone within a third of the lease
+        await eventually(lambda: not permit.held, timeout=2, what="the loss")
+        with pytest.raises(aiolock.LockLostError):
+            await permit.release()
+        assert await sem.available() == 3
+        mine = await sem.acquire(2)
+        assert await sem.force_release()  # in the same manager: known at once
+        assert not mine.held
+        assert not await sem.force_release()
