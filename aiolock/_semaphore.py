@@ -9,27 +9,18 @@ format are described in ``docs/semaphore.md`` and :mod:`aiolock._kinds.semaphore
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from ._guard import BodyGuard, ManagerLike
 from ._keys import check_lease, check_timeout
 from ._kinds.semaphore import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
+from ._lock import _DEFAULT
 
 if TYPE_CHECKING:
     from ._kind import Hold
 
 __all__ = ["Permit", "Semaphore"]
-
-
-class _Default:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<default>"
-
-
-_DEFAULT: Any = _Default()
 
 
 class Permit:
