@@ -36,6 +36,20 @@ class _Default:
 _DEFAULT: Any = _Default()
 
 
+def resolve(
+    timeout: float | None,
+    lease: float | None,
+    default_timeout: float | None,
+    default_lease: float | None,
+) -> tuple[float | None, float | None]:
+    """The wait and fixed lease of one acquire: the handle's defaults, or the given ones
+    (checked here, at the call that received them)."""
+    wait = default_timeout if timeout is _DEFAULT else check_timeout(timeout)
+    if lease is _DEFAULT:
+        return wait, default_lease
+    return wait, None if lease is None else check_lease(lease)
+
+
 class Lock:
     """A reentrant distributed lock, owned by the asyncio task that acquires it.
 
@@ -113,10 +127,7 @@ class Lock:
         return True
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> Hold:
-        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
-        fixed = (
-            self._lease if lease is _DEFAULT else (None if lease is None else check_lease(lease))
-        )
+        wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
         return await engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
 

@@ -31,8 +31,8 @@ import anyio
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from ._guard import BodyGuard, ManagerLike
-from ._keys import LockKeys, check_lease, check_name, check_timeout
-from ._lock import _DEFAULT
+from ._keys import LockKeys, check_name
+from ._lock import _DEFAULT, resolve
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -132,10 +132,7 @@ class MultiLock:
         return True
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> list[Hold]:
-        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
-        fixed = (
-            self._lease if lease is _DEFAULT else (None if lease is None else check_lease(lease))
-        )
+        wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
         owner = self._manager._owner()
         deadline = None if wait is None else time.monotonic() + wait

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from ._guard import BodyGuard, ManagerLike
-from ._keys import check_lease, check_timeout
+from ._keys import check_lease
 from ._kinds.semaphore import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
-from ._lock import _DEFAULT
+from ._lock import _DEFAULT, resolve
 
 if TYPE_CHECKING:
     from ._kind import Hold
@@ -190,10 +190,7 @@ class Semaphore:
 
     async def _acquire(self, permits: int, timeout: float | None, lease: float | None) -> Hold:
         permits = check_permits(permits, self._keys.limit)
-        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
-        fixed = (
-            self._lease if lease is _DEFAULT else (None if lease is None else check_lease(lease))
-        )
+        wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
         owner = self._manager._owner()
         return await engine.acquire(self._kind, self._keys, owner, wait, fixed, permits)
