@@ -22,6 +22,7 @@ from ._errors import (
 from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
+from ._rwlock import ReadWriteLock
 
 __version__ = "0.1.0.dev0"
 
@@ -39,5 +40,6 @@ __all__ = [
     "LockTimeoutError",
     "ManagerNotOpenError",
     "ManagerStatistics",
+    "ReadWriteLock",
     "__version__",
 ]

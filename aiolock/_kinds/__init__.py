@@ -1,5 +1,6 @@
 """Lock kinds: one module per kind, each implementing :class:`aiolock._kind.LockKind`."""
 
 from .lock import ReentrantLockKind
+from .rw import ReadLockKind, WriteLockKind
 
-__all__ = ["ReentrantLockKind"]
+__all__ = ["ReadLockKind", "ReentrantLockKind", "WriteLockKind"]
