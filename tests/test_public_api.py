@@ -27,6 +27,7 @@ def test_public_names_are_pinned() -> None:
         "LockTimeoutError",
         "ManagerNotOpenError",
         "ManagerStatistics",
+        "ReadWriteLock",
         "__version__",
     }
     for name in aiolock.__all__:
