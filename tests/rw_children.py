@@ -105,7 +105,9 @@ async def read(spec: dict[str, Any]) -> None:
 async def write_wait(spec: dict[str, Any]) -> None:
     async with manager(spec) as locks:
         waiter = asyncio.create_task(locks.rw_lock(spec["name"]).write().acquire())
-        while locks.statistics().claims == 0 and not waiter.done():
+        for _ in range(3000):  # poll the statistics: a claim has no event
+            if locks.statistics().claims or waiter.done():
+                break
             await asyncio.sleep(0.01)
         say("CLAIMED")
         await waiter

@@ -98,12 +98,14 @@ async def can_read_waiting(manager: aiolock.LockManager) -> bool:
 
 async def test_both_sides_are_reentrant_and_tokens_increase(locks: aiolock.LockManager) -> None:
     rw = locks.rw_lock("doc")
-    tokens = []
+    tokens: list[int] = []
     for side in (rw.write(), rw.read(), rw.write()):
         await side.acquire()
         await side.acquire()
         assert await side.hold_count() == 2
-        tokens.append(side.fencing_token)
+        token = side.fencing_token
+        assert token is not None
+        tokens.append(token)
         await side.release()
         await side.release()
         assert await side.hold_count() == 0
@@ -207,9 +209,10 @@ async def test_the_wire_format(
     assert sorted(fields.values()) == [b"1", b"1"] and b"writer" not in fields
     assert await admin.zcard(leases) == 2 and await admin.zcard(claims) == 1
     now_ms = int((await admin.time())[0]) * 1000
-    for _, end in await admin.zrange(leases, 0, -1, withscores=True):
+    ends: Any = await admin.zrange(leases, 0, -1, withscores=True)
+    for _, end in ends:
         assert now_ms + 25_000 < end < now_ms + 31_000  # each hold's own lease, server ms
-    assert 0 < await admin.pttl(hash_key) <= 30_000 and 0 < await admin.pttl(claims)
+    assert 0 < await admin.pttl(hash_key) <= 30_000 and await admin.pttl(claims) > 0
     assert not await can_read(locks)  # a new reader waits behind the claim
     done.set()
     await asyncio.gather(*readers)
@@ -462,3 +465,29 @@ async def test_a_writers_release_wakes_the_readers_of_every_process(
 
 async def test_claim_ttl_is_the_kinds(locks: aiolock.LockManager) -> None:
     assert locks._kind(WriteLockKind).claim_ttl == 10.0
+
+
+async def test_a_writer_that_gives_up_lets_the_readers_in_at_once(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    rw = locks.rw_lock("doc")
+    await rw.read().acquire()
+    with pytest.raises(aiolock.LockTimeoutError, match="write lock 'doc'"):
+        await other.rw_lock("doc").write().acquire(timeout=0.5)
+    assert not await admin.exists(keys(prefix)[2])  # the claim was withdrawn
+
+    # A reader that waits behind a writer's claim is woken when the writer gives up.
+    async def read() -> float:
+        async with rw.read(timeout=5):
+            return time.monotonic()
+
+    writer = asyncio.create_task(other.rw_lock("doc").write().acquire(timeout=1.0))
+    await eventually(lambda: other.statistics().claims == 1, what="the claim")
+    reader = asyncio.create_task(read())
+    with pytest.raises(aiolock.LockTimeoutError):
+        await writer
+    gave_up_at = time.monotonic()
+    got_at = await bounded(reader, 5, "the reader")
+    assert got_at - gave_up_at < 0.5
+    await rw.read().release()
+    assert other.statistics().timeouts == {"write lock": 2}
