@@ -23,6 +23,7 @@ from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
 from ._multi import MultiLock
+from ._rwlock import ReadWriteLock
 from ._semaphore import Permit, Semaphore
 
 __version__ = "0.1.0.dev0"
@@ -43,6 +44,7 @@ __all__ = [
     "ManagerStatistics",
     "MultiLock",
     "Permit",
+    "ReadWriteLock",
     "Semaphore",
     "__version__",
 ]

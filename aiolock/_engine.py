@@ -202,7 +202,10 @@ class Engine:
                 if hub.failure is not None:
                     raise LockPermissionError(hub.failure)
                 if should_try:
-                    ttl = hub.yielding(channel)  # others' turn first: try when it ends
+                    # Others' turn first: try when it ends. A single try (timeout 0, which
+                    # kinds with claims make here) has no turn to wait for: it tries at
+                    # once, as the one-attempt path does.
+                    ttl = hub.yielding(channel) if timeout != 0 else 0.0
                     if ttl <= 0:
                         try:
                             outcome = await self._attempt(

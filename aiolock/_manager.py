@@ -26,11 +26,13 @@ from ._engine import Engine
 from ._errors import LockError, ManagerNotOpenError
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from ._kinds import ReentrantLockKind, SemaphoreKind
+from ._kinds import ReadLockKind, ReentrantLockKind, SemaphoreKind, WriteLockKind
+from ._kinds.rw import KEY_TAG
 from ._kinds.semaphore import SemaphoreKeys, check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._runtime import Runtime
+from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
 
 __all__ = ["LockManager", "ManagerStatistics"]
@@ -234,6 +236,31 @@ class LockManager:
         kind = self._kind(SemaphoreKind)
         keys = SemaphoreKeys(self._keyspace.prefix, name, limit)
         return Semaphore(self, kind, keys, timeout=timeout, lease=lease)
+
+    def rw_lock(
+        self, name: str, *, timeout: float | None = None, lease: float | None = None
+    ) -> ReadWriteLock:
+        """A handle on the read-write lock *name* (many readers or one writer); no I/O yet.
+
+        ``rw.read()`` and ``rw.write()`` give the two sides, each with the Lock API.
+        A read-write lock is a different object from the plain lock of the same name.
+
+        Args:
+            timeout: default wait of both sides (``None``: as long as it takes).
+            lease: a fixed lease in seconds for both sides; ``None`` renews holds.
+        """
+        name = check_name(name)
+        timeout = check_timeout(timeout)
+        if lease is not None:
+            lease = check_lease(lease)
+        return ReadWriteLock(
+            self,
+            self._kind(ReadLockKind),
+            self._kind(WriteLockKind),
+            self._keyspace.keys(name, KEY_TAG),
+            timeout=timeout,
+            lease=lease,
+        )
 
     def statistics(self) -> ManagerStatistics:
         engine = self._engine

@@ -30,6 +30,7 @@ def test_public_names_are_pinned() -> None:
         "MultiLock",
         "Permit",
         "Semaphore",
+        "ReadWriteLock",
         "__version__",
     }
     for name in aiolock.__all__:

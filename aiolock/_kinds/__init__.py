@@ -1,6 +1,7 @@
 """Lock kinds: one module per kind, each implementing :class:`aiolock._kind.LockKind`."""
 
 from .lock import ReentrantLockKind
+from .rw import ReadLockKind, WriteLockKind
 from .semaphore import SemaphoreKind
 
-__all__ = ["ReentrantLockKind", "SemaphoreKind"]
+__all__ = ["ReadLockKind", "ReentrantLockKind", "SemaphoreKind", "WriteLockKind"]

@@ -15,7 +15,8 @@ from importlib import resources
 
 __all__ = ["REQUIRED_COMMANDS", "Script"]
 
-_INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
+#: ``--@include fence`` (top level) or ``--@include rw/common`` (a kind's own prelude)
+_INCLUDE = re.compile(r"^--@include ([\w/]+)$", re.MULTILINE)
 
 
 def _read(path: str) -> str:
@@ -45,6 +46,7 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # called from the scripts
     "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
     "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",
-    # called from the semaphore's scripts
+    # called from the scripts of the semaphore and the read-write lock
     "hdel", "hmget", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zscore",
+    "zcard", "zremrangebyscore",
 )  # fmt: skip

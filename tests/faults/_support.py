@@ -116,6 +116,9 @@ class Child:
     file shown in failure messages. :meth:`stop` kills it by pid if it still runs.
     """
 
+    #: the module run with ``python -m`` (tests of other kinds bring their own)
+    module = "tests.faults._children"
+
     def __init__(self, mode: str, spec: dict[str, Any]) -> None:
         self.mode = mode
         self.spec = spec
@@ -133,7 +136,7 @@ class Child:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "tests.faults._children",
+            self.module,
             self.mode,
             json.dumps(self.spec),
             cwd=str(REPO_ROOT),

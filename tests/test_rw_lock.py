@@ -1,0 +1,493 @@
+"""What only the read-write lock promises; the contract suite (test_contract.py) covers
+what every kind keeps, for both sides.
+
+Multi-process tests run children of :mod:`tests.rw_children`, stopped by pid; "another
+manager" in a test is another client as far as Redis can tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._kinds import WriteLockKind
+
+from .faults._support import Child, bounded, children
+from .helpers import counting_client, eventually
+
+
+class RWChild(Child):
+    module = "tests.rw_children"
+
+
+@pytest.fixture
+async def other(redis_url: str, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as manager:
+        yield manager
+
+
+def spec(redis_url: str, prefix: str, **extra: Any) -> dict[str, Any]:
+    return {"url": redis_url, "prefix": prefix, "name": "doc", "max_seconds": 60, **extra}
+
+
+def keys(prefix: str, name: str = "doc") -> tuple[str, str, str]:
+    base = f"{prefix}:rw:{{{name}}}"
+    return base, f"{base}:leases", f"{base}:claims"
+
+
+async def can_write(manager: aiolock.LockManager, name: str = "doc") -> bool:
+    side = manager.rw_lock(name).write()
+    if await side.try_acquire():
+        await side.release()
+        return True
+    return False
+
+
+async def can_read(manager: aiolock.LockManager, name: str = "doc") -> bool:
+    side = manager.rw_lock(name).read()
+    if await side.try_acquire():
+        await side.release()
+        return True
+    return False
+
+
+# -- single process ---------------------------------------------------------------------
+
+
+async def test_the_handles(locks: aiolock.LockManager) -> None:
+    rw = locks.rw_lock("doc", timeout=3, lease=7)
+    assert isinstance(rw, aiolock.ReadWriteLock)
+    assert rw.name == "doc" and rw.key == f"{locks.prefix}:rw:{{doc}}"
+    assert rw.read() is rw.read() and rw.write() is rw.write()  # the defaults' handles
+    assert isinstance(rw.read(timeout=1), aiolock.Lock)
+    assert "read side" in repr(rw.read()) and "write side" in repr(rw.write(lease=2))
+    with pytest.raises(TypeError, match="lock name"):
+        locks.rw_lock(7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        rw.read(timeout=-1)
+    with pytest.raises(TypeError, match="lease"):
+        rw.write(lease="long")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        locks.rw_lock("doc", timeout=-2)
+
+
+async def test_a_write_hold_keeps_readers_and_writers_out(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    async with locks.rw_lock("doc").write():
+        assert not await can_read(other)
+        assert not await can_write(other)
+        waiting = asyncio.create_task(can_read_waiting(other))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+    assert await bounded(waiting, 5, "the waiting reader")
+
+
+async def can_read_waiting(manager: aiolock.LockManager) -> bool:
+    async with manager.rw_lock("doc").read(timeout=5):
+        return True
+
+
+async def test_both_sides_are_reentrant_and_tokens_increase(locks: aiolock.LockManager) -> None:
+    rw = locks.rw_lock("doc")
+    tokens: list[int] = []
+    for side in (rw.write(), rw.read(), rw.write()):
+        await side.acquire()
+        await side.acquire()
+        assert await side.hold_count() == 2
+        token = side.fencing_token
+        assert token is not None
+        tokens.append(token)
+        await side.release()
+        await side.release()
+        assert await side.hold_count() == 0
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+
+
+async def test_an_upgrade_is_refused_at_once(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    rw = locks.rw_lock("doc")
+    async with rw.read():
+        started = time.monotonic()
+        with pytest.raises(aiolock.LockError, match="holds the read side") as raised:
+            await rw.write().acquire()
+        assert "Release the read side first" in str(raised.value)
+        with pytest.raises(aiolock.LockError, match="upgrading is not supported"):
+            await rw.write(timeout=None).try_acquire()
+        with pytest.raises(aiolock.LockError, match="holds the read side"):
+            async with rw.write():
+                pass
+        assert time.monotonic() - started < 0.5
+        assert await rw.read().hold_count() == 1  # the read hold is untouched
+        assert not await can_write(other)
+    assert locks.statistics().held == 0
+
+
+async def test_a_downgrade_leaves_no_gap(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    rw = locks.rw_lock("doc")
+    their = other.rw_lock("doc")
+    await rw.write().acquire()
+    order: list[str] = []
+
+    async def their_writer() -> None:
+        async with their.write(timeout=10):
+            order.append("their writer")
+
+    async def local_reader() -> None:  # queued in our own manager, behind our writer
+        async with rw.read(timeout=10):
+            order.append("local reader")
+
+    stop = asyncio.Event()
+    sneaked = 0
+
+    async def poller() -> None:  # another client trying the write side all along
+        nonlocal sneaked
+        while not stop.is_set():
+            side = their.write()
+            if await side.try_acquire():
+                sneaked += 1
+                await side.release()
+            await asyncio.sleep(0.005)
+
+    writer = asyncio.create_task(their_writer())
+    await eventually(lambda: other.statistics().claims == 1, what="their writer's claim")
+    reader = asyncio.create_task(local_reader())
+    await eventually(lambda: locks.statistics().hub.waiters == 1, what="the local reader")
+    polling = asyncio.create_task(poller())
+    # The downgrade: granted at once though a writer waits and a local reader queues.
+    await bounded(rw.read().acquire(timeout=5), 1, "the downgrade")
+    await rw.write().release()
+    assert await rw.read().hold_count() == 1 and not await rw.write().owned()
+    await asyncio.sleep(0.3)
+    assert order == [] and sneaked == 0
+    stop.set()
+    await polling
+    await rw.read().release()
+    await bounded(asyncio.gather(writer, reader), 10, "the writer and the reader")
+    assert order == ["their writer", "local reader"]  # the waiting writer went first
+    assert sneaked == 0
+
+
+async def test_a_writer_holding_both_sides_reenters_either(locks: aiolock.LockManager) -> None:
+    rw = locks.rw_lock("doc")
+    async with rw.write(), rw.read(), rw.write(), rw.read():
+        assert await rw.write().hold_count() == 2
+        assert await rw.read().hold_count() == 2
+    assert locks.statistics().held == 0
+
+
+async def test_the_wire_format(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    hash_key, leases, claims = keys(prefix)
+    rw = locks.rw_lock("doc")
+    held = asyncio.Event()
+    done = asyncio.Event()
+
+    async def reader() -> None:
+        async with rw.read():
+            held.set()
+            await done.wait()
+
+    readers = [asyncio.create_task(reader()) for _ in range(2)]
+    await held.wait()
+    await eventually(lambda: locks.statistics().held == 2, what="two readers")
+    writer = asyncio.create_task(can_read_waiting_writer(other))
+    await eventually(lambda: other.statistics().claims == 1, what="the claim")
+    fields = await admin.hgetall(hash_key)
+    assert sorted(fields.values()) == [b"1", b"1"] and b"writer" not in fields
+    assert await admin.zcard(leases) == 2 and await admin.zcard(claims) == 1
+    now_ms = int((await admin.time())[0]) * 1000
+    ends: Any = await admin.zrange(leases, 0, -1, withscores=True)
+    for _, end in ends:
+        assert now_ms + 25_000 < end < now_ms + 31_000  # each hold's own lease, server ms
+    assert 0 < await admin.pttl(hash_key) <= 30_000 and await admin.pttl(claims) > 0
+    assert not await can_read(locks)  # a new reader waits behind the claim
+    done.set()
+    await asyncio.gather(*readers)
+    await bounded(writer, 5, "the writer")
+    assert not await admin.exists(hash_key, leases, claims)  # nothing left but tombstones
+
+
+async def can_read_waiting_writer(manager: aiolock.LockManager) -> None:
+    async with manager.rw_lock("doc").write(timeout=5) as side:
+        fields = await manager.redis.hgetall(keys(manager.prefix)[0])
+        assert fields[b"writer"] in fields and b"writer_owner" in fields
+        assert side.fencing_token is not None
+
+
+async def test_extend_a_fixed_lease(locks: aiolock.LockManager, admin: Redis, prefix: str) -> None:
+    side = locks.rw_lock("doc").read(lease=1)
+    async with side:
+        first = await side.ttl()
+        assert first is not None and first <= 1
+        await side.extend(20)
+        (field,) = await admin.zrange(keys(prefix)[1], 0, -1)
+        ttl = await side.ttl()
+        assert ttl is not None and 19 < ttl <= 20
+    assert field
+    async with locks.rw_lock("doc").write():
+        with pytest.raises(aiolock.LockError, match="renewed automatically"):
+            await locks.rw_lock("doc").write().extend(1)
+
+
+async def test_force_release_ends_both_sides(
+    redis_url: str, prefix: str, other: aiolock.LockManager, admin: Redis
+) -> None:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as short:
+        rw = short.rw_lock("doc")
+        entered = asyncio.Event()
+
+        async def reader() -> None:
+            async with rw.read():
+                entered.set()
+                await asyncio.sleep(10)
+
+        task = asyncio.create_task(reader())
+        await entered.wait()
+        assert await other.rw_lock("doc").write().force_release()
+        with pytest.raises(aiolock.LockLostError):
+            await bounded(task, 3, "the reader's loss")
+        assert not await admin.exists(*keys(prefix))
+        assert await can_write(other)
+        assert not await other.rw_lock("doc").read().force_release()
+
+
+async def test_a_key_of_another_type_is_named(locks: aiolock.LockManager, admin: Redis) -> None:
+    _, leases, _ = keys(locks.prefix)
+    await admin.set(leases, "not a zset")
+    with pytest.raises(aiolock.LockKeyTypeError, match="leases"):
+        await locks.rw_lock("doc").read().acquire(timeout=0)
+    with pytest.raises(aiolock.LockKeyTypeError, match="leases"):
+        await locks.rw_lock("doc").write().acquire(timeout=0)
+    assert locks.statistics().held == 0
+    await admin.delete(leases)
+
+
+async def test_renewal_is_batched(redis_url: str, prefix: str) -> None:
+    client, trips = counting_client(redis_url)
+    try:
+        async with aiolock.LockManager(client, prefix=prefix, lease=0.6) as locks:
+            stop = asyncio.Event()
+            holding = 0
+
+            async def hold(name: str, write: bool) -> None:
+                nonlocal holding
+                rw = locks.rw_lock(name)
+                async with rw.write() if write else rw.read():
+                    holding += 1
+                    await stop.wait()
+
+            tasks = [asyncio.create_task(hold(f"r{i % 3}", False)) for i in range(30)]
+            tasks += [asyncio.create_task(hold(f"w{i}", True)) for i in range(3)]
+            await eventually(lambda: holding == 33, what="33 holds")
+            before = locks.statistics()
+            sends = trips.sends
+            await asyncio.sleep(1.5)  # several renewal rounds, each past a third of the lease
+            after = locks.statistics()
+            rounds = after.renewal_rounds - before.renewal_rounds
+            round_trips = after.renewal_round_trips - before.renewal_round_trips
+            assert rounds >= 3
+            assert round_trips <= 2 * rounds  # one batch per side, not one per hold
+            assert trips.sends - sends <= 2 * rounds + 2
+            assert after.lost == {} and after.held == 33
+            stop.set()
+            await asyncio.gather(*tasks)
+    finally:
+        await client.aclose()
+
+
+# -- several processes -----------------------------------------------------------------
+
+
+async def test_readers_share_across_tasks_and_processes(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    rw = locks.rw_lock("doc")
+    release = asyncio.Event()
+    holding = 0
+
+    async def reader() -> None:
+        nonlocal holding
+        async with rw.read(timeout=10):
+            holding += 1
+            await release.wait()
+
+    tasks = [asyncio.create_task(reader()) for _ in range(5)]
+    await eventually(lambda: holding == 5, what="five local readers")
+    made = [RWChild("read", spec(redis_url, prefix, tasks=3)) for _ in range(2)]
+    async with children(*made):
+        for child in made:
+            await child.expect("ALL ", 30)  # while the local readers still hold
+        assert holding == 5
+        assert not await can_write(other)
+        for child in made:
+            await child.send(b"go\n")
+            await child.expect("DONE", 30)
+    release.set()
+    await asyncio.gather(*tasks)
+    assert await can_write(other)
+
+
+async def test_writers_exclude_everyone_across_processes(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    counters = f"{prefix}:check"
+    made = [
+        RWChild(
+            "mix",
+            spec(redis_url, prefix, tasks=4, ops=40, write_ratio=0.3, seed=i, counters=counters),
+        )
+        for i in range(3)
+    ]
+    async with children(*made):
+        reports = [json.loads((await c.expect("REPORT ", 120))[7:]) for c in made]
+    assert [r["errors"] for r in reports] == [[], [], []]
+    assert sum(r["reads"] + r["writes"] for r in reports) == 3 * 4 * 40
+    assert sum(r["writes"] for r in reports) > 0
+    assert sum(r["overlaps"] for r in reports) == 0
+    state = await admin.hgetall(counters)
+    assert b"overlaps" not in state
+    assert int(state[b"max_readers"]) >= 2  # readers did share
+
+
+async def test_a_writer_is_not_starved_by_a_stream_of_readers(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    _, leases, _ = keys(prefix)
+    stream = RWChild("stream", spec(redis_url, prefix, tasks=6, hold_ms=60))
+    async with children(stream):
+        await stream.expect("STARTED", 30)
+        await asyncio.sleep(0.3)
+        for _ in range(20):  # the readers overlap: some read hold exists all the time
+            assert await admin.zcard(leases) > 0
+            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        async with locks.rw_lock("doc").write(timeout=5):
+            waited = time.monotonic() - started
+            assert await admin.zcard(leases) == 1  # the stream waits behind this writer
+            await asyncio.sleep(0.2)
+            assert await admin.zcard(leases) == 1
+        await stream.send(b"stop\n")
+        count = int((await stream.expect("COUNT ", 30)).split()[1])
+    assert count > 10
+    assert waited < 2.0, f"the writer waited {waited:.2f} s"
+
+
+async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    claim_ttl = 1.0
+    rw = locks.rw_lock("doc")
+    await rw.read().acquire()  # the child's writer waits for this reader
+    child = RWChild("write_wait", spec(redis_url, prefix, claim_ttl=claim_ttl))
+    async with children(child):
+        await child.expect("CLAIMED", 30)
+        assert not await can_read(other)  # new readers wait for the writer
+
+        async def read() -> float:
+            async with other.rw_lock("doc").read(timeout=10):
+                return time.monotonic()
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(2 * claim_ttl)
+        assert not reader.done(), "the child's claim was not refreshed"
+        child.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        got_at = await bounded(reader, 10, "the reader")
+        assert await child.wait(10) == -signal.SIGKILL
+    await rw.read().release()
+    waited = got_at - killed_at
+    assert waited < claim_ttl + 0.5, f"the reader got in {waited:.2f} s after the kill"
+
+
+async def test_a_crashed_readers_hold_ends_by_its_own_lease(
+    redis_url: str, prefix: str, other: aiolock.LockManager, admin: Redis
+) -> None:
+    lease = 1.0
+    _, leases, _ = keys(prefix)
+    child = RWChild("read", spec(redis_url, prefix, tasks=1, lease=lease))
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=lease) as locks:
+        rw = locks.rw_lock("doc")
+        await rw.read().acquire()
+        mine = rw.read()._current_hold()
+        assert mine is not None
+        async with children(child):
+            await child.expect("ALL ", 30)
+            assert await admin.zcard(leases) == 2
+
+            async def write() -> float:
+                async with other.rw_lock("doc").write(timeout=20):
+                    return time.monotonic()
+
+            writer = asyncio.create_task(write())
+            child.signal(signal.SIGKILL)
+            await asyncio.sleep(lease + 0.6)  # the writer retries once the child's lease ends
+            assert await admin.zrange(leases, 0, -1) == [mine.field.encode()]
+            await asyncio.sleep(2 * lease)  # our reader is renewed all along
+            assert not writer.done()
+            assert locks.statistics().lost == {}
+            released_at = time.monotonic()
+            await rw.read().release()
+            got_at = await bounded(writer, 5, "the writer")
+            assert got_at - released_at < 0.5
+
+
+async def test_a_writers_release_wakes_the_readers_of_every_process(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    side = locks.rw_lock("doc").write()
+    await side.acquire()
+    made = [RWChild("read", spec(redis_url, prefix, tasks=3)) for _ in range(2)]
+    async with children(*made):
+        for child in made:
+            await child.expect("WAITING", 30)
+        released_at = time.monotonic()
+        await side.release()
+        held_at = [float((await child.expect("ALL ", 10)).split()[1]) for child in made]
+        for child in made:
+            await child.send(b"go\n")
+            await child.expect("DONE", 30)
+    late = max(held_at) - released_at
+    assert late < 0.5, f"the last process's readers held {late:.2f} s after the release"
+
+
+async def test_claim_ttl_is_the_kinds(locks: aiolock.LockManager) -> None:
+    assert locks._kind(WriteLockKind).claim_ttl == 10.0
+
+
+async def test_a_writer_that_gives_up_lets_the_readers_in_at_once(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    rw = locks.rw_lock("doc")
+    await rw.read().acquire()
+    with pytest.raises(aiolock.LockTimeoutError, match="write lock 'doc'"):
+        await other.rw_lock("doc").write().acquire(timeout=0.5)
+    assert not await admin.exists(keys(prefix)[2])  # the claim was withdrawn
+
+    # A reader that waits behind a writer's claim is woken when the writer gives up.
+    async def read() -> float:
+        async with rw.read(timeout=5):
+            return time.monotonic()
+
+    writer = asyncio.create_task(other.rw_lock("doc").write().acquire(timeout=1.0))
+    await eventually(lambda: other.statistics().claims == 1, what="the claim")
+    reader = asyncio.create_task(read())
+    with pytest.raises(aiolock.LockTimeoutError):
+        await writer
+    gave_up_at = time.monotonic()
+    got_at = await bounded(reader, 5, "the reader")
+    assert got_at - gave_up_at < 0.5
+    await rw.read().release()
+    assert other.statistics().timeouts == {"write lock": 2}
