@@ -142,8 +142,8 @@ class Engine:
             held = self.registry.get(kind.resource(keys), owner)
             if held is not None:
                 return await self._reenter(held, lease)
-        if timeout == 0 and not kind.claims:  # one attempt, queue or no queue
-            outcome = await self._attempt(kind, keys, owner, lease, permits=permits)
+        if timeout == 0:  # one attempt, queue or no queue, and no claim to withdraw
+            outcome = await self._attempt(kind, keys, owner, lease, permits=permits, claim=False)
             if isinstance(outcome, Hold):
                 return outcome
             self.timeouts[kind.name] += 1
@@ -202,10 +202,7 @@ class Engine:
                 if hub.failure is not None:
                     raise LockPermissionError(hub.failure)
                 if should_try:
-                    # Others' turn first: try when it ends. A single try (timeout 0, which
-                    # kinds with claims make here) has no turn to wait for: it tries at
-                    # once, as the one-attempt path does.
-                    ttl = hub.yielding(channel) if timeout != 0 else 0.0
+                    ttl = hub.yielding(channel)  # others' turn first: try when it ends
                     if ttl <= 0:
                         try:
                             outcome = await self._attempt(
@@ -265,6 +262,7 @@ class Engine:
         *,
         permits: int = 1,
         field: str | None = None,
+        claim: bool = True,
     ) -> Hold | Busy:
         """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
 
@@ -276,6 +274,8 @@ class Engine:
         if hold is not None:
             field, permits = hold.field, hold.permits
         attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold)
+        if not claim:
+            attempt = attempt._replace(claim=False)
         sent_at = time.monotonic()
         try:
             outcome = await kind.attempt(attempt)

@@ -154,6 +154,9 @@ class Attempt(NamedTuple):
     void: str
     #: how much of the resource is asked for (a semaphore's permits; 1 otherwise)
     permits: int = 1
+    #: kinds with claims: register (or keep) the waiter's claim if the attempt finds the
+    #: resource busy. False for a single attempt (``timeout=0``), which will not wait.
+    claim: bool = True
 
 
 class Granted(NamedTuple):

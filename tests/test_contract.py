@@ -284,3 +284,26 @@ async def test_statistics_count_per_kind(
     assert sum(stats.acquired.values()) == sum(held.values())
     assert stats.held_by_kind == {}
     assert sum(seen.timeouts.values()) == 1  # the probe's one attempt
+
+
+async def test_a_single_attempt_on_a_busy_name_is_one_round_trip(
+    case: Case, redis_url: str, prefix: str, other: aiolock.LockManager
+) -> None:
+    """``timeout=0`` makes one attempt: no claim registered, none to withdraw."""
+    blocker = case.probe(other, "once")
+    blocked = await case.acquire(blocker, 0)
+    client, trips = counting_client(redis_url)
+    try:
+        async with aiolock.LockManager(client, prefix=prefix) as manager:
+            handle = case.make(manager, "once")
+            with pytest.raises(aiolock.LockTimeoutError):
+                await case.acquire(handle, 0)  # loads the scripts
+            before = trips.sends
+            with pytest.raises(aiolock.LockTimeoutError):
+                await case.acquire(handle, 0)
+            # A multi-lock takes its first name, fails on the second, gives the first back.
+            assert trips.sends - before == (3 if case.id == "multi_lock" else 1)
+            assert manager.statistics().claims == 0
+    finally:
+        await client.aclose()
+    await case.release(blocker, blocked)

@@ -118,7 +118,7 @@ class _SideKind(KindBase):
                 attempt.before,
                 self._side,
                 attempt.owner,
-                ms(self.claim_ttl),
+                ms(self.claim_ttl) if attempt.claim else 0,
             ),
         )
         code, value = as_int(reply[0]), reply[1]

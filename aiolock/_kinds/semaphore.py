@@ -148,7 +148,7 @@ class SemaphoreKind(KindBase):
             (keys.lock, keys.expiry, keys.claims, keys.wants, keys.limit_key, keys.fence,
              attempt.void),
             (attempt.field, attempt.permits, ms(attempt.lease), keys.limit,
-             ms(self.claim_ttl), rt.fence_ms, rt.manager_id),
+             ms(self.claim_ttl) if attempt.claim else 0, rt.fence_ms, rt.manager_id),
         )  # fmt: skip
         if isinstance(reply, int):  # the common path: granted, this is the token
             self._claimed_at.pop(attempt.field, None)
@@ -158,7 +158,8 @@ class SemaphoreKind(KindBase):
             self._claimed_at.pop(attempt.field, None)
             return Granted(as_int(value), 1)
         if code == _BUSY:  # the claim is registered, or its expiry pushed back
-            self._claimed_at[attempt.field] = sent_at
+            if attempt.claim:
+                self._claimed_at[attempt.field] = sent_at
             return Busy(max(as_int(value), 0) / 1000)
         if code == _VOIDED:  # only an attempt resent after its own undo sees this
             return Busy(0.0)

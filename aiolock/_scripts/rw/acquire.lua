@@ -10,7 +10,8 @@
 -- ARGV[3]  hold count the client believes it has (0 for a new acquisition)
 -- ARGV[4]  'r' for the read side, 'w' for the write side
 -- ARGV[5]  owner id of the acquiring task (a read by the writer's task is a downgrade)
--- ARGV[6]  writers: how long a claim lasts unless refreshed, in milliseconds
+-- ARGV[6]  writers: how long a claim lasts unless refreshed, in milliseconds; '0': a
+--          single attempt that registers no claim
 --
 -- Returns {code, value}:
 --   { 1, token}  acquired anew; token is the new fencing token
@@ -75,11 +76,13 @@ if ARGV[4] == 'r' then
 else
   local wait = first_end(leases, now)
   if wait then
-    -- Claim (or re-claim) a place: new readers wait from now on.
-    local claim_end = now + tonumber(ARGV[6])
-    redis.call('zadd', claims, claim_end, field)
-    local last = redis.call('zrange', claims, -1, -1, 'withscores')
-    redis.call('pexpire', claims, tonumber(last[2]) - now)
+    if ARGV[6] ~= '0' then
+      -- Claim (or re-claim) a place: new readers wait from now on.
+      local claim_end = now + tonumber(ARGV[6])
+      redis.call('zadd', claims, claim_end, field)
+      local last = redis.call('zrange', claims, -1, -1, 'withscores')
+      redis.call('pexpire', claims, tonumber(last[2]) - now)
+    end
     return {0, wait}
   end
   redis.call('zrem', claims, field)

@@ -11,7 +11,7 @@
 -- ARGV[2]  permits asked for (>= 1)
 -- ARGV[3]  lease in milliseconds
 -- ARGV[4]  the limit the client's handle was made with
--- ARGV[5]  claim lifetime in milliseconds
+-- ARGV[5]  claim lifetime in milliseconds; '0': a single attempt that registers no claim
 -- ARGV[6]  fence state lifetime in ms ('0' none, '-1' forever)
 -- ARGV[7]  message to publish when expired permits were reclaimed (the manager's id)
 -- The release channel is KEYS[1] .. ':released'.
@@ -98,12 +98,14 @@ if held + ahead + want <= limit then
   return token
 end
 
-if not mine then
-  redis.call('zadd', KEYS[3], us, field)
+if ARGV[5] ~= '0' then
+  if not mine then
+    redis.call('zadd', KEYS[3], us, field)
+  end
+  redis.call('hset', KEYS[4], field, want .. ':' .. (now + tonumber(ARGV[5])))
+  redis.call('pexpire', KEYS[3], ARGV[5])
+  redis.call('pexpire', KEYS[4], ARGV[5])
 end
-redis.call('hset', KEYS[4], field, want .. ':' .. (now + tonumber(ARGV[5])))
-redis.call('pexpire', KEYS[3], ARGV[5])
-redis.call('pexpire', KEYS[4], ARGV[5])
 if freed > 0 then
   redis.call('publish', channel, ARGV[7])
 end
