@@ -24,9 +24,10 @@ from redis.asyncio import Redis
 from ._client import Client
 from ._engine import Engine
 from ._errors import LockError, ManagerNotOpenError
+from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from ._kinds import ReentrantLockKind
+from ._kinds import FairLockKind, ReentrantLockKind
 from ._lock import Lock
 from ._runtime import Runtime
 
@@ -184,6 +185,23 @@ class LockManager:
             lease = check_lease(lease)
         kind = self._kind(ReentrantLockKind)
         return Lock(self, kind, self._keyspace.keys(name), timeout=timeout, lease=lease)
+
+    def fair_lock(
+        self, name: str, *, timeout: float | None = None, lease: float | None = None
+    ) -> FairLock:
+        """A handle on the fair lock *name*: granted in the order acquires reached Redis.
+
+        The API is :class:`Lock`'s, with the same *timeout* and *lease* defaults. A fair
+        lock is a different object from ``lock(name)`` (its keys have their own tag). See
+        :class:`FairLock` and ``docs/fair-lock.md``.
+        """
+        name = check_name(name)
+        timeout = check_timeout(timeout)
+        if lease is not None:
+            lease = check_lease(lease)
+        kind = self._kind(FairLockKind)
+        keys = self._keyspace.keys(name, "fair")
+        return FairLock(self, kind, keys, timeout=timeout, lease=lease)
 
     def statistics(self) -> ManagerStatistics:
         engine = self._engine

@@ -15,7 +15,8 @@ from importlib import resources
 
 __all__ = ["REQUIRED_COMMANDS", "Script"]
 
-_INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
+#: ``--@include fence`` splices ``fence.lua``; ``--@include fair/queue`` a kind's own prelude.
+_INCLUDE = re.compile(r"^--@include ([\w/]+)$", re.MULTILINE)
 
 
 def _read(path: str) -> str:
@@ -45,4 +46,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # called from the scripts
     "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
     "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",
+    # the fair lock's queue
+    "zadd", "zrem", "zscore", "zrange", "zrangebyscore",
 )  # fmt: skip
