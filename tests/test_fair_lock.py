@@ -24,6 +24,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._client import as_text
 from aiolock._kind import Attempt, Busy, Granted
 from aiolock._kinds import FairLockKind
 
@@ -40,7 +41,7 @@ def queue_key(prefix: str, name: str) -> str:
 
 async def queued(admin: Redis, prefix: str, name: str) -> list[str]:
     """The fields in the fair lock's queue, first first."""
-    return [m.decode() for m in await admin.zrange(queue_key(prefix, name), 0, -1)]
+    return [as_text(m) for m in await admin.zrange(queue_key(prefix, name), 0, -1)]
 
 
 async def until_queued(
@@ -161,7 +162,7 @@ async def test_grants_follow_arrival_order_across_processes(
             await child.expect("GOT")
             await child.expect("DONE")
         await asyncio.wait_for(asyncio.gather(*local), 10)
-    records = [entry.decode().split() for entry in await admin.lrange(order, 0, -1)]
+    records = [as_text(entry).split() for entry in await admin.lrange(order, 0, -1)]
     assert [label for label, _ in records] == expected
     tokens = [first_token] + [int(token) for _, token in records]
     assert tokens == sorted(set(tokens))  # a larger fencing token for every new holder
