@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -468,3 +469,50 @@ async def test_a_fair_lock_is_not_the_lock_of_the_same_name(locks: aiolock.LockM
     async with fair:
         assert await plain.try_acquire()
         await plain.release()
+
+
+async def test_exclusion_under_churn_with_timeouts_and_cancellations(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    """Two managers, 16 tasks, short timeouts and cancellations: one holder at a time,
+    every grant picked up or passed on, and nothing left in Redis afterwards."""
+    rng = random.Random(8)
+    inside = 0
+    entered = 0
+    deadline = time.monotonic() + 20
+
+    async def worker(manager: aiolock.LockManager, seed: int) -> None:
+        nonlocal inside, entered
+        own = random.Random(seed)
+        lock = manager.fair_lock("churn", timeout=own.choice([0, 0.01, 0.05, 1.0]))
+        for _ in range(15):
+            if time.monotonic() > deadline:
+                return
+            try:
+                async with lock:
+                    inside += 1
+                    entered += 1
+                    assert inside == 1, "two holders at once"
+                    await asyncio.sleep(own.random() * 0.005)
+                    inside -= 1
+            except aiolock.LockTimeoutError:
+                pass
+
+    async def canceller(task: asyncio.Task[None]) -> None:
+        await asyncio.sleep(rng.random() * 0.3)
+        task.cancel()
+
+    tasks = [asyncio.create_task(worker(locks if i % 2 else other, i)) for i in range(16)]
+    cancellers = [asyncio.create_task(canceller(task)) for task in tasks[::4]]
+    done, pending = await asyncio.wait(tasks, timeout=30)
+    await asyncio.gather(*cancellers)
+    assert not pending
+    for task in done:
+        if not task.cancelled():
+            task.result()
+    assert entered >= 10
+    assert (locks.statistics().held, other.statistics().held) == (0, 0)
+    assert (locks.statistics().claims, other.statistics().claims) == (0, 0)
+    await eventually(lambda: locks.statistics().pending_cleanups == 0, what="cleanups")
+    assert await queued(admin, prefix, "churn") == []
+    assert not await admin.exists(f"{prefix}:fair:{{churn}}")
