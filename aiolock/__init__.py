@@ -19,6 +19,7 @@ from ._errors import (
     LockTimeoutError,
     ManagerNotOpenError,
 )
+from ._fair_lock import FairLock
 from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
@@ -29,6 +30,7 @@ from ._semaphore import Permit, Semaphore
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "FairLock",
     "HubStatistics",
     "Lock",
     "LockBackendError",

@@ -347,7 +347,9 @@ class Engine:
         channel = kind.channel(attempt.keys)
 
         async def send() -> None:
-            if await kind.undo(attempt) and attempt.before == 0:
+            # (A queued kind's undo grants the lock to the next waiter in Redis and
+            # names it in a message, which wakes that waiter alone.)
+            if await kind.undo(attempt) and attempt.before == 0 and not kind.queued:
                 self.hub.wake(channel)  # our own message is ignored by the hub
 
         give_up_at = time.monotonic() + attempt.lease
@@ -540,7 +542,9 @@ class Engine:
             hold.count = 0
             hold.release_id = None
             self.hub.count_handover(channel, handed=False)
-            if outcome.value > 0:  # others heard it: our own tasks yield to them a while
+            if hold.kind.queued:
+                pass  # Redis granted the next waiter; its release message wakes it alone
+            elif outcome.value > 0:  # others heard it: our own tasks yield to them a while
                 self.hub.yield_to_others(channel, YIELD_WINDOW)
             else:
                 self.hub.wake(channel)
@@ -577,7 +581,7 @@ class Engine:
     async def _free(self, hold: Hold, release_id: str) -> None:
         """Send *hold*'s final release (no hand-over); wake the local head if it freed it."""
         outcome = await self._send_final(hold, release_id)
-        if outcome.status is ReleaseStatus.RELEASED:
+        if outcome.status is ReleaseStatus.RELEASED and not hold.kind.queued:
             self.hub.wake(hold.kind.channel(hold.keys))  # our own message is ignored by the hub
 
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:

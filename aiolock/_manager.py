@@ -24,9 +24,16 @@ from redis.asyncio import Redis
 from ._client import Client
 from ._engine import Engine
 from ._errors import LockError, ManagerNotOpenError
+from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from ._kinds import ReadLockKind, ReentrantLockKind, SemaphoreKind, WriteLockKind
+from ._kinds import (
+    FairLockKind,
+    ReadLockKind,
+    ReentrantLockKind,
+    SemaphoreKind,
+    WriteLockKind,
+)
 from ._kinds.rw import KEY_TAG
 from ._kinds.semaphore import SemaphoreKeys, check_limit
 from ._lock import Lock
@@ -261,6 +268,23 @@ class LockManager:
             timeout=timeout,
             lease=lease,
         )
+
+    def fair_lock(
+        self, name: str, *, timeout: float | None = None, lease: float | None = None
+    ) -> FairLock:
+        """A handle on the fair lock *name*: granted in the order acquires reached Redis.
+
+        The API is :class:`Lock`'s, with the same *timeout* and *lease* defaults. A fair
+        lock is a different object from ``lock(name)`` (its keys have their own tag). See
+        :class:`FairLock` and ``docs/fair-lock.md``.
+        """
+        name = check_name(name)
+        timeout = check_timeout(timeout)
+        if lease is not None:
+            lease = check_lease(lease)
+        kind = self._kind(FairLockKind)
+        keys = self._keyspace.keys(name, "fair")
+        return FairLock(self, kind, keys, timeout=timeout, lease=lease)
 
     def statistics(self) -> ManagerStatistics:
         engine = self._engine

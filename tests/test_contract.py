@@ -108,6 +108,13 @@ CASES = [
         release=_lock_release,
         probe=lambda m, n: m.rw_lock(n).write(),
     ),
+    Case(
+        id="fair lock",
+        make=lambda m, n: m.fair_lock(n),
+        acquire=_lock_acquire,
+        release=_lock_release,
+        probe=lambda m, n: m.fair_lock(n),
+    ),
 ]
 
 

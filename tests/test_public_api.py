@@ -14,6 +14,7 @@ import aiolock
 def test_public_names_are_pinned() -> None:
     assert sorted(aiolock.__all__) == aiolock.__all__
     assert set(aiolock.__all__) == {
+        "FairLock",
         "HubStatistics",
         "Lock",
         "LockBackendError",

@@ -1,0 +1,518 @@
+"""What only the fair lock promises: grants in arrival order across processes, a queue
+that drops waiters that give up at once and dead ones within the claim lifetime, leases
+that lapse without stalling the queue, and one wake-up per release.
+
+The contract every kind keeps (cancellation, loss, closing, repeated release, no
+polling) is in :mod:`tests.test_contract`. Child processes run
+:mod:`tests._fair_child`; each is stopped by its own pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._client import as_text
+from aiolock._kind import Attempt, Busy, Granted
+from aiolock._kinds import FairLockKind
+
+from .helpers import eventually
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: a short claim lifetime for the tests of dead waiters (the default is 10 s)
+SHORT_CLAIM_TTL = 1.0
+
+
+def queue_key(prefix: str, name: str) -> str:
+    return f"{prefix}:fair:{{{name}}}:queue"
+
+
+async def queued(admin: Redis, prefix: str, name: str) -> list[str]:
+    """The fields in the fair lock's queue, first first."""
+    return [as_text(m) for m in await admin.zrange(queue_key(prefix, name), 0, -1)]
+
+
+async def until_queued(
+    admin: Redis, prefix: str, name: str, count: int, timeout: float = 10
+) -> None:
+    """Wait until the queue in Redis has *count* waiters (asked of Redis, every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while len(await queued(admin, prefix, name)) != count:
+        if time.monotonic() > deadline:
+            got = await queued(admin, prefix, name)
+            raise AssertionError(f"the queue has {len(got)} waiters, not {count}")
+        await asyncio.sleep(0.01)
+
+
+def short_claims(manager: aiolock.LockManager) -> None:
+    manager._kind(FairLockKind).claim_ttl = SHORT_CLAIM_TTL
+
+
+@pytest.fixture
+async def other(redis_url: str, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    """A second manager on the same keys: another process, as far as Redis can tell."""
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as manager:
+        yield manager
+
+
+class Child:
+    """A child process running one mode of :mod:`tests._fair_child`."""
+
+    def __init__(self, mode: str, spec: dict[str, Any]) -> None:
+        self.mode, self.spec = mode, spec
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> Child:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *sys.path]))
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests._fair_child",
+            self.mode,
+            json.dumps(self.spec),
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return self
+
+    async def expect(self, word: str, timeout: float = 15.0) -> str:
+        """The next line of output, which must start with *word*."""
+        assert self.proc is not None and self.proc.stdout is not None
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), timeout)).decode().strip()
+        assert line.startswith(word), f"child said {line!r}, expected {word}"
+        return line
+
+    async def kill(self) -> None:
+        """SIGKILL, by this child's pid; bounded wait for it to go."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await asyncio.wait_for(self.proc.wait(), 10)
+
+
+@contextlib.asynccontextmanager
+async def children() -> AsyncIterator[list[Child]]:
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for child in started:
+            await child.kill()
+
+
+def spec(redis_url: str, prefix: str, name: str, **more: Any) -> dict[str, Any]:
+    return {"url": redis_url, "prefix": prefix, "name": name, "max_seconds": 30, **more}
+
+
+async def hold_until(lock: aiolock.Lock, gate: asyncio.Event, log: list[Any], label: Any) -> None:
+    """Acquire *lock*, note *label* and the token in *log*, hold until *gate* opens."""
+    async with lock:
+        log.append((label, lock.fencing_token))
+        await gate.wait()
+
+
+# -- order ---------------------------------------------------------------------------
+
+
+async def test_grants_follow_arrival_order_across_processes(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    name, order = "printer", f"{prefix}:order"
+    holder = locks.fair_lock(name)
+    await holder.acquire()
+    first_token = holder.fencing_token
+    assert first_token is not None
+    expected: list[str] = []
+    local: list[asyncio.Task[None]] = []
+
+    async def local_waiter(label: str) -> None:
+        async with locks.fair_lock(name) as lock:
+            await admin.rpush(order, f"{label} {lock.fencing_token}")
+
+    async with children() as kids:
+        # Three child processes and two tasks of this process, registered one after
+        # another: each joins only once the one before it is in the queue in Redis.
+        for i in range(5):
+            label = f"child{i}" if i % 2 == 0 else f"local{i}"
+            if i % 2 == 0:
+                child = await Child(
+                    "wait", spec(redis_url, prefix, name, label=label, order=order)
+                ).start()
+                kids.append(child)
+                await child.expect("READY")
+            else:
+                local.append(asyncio.create_task(local_waiter(label)))
+            await until_queued(admin, prefix, name, i + 1)
+            expected.append(label)
+        await holder.release()
+        for child in kids:
+            await child.expect("GOT")
+            await child.expect("DONE")
+        await asyncio.wait_for(asyncio.gather(*local), 10)
+    records = [as_text(entry).split() for entry in await admin.lrange(order, 0, -1)]
+    assert [label for label, _ in records] == expected
+    tokens = [first_token] + [int(token) for _, token in records]
+    assert tokens == sorted(set(tokens))  # a larger fencing token for every new holder
+    assert await queued(admin, prefix, name) == []
+
+
+async def test_grants_follow_arrival_order_within_a_process(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    holder = other.fair_lock("fifo")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()  # each waiter releases as soon as it has noted its turn
+    tasks = []
+    for i in range(10):
+        tasks.append(asyncio.create_task(hold_until(locks.fair_lock("fifo"), gate, log, i)))
+        await until_queued(admin, prefix, "fifo", i + 1)
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert [label for label, _ in log] == list(range(10))
+    tokens = [token for _, token in log]
+    assert tokens == sorted(set(tokens))
+
+
+async def test_the_holder_re_enters_at_once_past_the_queue(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    lock = locks.fair_lock("again")
+    await lock.acquire()
+    waiter = asyncio.create_task(hold_until(other.fair_lock("again"), asyncio.Event(), [], 0))
+    await until_queued(admin, prefix, "again", 1)
+    assert await lock.try_acquire()  # re-entry: no queue for the holder
+    assert await lock.hold_count() == 2
+    await lock.release()
+    assert await lock.owned() and not waiter.done()
+    await lock.release()
+    await eventually(lambda: other.statistics().held == 1, what="the waiter's grant")
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+
+
+# -- waiters that leave ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_a_waiter_that_gives_up_leaves_the_queue_at_once(
+    how: str, locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    holder = other.fair_lock("leave")
+    await holder.acquire()
+    quitter = asyncio.create_task(locks.fair_lock("leave", timeout=0.5).acquire())
+    await until_queued(admin, prefix, "leave", 1)
+    log: list[Any] = []
+    gate = asyncio.Event()
+    stayer = asyncio.create_task(hold_until(locks.fair_lock("leave"), gate, log, "stayer"))
+    await until_queued(admin, prefix, "leave", 2)
+    _quitter, stayer_field = await queued(admin, prefix, "leave")
+    if how == "cancel":
+        quitter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await quitter
+    else:
+        with pytest.raises(aiolock.LockTimeoutError, match="not granted"):
+            await quitter
+    # Gone the moment the acquire returned: the withdrawal ran before it did.
+    assert await queued(admin, prefix, "leave") == [stayer_field]
+    assert locks.statistics().claims == 1  # the stayer's
+    await holder.release()
+    await eventually(lambda: bool(log), what="the next waiter's grant")
+    stats = locks.statistics()
+    assert stats.held_by_kind == {"fair lock": 1}
+    assert stats.acquired == {"fair lock": 1}
+    assert stats.timeouts == ({"fair lock": 1} if how == "timeout" else {})
+    assert stats.claims == 0
+    gate.set()
+    await stayer
+    assert locks.statistics().held == 0
+    assert not await admin.exists(queue_key(prefix, "leave"))
+
+
+async def test_a_killed_waiter_process_leaves_within_the_claim_lifetime(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    short_claims(locks)
+    holder = locks.fair_lock("dead")
+    await holder.acquire()
+    log: list[Any] = []
+    async with children() as kids:
+        child = await Child(
+            "wait", spec(redis_url, prefix, "dead", label="c", order="-", claim_ttl=SHORT_CLAIM_TTL)
+        ).start()
+        kids.append(child)
+        await child.expect("READY")
+        await until_queued(admin, prefix, "dead", 1)
+        gate = asyncio.Event()
+        gate.set()
+        waiter = asyncio.create_task(hold_until(locks.fair_lock("dead"), gate, log, "w"))
+        await until_queued(admin, prefix, "dead", 2)
+        await child.kill()
+        killed_at = time.monotonic()
+        # The lock stays held all along: the live waiter's refreshes drop the dead one.
+        await until_queued(admin, prefix, "dead", 1, timeout=3 * SHORT_CLAIM_TTL)
+        assert time.monotonic() - killed_at < SHORT_CLAIM_TTL * 4 / 3 + 0.5
+        assert not log
+        await holder.release()
+        await asyncio.wait_for(waiter, 2)
+    assert [label for label, _ in log] == ["w"]
+
+
+async def test_a_grant_to_a_killed_waiter_lapses_within_the_claim_lifetime(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    short_claims(locks)  # the releaser's kind sets the pickup lease of its grant
+    holder = locks.fair_lock("lapse")
+    await holder.acquire()
+    log: list[Any] = []
+    async with children() as kids:
+        child = await Child(
+            "wait",
+            spec(redis_url, prefix, "lapse", label="c", order="-", claim_ttl=SHORT_CLAIM_TTL),
+        ).start()
+        kids.append(child)
+        await child.expect("READY")
+        await until_queued(admin, prefix, "lapse", 1)
+        gate = asyncio.Event()
+        gate.set()
+        waiter = asyncio.create_task(hold_until(locks.fair_lock("lapse"), gate, log, "w"))
+        await until_queued(admin, prefix, "lapse", 2)
+        await child.kill()
+        released_at = time.monotonic()
+        await holder.release()  # granted to the dead child, whose claim is still live
+        await asyncio.wait_for(waiter, 3 * SHORT_CLAIM_TTL)
+        # The pickup lease (claim_ttl) lapses; the live waiter's next refresh (every
+        # claim_ttl / 3) grants it the lock.
+        assert time.monotonic() - released_at < SHORT_CLAIM_TTL * 4 / 3 + 0.5
+    assert [label for label, _ in log] == ["w"]
+
+
+# -- leases that end without a release -------------------------------------------------
+
+
+async def test_an_expired_lease_lets_the_head_in_promptly(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    holder = other.fair_lock("lapsed")
+    await holder.acquire(lease=0.5)  # never released
+    acquired_at = time.monotonic()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    first = asyncio.create_task(hold_until(locks.fair_lock("lapsed"), gate, log, "first"))
+    await until_queued(admin, prefix, "lapsed", 1)
+    second = asyncio.create_task(hold_until(locks.fair_lock("lapsed"), gate, log, "second"))
+    await until_queued(admin, prefix, "lapsed", 2)
+    await asyncio.wait_for(first, 5)
+    assert time.monotonic() - acquired_at < 0.5 + 0.4  # at the lease's end, not later
+    await asyncio.wait_for(second, 5)
+    assert [label for label, _ in log] == ["first", "second"]
+    with pytest.raises(aiolock.LockLostError):
+        await holder.release()
+
+
+async def test_a_killed_holder_process_lets_the_head_in_promptly(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    log: list[Any] = []
+    async with children() as kids:
+        child = await Child("hold", spec(redis_url, prefix, "crash", lease=1.0)).start()
+        kids.append(child)
+        await child.expect("HELD")
+        gate = asyncio.Event()
+        gate.set()
+        waiter = asyncio.create_task(hold_until(locks.fair_lock("crash"), gate, log, "w"))
+        await until_queued(admin, prefix, "crash", 1)
+        await child.kill()
+        killed_at = time.monotonic()
+        await asyncio.wait_for(waiter, 5)
+        assert time.monotonic() - killed_at < 1.0 + 0.4  # within the holder's lease
+    assert [label for label, _ in log] == ["w"]
+
+
+# -- one wake-up per release -------------------------------------------------------------
+
+
+async def test_a_release_wakes_only_the_next_waiter(
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    admin: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    waiters = 8
+    holder = other.fair_lock("one")
+    await holder.acquire()
+    log: list[Any] = []
+    gates = [asyncio.Event() for _ in range(waiters)]
+    tasks = []
+    for i in range(waiters):
+        lock = locks.fair_lock("one")
+        tasks.append(asyncio.create_task(hold_until(lock, gates[i], log, i)))
+        await until_queued(admin, prefix, "one", i + 1)
+    await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="the subscription")
+    await asyncio.sleep(0.3)  # every waiter's retry after the confirmation is done
+    kind = locks._kind(FairLockKind)
+    attempts = 0
+    attempt = kind.attempt
+
+    async def counted(a: Attempt) -> Granted | Busy:
+        nonlocal attempts
+        attempts += 1
+        return await attempt(a)
+
+    monkeypatch.setattr(kind, "attempt", counted)
+    messages = locks.statistics().hub.messages
+    await holder.release()
+    await eventually(lambda: len(log) == 1, what="the first grant")
+    await asyncio.sleep(0.2)
+    assert attempts == 1  # the one woken waiter picking up its grant
+    assert locks.statistics().hub.messages == messages + 1
+    for i in range(waiters - 1):
+        gates[i].set()  # each release (within this manager) wakes the next one alone
+        await eventually(lambda: len(log) == i + 2, what=f"grant {i + 2}")  # noqa: B023
+        await asyncio.sleep(0.05)
+        assert attempts == i + 2
+    gates[-1].set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert [label for label, _ in log] == list(range(waiters))
+
+
+async def test_hand_over_latency(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    holder = other.fair_lock("fast")
+    latencies = []
+    for _ in range(20):
+        await holder.acquire()
+        got = asyncio.Event()
+
+        async def take(got: asyncio.Event) -> None:
+            async with locks.fair_lock("fast"):
+                got.set()
+
+        waiter = asyncio.create_task(take(got))
+        await until_queued(admin, prefix, "fast", 1)
+        started = time.monotonic()
+        await holder.release()
+        await asyncio.wait_for(got.wait(), 5)
+        latencies.append(time.monotonic() - started)
+        await waiter
+    # A release, the message, the pickup: three round trips on a local server.
+    assert statistics.median(latencies) < 0.05, latencies
+    assert max(latencies) < 0.5, latencies
+
+
+# -- fencing and administration ------------------------------------------------------------
+
+
+async def test_force_release_grants_the_next_waiter(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    holder = other.fair_lock("forced")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    waiter = asyncio.create_task(hold_until(locks.fair_lock("forced"), gate, log, "w"))
+    await until_queued(admin, prefix, "forced", 1)
+    assert await locks.fair_lock("forced").force_release()
+    await eventually(lambda: bool(log), what="the grant")
+    assert log[0][1] > (holder.fencing_token or 0)
+    with pytest.raises(aiolock.LockLostError):
+        await holder.release()
+    gate.set()
+    await waiter
+    assert not await locks.fair_lock("forced").force_release()
+
+
+async def test_try_acquire_never_jumps_the_queue(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    holder = other.fair_lock("nojump")
+    await holder.acquire(lease=0.3)  # lapses with a waiter queued
+    log: list[Any] = []
+    gate = asyncio.Event()
+    waiter = asyncio.create_task(hold_until(locks.fair_lock("nojump"), gate, log, "w"))
+    await until_queued(admin, prefix, "nojump", 1)
+    await asyncio.sleep(0.35)
+    # Free in Redis or already picked up: either way the newcomer does not get it, and
+    # its one attempt leaves no trace in the queue.
+    assert not await other.fair_lock("nojump").try_acquire()
+    await eventually(lambda: bool(log), what="the queued waiter's grant")
+    assert await queued(admin, prefix, "nojump") == []
+    gate.set()
+    await waiter
+
+
+async def test_a_fair_lock_is_not_the_lock_of_the_same_name(locks: aiolock.LockManager) -> None:
+    fair = locks.fair_lock("same")
+    plain = locks.lock("same")
+    assert isinstance(fair, aiolock.FairLock) and "FairLock" in repr(fair)
+    assert fair.key != plain.key
+    async with fair:
+        assert await plain.try_acquire()
+        await plain.release()
+
+
+async def test_exclusion_under_churn_with_timeouts_and_cancellations(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    """Two managers, 16 tasks, short timeouts and cancellations: one holder at a time,
+    every grant picked up or passed on, and nothing left in Redis afterwards."""
+    rng = random.Random(8)
+    inside = 0
+    entered = 0
+    deadline = time.monotonic() + 20
+
+    async def worker(manager: aiolock.LockManager, seed: int) -> None:
+        nonlocal inside, entered
+        own = random.Random(seed)
+        lock = manager.fair_lock("churn", timeout=own.choice([0, 0.01, 0.05, 1.0]))
+        for _ in range(15):
+            if time.monotonic() > deadline:
+                return
+            try:
+                async with lock:
+                    inside += 1
+                    entered += 1
+                    assert inside == 1, "two holders at once"
+                    await asyncio.sleep(own.random() * 0.005)
+                    inside -= 1
+            except aiolock.LockTimeoutError:
+                pass
+
+    async def canceller(task: asyncio.Task[None]) -> None:
+        await asyncio.sleep(rng.random() * 0.3)
+        task.cancel()
+
+    tasks = [asyncio.create_task(worker(locks if i % 2 else other, i)) for i in range(16)]
+    cancellers = [asyncio.create_task(canceller(task)) for task in tasks[::4]]
+    done, pending = await asyncio.wait(tasks, timeout=30)
+    await asyncio.gather(*cancellers)
+    assert not pending
+    for task in done:
+        if not task.cancelled():
+            task.result()
+    assert entered >= 10
+    assert (locks.statistics().held, other.statistics().held) == (0, 0)
+    assert (locks.statistics().claims, other.statistics().claims) == (0, 0)
+    await eventually(lambda: locks.statistics().pending_cleanups == 0, what="cleanups")
+    assert await queued(admin, prefix, "churn") == []
+    assert not await admin.exists(f"{prefix}:fair:{{churn}}")
