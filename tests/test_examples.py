@@ -12,7 +12,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("script", ["quickstart.py", "red_packet.py"])
+@pytest.mark.parametrize("script", ["quickstart.py", "red_packet.py", "family.py"])
 def test_example_runs(script: str, redis_url: str) -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / script)],
@@ -26,8 +26,12 @@ def test_example_runs(script: str, redis_url: str) -> None:
     if script == "quickstart.py":
         assert "hold count when re-entered: 2" in result.stdout
         assert "impatient task gave up" in result.stdout
-    else:
+    elif script == "red_packet.py":
         assert "10 users got a share" in result.stdout
+    else:
+        assert "printer served jobs in order: [0, 1, 2, 3, 4]" in result.stdout
+        assert "0 inside during the write" in result.stdout
+        assert "still hold 200 in total" in result.stdout
 
 
 def test_example_starts_its_own_server_without_redis_url() -> None:

@@ -7,9 +7,11 @@ makes it (issue 7): a cycle, even one that only type checkers follow, welds modu
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import aiolock
+from aiolock._scripts import REQUIRED_COMMANDS
 
 PACKAGE = Path(aiolock.__file__).parent
 
@@ -79,3 +81,17 @@ def test_the_engine_knows_no_kind() -> None:
     generic = ["aiolock._engine", "aiolock._registry", "aiolock._watchdog", "aiolock._hub"]
     for module in generic:
         assert not {d for d in graph[module] if d.startswith("aiolock._kinds")}, module
+
+
+def test_every_command_the_scripts_call_is_in_required_commands() -> None:
+    """The ACL list in the README and the security tests comes from REQUIRED_COMMANDS."""
+    scripts = Path(aiolock.__file__).parent / "_scripts"
+    used: set[str] = set()
+    for path in scripts.rglob("*.lua"):
+        for match in re.finditer(r"redis\.p?call\('(\w+)'(?:,\s*'(\w+)')?", path.read_text()):
+            command = match.group(1).lower()
+            if command == "pubsub":
+                command += "|" + match.group(2).lower()
+            used.add(command)
+    assert "zadd" in used  # the pattern finds calls
+    assert used <= set(REQUIRED_COMMANDS), sorted(used - set(REQUIRED_COMMANDS))
