@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 from redis.asyncio import Redis
 
 from ._client import Client
+from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from ._engine import Engine
-from ._errors import LockError, ManagerNotOpenError
+from ._errors import LockError, LockPermissionError, ManagerNotOpenError
 from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
@@ -47,6 +49,8 @@ __all__ = ["LockManager", "ManagerStatistics"]
 logger = logging.getLogger("aiolock")
 
 _K = TypeVar("_K")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _MANAGER_OPTIONS = frozenset(
     {"prefix", "lease", "command_timeout", "close_timeout", "fence_ttl", "max_in_flight"}
@@ -286,6 +290,64 @@ class LockManager:
         keys = self._keyspace.keys(name, "fair")
         return FairLock(self, kind, keys, timeout=timeout, lease=lease)
 
+    def locked(
+        self,
+        name: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_busy: OnBusy = "wait",
+        kind: LockKindName = "lock",
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+        """Decorate an async function to run under the lock *name*, formatted per call.
+
+        *name* is a template filled from the call's arguments by parameter name
+        (``"order:{order_id}"``, ``"{self.tenant}:report"``); every field must name a
+        parameter, checked when decorating. A list of templates takes a multi-lock.
+        *kind* picks ``"lock"``, ``"fair"`` (a fair lock), ``"read"`` or ``"write"`` (a
+        side of a read-write lock). *on_busy*: ``"wait"`` up to *timeout* (``None``: as
+        long as it takes) then raise :class:`LockTimeoutError`; ``"skip"``: return
+        ``None`` without running; ``"raise"``: raise :class:`LockTimeoutError` (these two
+        try once unless a *timeout* is given). A lost lock cancels the call and raises
+        :class:`LockLostError`. Works for methods. The manager must be open at call time.
+        """
+        if kind not in LOCK_MAKERS:
+            raise ValueError(
+                f"kind must be one of {', '.join(map(repr, LOCK_MAKERS))}, got {kind!r}; "
+                "for a semaphore use limited()"
+            )
+        if not isinstance(name, str) and kind != "lock":
+            raise TypeError(f"a list of names makes a multi-lock, which kind={kind!r} is not")
+        return decorate(
+            self, name, LOCK_MAKERS[kind], timeout=timeout, lease=lease, on_busy=on_busy,
+            what="locked()",
+        )  # fmt: skip
+
+    def limited(
+        self,
+        name: str,
+        limit: int,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_busy: OnBusy = "wait",
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+        """Decorate an async function to run holding one permit of the semaphore *name*.
+
+        Like :meth:`locked` (a name template, *timeout*, *lease*, *on_busy*), for a
+        semaphore of *limit* permits: at most *limit* calls run at once across clients.
+        """
+        limit = check_limit(limit)
+        if not isinstance(name, str):
+            raise TypeError(f"limited() takes one name template (str), not {name!r}")
+
+        def make(manager: Any, names: Any, timeout: float | None, lease: float | None) -> Any:
+            return manager.semaphore(names, limit, timeout=timeout, lease=lease)
+
+        return decorate(
+            self, name, make, timeout=timeout, lease=lease, on_busy=on_busy, what="limited()"
+        )
+
     def statistics(self) -> ManagerStatistics:
         engine = self._engine
         if engine is None:
@@ -306,6 +368,29 @@ class LockManager:
         )
 
     # -- lifecycle -----------------------------------------------------------------------
+
+    async def open(self) -> LockManager:
+        """Open the manager without ``async with`` (a worker's or app's startup hook).
+
+        Pair it with :meth:`aclose` in the shutdown hook. Opening and closing may happen
+        in different tasks. Returns the manager. A manager opens once.
+        """
+        return await self.__aenter__()
+
+    async def ping(self) -> float:
+        """A health check: seconds one round trip to Redis took, or an error saying what is wrong.
+
+        Raises :class:`ManagerNotOpenError` if the manager is not open (or its background
+        tasks failed), :class:`LockPermissionError` if Redis refuses this client's
+        credentials or a command aiolock needs (subscribing included), and
+        :class:`LockConnectionError` if Redis cannot be reached.
+        """
+        engine = self._open_engine()
+        if engine.hub.failure is not None:
+            raise LockPermissionError(engine.hub.failure)
+        started = time.monotonic()
+        await engine.client.call("PING")
+        return time.monotonic() - started
 
     async def __aenter__(self) -> LockManager:
         if self._state != "new":

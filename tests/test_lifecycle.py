@@ -1,0 +1,61 @@
+"""open()/aclose() as the lifecycle without ``async with``, and ping() as a health check."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+import aiolock
+from aiolock.testing import RedisServer
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_open_and_aclose_in_different_tasks(redis_url: str, prefix: str) -> None:
+    manager = aiolock.LockManager.from_url(redis_url, prefix=prefix)
+    assert await asyncio.create_task(manager.open()) is manager  # a startup hook's task
+    assert manager.is_open
+    async with manager.lock("x") as lock:
+        assert lock.fencing_token is not None
+    await asyncio.create_task(manager.aclose())  # a shutdown hook's task
+    assert not manager.is_open
+    with pytest.raises(aiolock.ManagerNotOpenError, match="opened once"):
+        await manager.open()
+
+
+async def test_ping_measures_a_round_trip(locks: aiolock.LockManager) -> None:
+    seconds = await locks.ping()
+    assert 0 < seconds < 5
+
+
+async def test_ping_says_the_manager_is_not_open(redis_url: str) -> None:
+    manager = aiolock.LockManager.from_url(redis_url)
+    with pytest.raises(aiolock.ManagerNotOpenError, match="not open"):
+        await manager.ping()
+    await manager.open()
+    await manager.aclose()
+    with pytest.raises(aiolock.ManagerNotOpenError, match="closed"):
+        await manager.ping()
+
+
+async def test_ping_says_redis_cannot_be_reached() -> None:
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    async with aiolock.LockManager.from_url(url, command_timeout=2) as manager:
+        with pytest.raises(aiolock.LockConnectionError, match=r"127\.0\.0\.1"):
+            await manager.ping()
+
+
+async def test_ping_says_the_credentials_are_wrong() -> None:
+    with RedisServer(extra_args=["--requirepass", "s3cret"], password="s3cret") as server:
+        url = server.url.replace("redis://", "redis://:wrong@")
+        async with aiolock.LockManager.from_url(url) as manager:
+            with pytest.raises(aiolock.LockPermissionError):
+                await manager.ping()
