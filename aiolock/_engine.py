@@ -213,6 +213,15 @@ class Engine:
                             self.connection_errors += 1
                             failure, ttl = exc, backoff
                             backoff = min(backoff * 2, MAX_BACKOFF)
+                            if field is not None:
+                                # The undo of that attempt may still be retried in the
+                                # background, and it withdraws whatever its field holds
+                                # when it lands, a later grant included: go on under a
+                                # new field (that undo withdrew the old one's place anyway).
+                                if claimed:
+                                    claimed = False
+                                    self._unclaim(kind, keys, field)
+                                field = waiter.field = f"{owner}:{self.rt.next_id()}"
                         else:
                             if isinstance(outcome, Hold):
                                 acquired = True

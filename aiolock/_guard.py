@@ -102,8 +102,11 @@ class BodyGuard:
         if engine is None:
             return  # the manager closed meanwhile and released them
         # Cancelled from outside with a hold lost: that cancellation goes on, and the
-        # holds still held are released.
-        await _release_all(engine, [h for h in holds if not h.lost], quiet=bool(lost))
+        # holds still held are released. A hold the body released itself (a semaphore
+        # Permit's release()) is no longer registered: releasing it again would find it
+        # gone in Redis and report it lost.
+        live = [h for h in holds if not h.lost and engine.registry.holds(h)]
+        await _release_all(engine, live, quiet=bool(lost))
 
 
 async def _release_all(engine: Engine, holds: list[Hold], *, quiet: bool) -> None:

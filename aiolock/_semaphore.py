@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ._engine import ORPHAN
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from ._guard import BodyGuard, ManagerLike
 from ._keys import check_lease
@@ -31,12 +32,13 @@ class Permit:
     background, unless it was acquired with a fixed ``lease=``.
     """
 
-    __slots__ = ("_hold", "_manager", "_released")
+    __slots__ = ("_hold", "_manager", "_unconfirmed")
 
     def __init__(self, manager: ManagerLike, hold: Hold) -> None:
         self._manager = manager
         self._hold = hold
-        self._released = False
+        #: this Permit's release() raised before Redis confirmed it (retried meanwhile)
+        self._unconfirmed = False
 
     @property
     def name(self) -> str:
@@ -74,22 +76,30 @@ class Permit:
         """
         engine = self._manager._open_engine()
         hold = self._hold
-        registry = engine.registry
-        if self._released:
-            raise LockNotOwnedError(f"this permit of semaphore {self.name!r} was already released")
         if hold.lost:
             raise self._lost_error()
-        live = registry.holds(hold) or registry.parked(hold.resource, hold.owner) is hold
-        if not live:
-            if hold.release_id is None and hold.count == 0:
-                self._released = True  # an unconfirmed release has since gone through
-                return
+        # Judged by the hold itself, never by the registry's (resource, owner) indexes:
+        # one task may hold several Permits of one semaphore, and two of them parked
+        # would share one entry there.
+        unconfirmed = hold.release_id is not None and hold.owner != ORPHAN
+        if engine.registry.holds(hold) or unconfirmed:
+            # Held, or its release raised LockConnectionError and is still retried in
+            # the background: send it (again; a resend is harmless).
+            try:
+                await engine.release(hold)
+            finally:
+                self._unconfirmed = hold.release_id is not None
+            return
+        if self._unconfirmed and hold.count == 0:
+            self._unconfirmed = False  # the release that raised has since gone through
+            return
+        if hold.owner == ORPHAN:
             raise LockNotOwnedError(
                 f"this permit of semaphore {self.name!r} is no longer held: the task that "
-                "acquired it ended, or the manager was closed, and it was released"
+                "acquired it ended, and it was released"
             )
-        await engine.release(hold)
-        self._released = True
+        # Released by this Permit, or by the 'async with' block that made it.
+        raise LockNotOwnedError(f"this permit of semaphore {self.name!r} was already released")
 
     async def extend(self, lease: float) -> None:
         """Set the remaining lease of a permit acquired with a fixed ``lease=`` to *lease* s."""
@@ -98,7 +108,7 @@ class Permit:
         hold = self._hold
         if hold.lost:
             raise self._lost_error()
-        if self._released or not engine.registry.holds(hold):
+        if not engine.registry.holds(hold):
             raise LockNotOwnedError(f"this permit of semaphore {self.name!r} is not held")
         if hold.renew:
             raise LockError(
