@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._kind import Busy, Granted
 from aiolock._kinds import WriteLockKind
 
 from .faults._support import Child, bounded, children
@@ -491,3 +492,61 @@ async def test_a_writer_that_gives_up_lets_the_readers_in_at_once(
     assert got_at - gave_up_at < 0.5
     await rw.read().release()
     assert other.statistics().timeouts == {"write lock": 2}
+
+
+# -- regressions found in review ----------------------------------------------------------
+
+
+async def test_a_late_undo_of_a_writers_earlier_attempt_leaves_its_hold_alone(
+    locks: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # A waiting writer makes every attempt of its wait under one field (its claim's). If
+    # an attempt fails on a connection error, its undo may be retried in the background
+    # after the writer's next attempt was granted: that undo must not drop the new hold.
+    # The script calls are made here in that order, as the engine would make them.
+    engine = locks._open_engine()
+    kind = locks._kind(WriteLockKind)
+    lock_keys = locks._keyspace.keys("doc", "rw")
+    reader = locks.rw_lock("doc").read()
+    held, leave = asyncio.Event(), asyncio.Event()
+
+    async def read() -> None:
+        async with reader:
+            held.set()
+            await leave.wait()
+
+    task = asyncio.create_task(read())
+    await held.wait()
+    field = "writer-task:1"
+    first = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    second = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    assert isinstance(await kind.attempt(first), Busy)  # its reply was lost
+    leave.set()
+    await task
+    assert isinstance(await kind.attempt(second), Granted)  # the writer now holds
+    assert not await kind.undo(first)  # the first attempt's undo, retried late
+    hash_key = keys(prefix)[0]
+    assert await admin.hget(hash_key, field) == b"1"
+    assert not await can_read(locks) and not await can_write(locks)
+    # The hold's own attempt still undoes it (an attempt cancelled in flight).
+    assert await kind.undo(second)
+    assert await admin.exists(hash_key) == 0
+
+
+async def test_a_late_undo_of_a_granted_attempt_leaves_the_retry_that_took_it_over(
+    locks: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # The first attempt was granted but its reply lost; the writer's retry finds the
+    # hold under its field and takes it over: the first attempt's late undo must not
+    # drop it.
+    engine = locks._open_engine()
+    kind = locks._kind(WriteLockKind)
+    lock_keys = locks._keyspace.keys("doc", "rw")
+    field = "writer-task:1"
+    first = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    second = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    assert isinstance(await kind.attempt(first), Granted)  # reply lost
+    assert isinstance(await kind.attempt(second), Granted)  # the retry takes it over
+    assert not await kind.undo(first)
+    assert await admin.hget(keys(prefix)[0], field) == b"1"
+    assert not await can_read(locks)
