@@ -118,9 +118,15 @@ async def _release_all(engine: Engine, holds: list[Hold], *, quiet: bool) -> Non
     still raises. The first other error is raised once all were tried, unless *quiet*.
     """
     error: LockError | None = None
+    cancelled: asyncio.CancelledError | None = None
     for hold in reversed(holds):
         try:
             await engine.release(hold)
+        except asyncio.CancelledError as exc_cancel:
+            # The engine completed this release despite the cancellation (or handed it to
+            # the retrier); the others must be released too: an anyio scope re-delivers
+            # its cancellation at every await, so it would otherwise skip all but one.
+            cancelled = exc_cancel
         except LockConnectionError as exc_release:
             logger.warning(
                 "lock %r: the release after 'async with' could not reach Redis (%s); it "
@@ -131,5 +137,7 @@ async def _release_all(engine: Engine, holds: list[Hold], *, quiet: bool) -> Non
         except LockError as exc:
             if error is None:
                 error = exc
+    if cancelled is not None:
+        raise cancelled
     if error is not None and not quiet:
         raise error

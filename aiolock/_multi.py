@@ -175,6 +175,7 @@ class MultiLock:
                 "to the task that acquired them (a child task is a different owner)"
             )
         error: LockError | None = None
+        cancelled: asyncio.CancelledError | None = None
         for keys, hold in reversed(list(zip(self._keys, holds, strict=True))):
             try:
                 if hold is None:
@@ -190,9 +191,15 @@ class MultiLock:
                         "the current task (it was released on its own)"
                     )
                 await engine.release(hold)
+            except asyncio.CancelledError as exc_cancel:
+                # That release was completed despite the cancellation; go on with the
+                # others (an anyio scope cancels every await) and re-raise it after.
+                cancelled = exc_cancel
             except LockError as exc:
                 if error is None:
                     error = exc
+        if cancelled is not None:
+            raise cancelled
         if error is not None:
             raise error
 
@@ -234,14 +241,23 @@ async def _unwind(engine: Engine, holds: list[Hold]) -> None:
     """Release what a failed or cancelled multi-acquire took, shielded and bounded."""
     if not holds:
         return
+    cancelled: asyncio.CancelledError | None = None
     with anyio.CancelScope(shield=True):
         for hold in reversed(holds):
             # Past the bound, the engine's own cancellation handling parks the release
             # and retries it in the background.
-            with anyio.move_on_after(UNWIND_TIMEOUT):
+            with anyio.move_on_after(UNWIND_TIMEOUT) as bound:
                 try:
                     await engine.release(hold)
+                except asyncio.CancelledError as exc_cancel:
+                    if bound.cancel_called:
+                        raise  # the bound ran out: its scope absorbs it
+                    # A native task.cancel() passes the anyio shield; the engine still
+                    # completed this release. Release the rest, then let it propagate.
+                    cancelled = exc_cancel
                 except LockError as exc:
                     logger.warning(
                         "multi-lock: releasing %r after a failed acquire: %s", hold.keys.name, exc
                     )
+    if cancelled is not None:
+        raise cancelled

@@ -7,14 +7,18 @@ import json
 import os
 import random
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlparse
 
+import anyio
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
+import aiolock._multi as multi_module
 from aiolock._keys import LockKeys
 
+from .faults.proxy import FaultProxy
 from .helpers import eventually
 
 
@@ -258,3 +262,115 @@ async def test_multi_locks_of_several_processes_exclude_each_other(
     assert [c.returncode for c in children] == [0, 0, 0]
     reports = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["overlaps"] for r in reports] == [0, 0, 0]
+
+
+# -- regressions found in review ----------------------------------------------------------
+
+
+def waiting_for_the_last_name(manager: aiolock.LockManager) -> Callable[[], bool]:
+    def check() -> bool:
+        stats = manager.statistics()
+        return stats.held == 2 and stats.hub.waiters == 1 and stats.hub.subscriptions == 1
+
+    return check
+
+
+async def test_a_cancel_scope_around_async_with_releases_every_name(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    # anyio re-delivers a scope's cancellation at every await, so it reaches each release
+    # of the exit in turn: the first release used to raise it and skip the others, which
+    # stayed held (and renewed) for as long as the task lived.
+    ml = locks.multi_lock(["a", "b", "c"])
+    with anyio.move_on_after(0.2):
+        async with ml:
+            await asyncio.sleep(10)
+    assert locks.statistics().held == 0
+    for name in ("a", "b", "c"):
+        assert await free(other, name)
+
+
+async def test_a_cancelled_release_still_releases_every_name(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    ml = locks.multi_lock(["a", "b", "c"])
+    await ml.acquire()
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await ml.release()
+    assert scope.cancelled_caught
+    assert locks.statistics().held == 0
+    for name in ("a", "b", "c"):
+        assert await free(other, name)
+
+
+async def test_a_second_cancel_inside_the_unwind_still_releases_every_name(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis
+) -> None:
+    # The unwind is shielded from anyio, not from a native task.cancel(): one arriving
+    # while the unwind releases a name used to stop it there, leaving the names before
+    # it held while the task lived on.
+    blocker = other.lock("c")
+    await blocker.acquire()
+    ml = locks.multi_lock(["a", "b", "c"])
+    held_after: list[int] = []
+
+    async def acquire() -> None:
+        try:
+            await ml.acquire()
+        except asyncio.CancelledError:
+            held_after.append(locks.statistics().held)  # the task lives on here
+
+    task = asyncio.create_task(acquire())
+    await eventually(waiting_for_the_last_name(locks), what="a and b held, waiting for c")
+    await admin.client_pause(400, all=True)  # the unwind stalls
+    task.cancel()
+    await asyncio.sleep(0.1)
+    task.cancel()
+    await asyncio.wait_for(task, 10)
+    assert held_after == [0]
+    await blocker.release()
+    for name in ("a", "b", "c"):
+        assert await free(other, name)
+
+
+async def test_anyio_fail_after_around_a_multi_acquire_leaves_nothing_held(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    blocker = other.lock("c")
+    await blocker.acquire()
+    ml = locks.multi_lock(["a", "b", "c"])
+    with pytest.raises(TimeoutError):
+        with anyio.fail_after(0.3):
+            await ml.acquire()
+    assert locks.statistics().held == 0
+    await blocker.release()
+    for name in ("a", "b", "c"):
+        assert await free(other, name)
+
+
+async def test_an_unwind_past_its_bound_still_raises_the_timeout(
+    redis_url: str, prefix: str, other: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The unwind's own time bound cancels a slow release: that cancellation is the
+    # bound's, and must not turn the caller's LockTimeoutError into a CancelledError.
+    monkeypatch.setattr(multi_module, "UNWIND_TIMEOUT", 0.05)
+    upstream = urlparse(redis_url)
+    assert upstream.hostname is not None and upstream.port is not None
+    blocker = other.lock("c")
+    await blocker.acquire()
+    async with (
+        FaultProxy(upstream.hostname, upstream.port) as proxy,
+        aiolock.LockManager.from_url(proxy.url, prefix=prefix) as slow,
+    ):
+        task = asyncio.create_task(slow.multi_lock(["a", "b", "c"]).acquire(timeout=0.5))
+        await eventually(waiting_for_the_last_name(slow), what="a and b held, waiting for c")
+        proxy.set_latency(0.1)  # each release of the unwind takes longer than its bound
+        with pytest.raises(aiolock.LockTimeoutError):
+            await asyncio.wait_for(task, 10)
+        proxy.set_latency(0)
+        await eventually(lambda: slow.statistics().held == 0, what="all released")
+        await eventually(lambda: slow.statistics().pending_cleanups == 0, what="retries done")
+    await blocker.release()
+    for name in ("a", "b", "c"):
+        assert await free(other, name)

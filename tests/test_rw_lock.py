@@ -8,7 +8,9 @@ manager" in a test is another client as far as Redis can tell.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._kind import Busy, Granted
 from aiolock._kinds import WriteLockKind
 
 from .faults._support import Child, bounded, children
@@ -491,3 +494,135 @@ async def test_a_writer_that_gives_up_lets_the_readers_in_at_once(
     assert got_at - gave_up_at < 0.5
     await rw.read().release()
     assert other.statistics().timeouts == {"write lock": 2}
+
+
+# -- regressions found in review ----------------------------------------------------------
+
+
+async def test_a_late_undo_of_a_writers_earlier_attempt_leaves_its_hold_alone(
+    locks: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # A waiting writer makes every attempt of its wait under one field (its claim's). If
+    # an attempt fails on a connection error, its undo may be retried in the background
+    # after the writer's next attempt was granted: that undo must not drop the new hold.
+    # The script calls are made here in that order, as the engine would make them.
+    engine = locks._open_engine()
+    kind = locks._kind(WriteLockKind)
+    lock_keys = locks._keyspace.keys("doc", "rw")
+    reader = locks.rw_lock("doc").read()
+    held, leave = asyncio.Event(), asyncio.Event()
+
+    async def read() -> None:
+        async with reader:
+            held.set()
+            await leave.wait()
+
+    task = asyncio.create_task(read())
+    await held.wait()
+    field = "writer-task:1"
+    first = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    second = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    assert isinstance(await kind.attempt(first), Busy)  # its reply was lost
+    leave.set()
+    await task
+    assert isinstance(await kind.attempt(second), Granted)  # the writer now holds
+    assert not await kind.undo(first)  # the first attempt's undo, retried late
+    hash_key = keys(prefix)[0]
+    assert await admin.hget(hash_key, field) == b"1"
+    assert not await can_read(locks) and not await can_write(locks)
+    # The hold's own attempt still undoes it (an attempt cancelled in flight).
+    assert await kind.undo(second)
+    assert await admin.exists(hash_key) == 0
+
+
+async def test_a_late_undo_of_a_granted_attempt_leaves_the_retry_that_took_it_over(
+    locks: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # The first attempt was granted but its reply lost; the writer's retry finds the
+    # hold under its field and takes it over: the first attempt's late undo must not
+    # drop it.
+    engine = locks._open_engine()
+    kind = locks._kind(WriteLockKind)
+    lock_keys = locks._keyspace.keys("doc", "rw")
+    field = "writer-task:1"
+    first = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    second = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    assert isinstance(await kind.attempt(first), Granted)  # reply lost
+    assert isinstance(await kind.attempt(second), Granted)  # the retry takes it over
+    assert not await kind.undo(first)
+    assert await admin.hget(keys(prefix)[0], field) == b"1"
+    assert not await can_read(locks)
+
+
+async def test_churn_with_timeouts_cancellations_and_downgrades(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    """Two managers, readers and writers with short timeouts, cancellations in flight and
+    downgrades: an independent checker sees many readers or one writer, never both, and
+    nothing is left in Redis or in either manager afterwards."""
+    readers = writers = 0
+    broken: list[str] = []
+    done = {"read": 0, "write": 0, "gave up": 0}
+
+    async def inside(kind: str, rng: random.Random) -> None:
+        nonlocal readers, writers
+        if kind == "read":
+            readers += 1
+            if writers:
+                broken.append("a reader next to a writer")
+        else:
+            writers += 1
+            if writers > 1 or readers:
+                broken.append(f"a writer next to {readers} readers and {writers - 1} writers")
+        await asyncio.sleep(rng.choice((0, 0.001, 0.003)))
+        if kind == "read":
+            readers -= 1
+        else:
+            writers -= 1
+
+    async def worker(manager: aiolock.LockManager, seed: int) -> None:
+        rw = manager.rw_lock("doc")
+        rng = random.Random(seed)
+        stop_at = time.monotonic() + 5
+        for _ in range(120):
+            if time.monotonic() > stop_at:
+                break
+            kind = rng.choice(("read", "read", "write"))
+            side = rw.read if kind == "read" else rw.write
+            timeout = rng.choice((0, 0.005, 0.02, 0.05, 1.0))
+            if rng.random() < 0.15:  # cancelled at a random moment of its acquire
+                attempt = asyncio.ensure_future(side(timeout=timeout).acquire())
+                await asyncio.sleep(rng.random() * 0.01)
+                attempt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiolock.LockTimeoutError):
+                    await attempt  # a hold it got is released when its task ends
+                done["gave up"] += 1
+                continue
+            try:
+                await side(timeout=timeout).acquire()
+            except aiolock.LockTimeoutError:
+                done["gave up"] += 1
+                continue
+            await inside(kind, rng)
+            if kind == "write" and rng.random() < 0.3:  # downgrade, then read a while
+                await rw.read().acquire()
+                await rw.write().release()
+                kind = "read"
+                await inside(kind, rng)
+            await (rw.write() if kind == "write" else rw.read()).release()
+            done[kind] += 1
+
+    await bounded(
+        asyncio.gather(*(worker(m, i) for i in range(4) for m in (locks, other))), 60, "churn"
+    )
+    assert broken == []
+    assert done["read"] > 0 and done["write"] > 0 and done["gave up"] > 0
+    await eventually(
+        lambda: locks.statistics().held + other.statistics().held == 0, what="nothing held"
+    )
+    assert locks.statistics().claims + other.statistics().claims == 0
+    for _ in range(50):  # the holds of cancelled acquires are released in the background
+        if not await admin.exists(*keys(prefix)):
+            break
+        await asyncio.sleep(0.1)
+    assert await admin.exists(*keys(prefix)) == 0

@@ -5,9 +5,10 @@ Wire format, for a manager prefix ``P`` and a name ``N`` (``P:rw:{N}``, see
 
 =================================  ====================================================
 ``P:rw:{N}``                       hash: ``<hold field>`` -> hold count, for every hold
-                                   of either side; ``writer`` -> the write hold's field
-                                   and ``writer_owner`` -> the owner id of its task
-                                   (while a writer holds)
+                                   of either side; ``writer`` -> the write hold's field,
+                                   ``writer_owner`` -> the owner id of its task and
+                                   ``writer_attempt`` -> the void key of the attempt it
+                                   belongs to (while a writer holds)
 ``P:rw:{N}:leases``                zset: ``<hold field>`` -> the end of that hold's
                                    lease, in ms of the server's clock
 ``P:rw:{N}:claims``                zset: a waiting writer's field -> the end of its

@@ -1,6 +1,7 @@
 -- aiolock rw: acquire the read or the write side of a read-write lock, or re-enter it.
 --
--- KEYS[1]  hash: {hold field -> count, 'writer' -> field, 'writer_owner' -> owner id}
+-- KEYS[1]  hash: {hold field -> count, 'writer' -> field, 'writer_owner' -> owner id,
+--          'writer_attempt' -> the void key of the attempt the write hold belongs to}
 -- KEYS[2]  leases zset: {hold field -> lease end, server ms}
 -- KEYS[3]  claims zset: {waiting writer's field -> claim end, server ms}
 -- KEYS[4]  fence key: the last fencing token released (see fence.lua)
@@ -27,6 +28,10 @@
 -- which makes new reads wait: a stream of readers cannot starve a writer. Re-entries
 -- ignore claims. A resent attempt finds the count already at ARGV[3] + 1 and answers as
 -- the first run did.
+-- A waiting writer makes every attempt of its wait under one field (its claim's), so
+-- the write hold records which attempt it belongs to ('writer_attempt', that attempt's
+-- void key): the undo of an earlier attempt of the same wait, retried late after a
+-- connection failure, must not drop a hold that a later attempt was granted.
 --@include fence
 --@include rw/common
 
@@ -48,6 +53,11 @@ if held then  -- a re-entry, or a resent attempt that had run
   local count = tonumber(held)
   if count ~= before + 1 then
     count = redis.call('hincrby', hash, field, 1)
+  end
+  if before == 0 and redis.call('hget', hash, 'writer') == field then
+    -- A writer's hold that an earlier attempt of this wait was granted (its reply was
+    -- lost): this attempt takes it over, so that attempt's late undo leaves it alone.
+    redis.call('hset', hash, 'writer_attempt', KEYS[5])
   end
   redis.call('zadd', leases, now + tonumber(ARGV[2]), field)
   settle(hash, leases, now)
@@ -86,7 +96,7 @@ else
     return {0, wait}
   end
   redis.call('zrem', claims, field)
-  redis.call('hset', hash, 'writer', field, 'writer_owner', ARGV[5])
+  redis.call('hset', hash, 'writer', field, 'writer_owner', ARGV[5], 'writer_attempt', KEYS[5])
 end
 redis.call('hset', hash, field, 1)
 redis.call('zadd', leases, now + tonumber(ARGV[2]), field)

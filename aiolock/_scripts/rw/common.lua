@@ -3,7 +3,8 @@
 --
 -- The structure of one name (see aiolock/_kinds/rw.py for the whole wire format):
 --   hash   {hold field -> hold count, 'writer' -> the write hold's field,
---           'writer_owner' -> the owner id of the task holding the write side}
+--           'writer_owner' -> the owner id of the task holding the write side,
+--           'writer_attempt' -> the void key of the attempt the write hold belongs to}
 --   leases zset {hold field -> end of that hold's lease, ms of the server clock}
 --   claims zset {waiting writer's field -> end of its claim, ms of the server clock}
 -- Every hold (read or write) has its own lease in `leases`; the hash and `leases` expire
@@ -42,7 +43,7 @@ local function purge(hash, leases, now)
   for _, field in ipairs(gone) do
     redis.call('hdel', hash, field)
     if field == writer then
-      redis.call('hdel', hash, 'writer', 'writer_owner')
+      redis.call('hdel', hash, 'writer', 'writer_owner', 'writer_attempt')
     end
   end
   redis.call('zremrangebyscore', leases, '-inf', now)
@@ -71,7 +72,7 @@ local function drop(hash, leases, field)
   redis.call('hdel', hash, field)
   redis.call('zrem', leases, field)
   if was_writer then
-    redis.call('hdel', hash, 'writer', 'writer_owner')
+    redis.call('hdel', hash, 'writer', 'writer_owner', 'writer_attempt')
   end
   return was_writer
 end

@@ -1,7 +1,8 @@
 -- aiolock rw: undo an acquire attempt of either side whose outcome is unknown (cancelled
 -- or failed in flight), or withdraw a waiting writer's claim when it gives up.
 --
--- KEYS[1]  hash: {hold field -> count, 'writer' -> field, 'writer_owner' -> owner id}
+-- KEYS[1]  hash: {hold field -> count, 'writer' -> field, 'writer_owner' -> owner id,
+--          'writer_attempt' -> the void key of the attempt the write hold belongs to}
 -- KEYS[2]  leases zset: {hold field -> lease end, server ms}
 -- KEYS[3]  claims zset: {waiting writer's field -> claim end, server ms}
 -- KEYS[4]  void marker of the attempt (the acquire script's KEYS[5])
@@ -28,7 +29,14 @@ purge_claims(claims, now)
 
 local changed = redis.call('zrem', claims, field)
 local count = redis.call('hget', hash, field)
-if tonumber(count or 0) == before + 1 then
+local ran = tonumber(count or 0) == before + 1
+if ran and before == 0 and redis.call('hget', hash, 'writer') == field
+    and redis.call('hget', hash, 'writer_attempt') ~= KEYS[4] then
+  -- A writer's field serves every attempt of its wait: this write hold belongs to a
+  -- later attempt (granted after this one's outcome was lost), not to this one.
+  ran = false
+end
+if ran then
   if before == 0 then
     drop(hash, leases, field)
     settle(hash, leases, now)
