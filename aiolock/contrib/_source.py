@@ -7,22 +7,27 @@ from typing import Any, TypeAlias
 
 from .._manager import LockManager
 
-__all__ = ["ManagerSource", "check_statuses", "make_manager", "missing"]
+__all__ = ["ManagerSource", "check_source", "check_statuses", "make_manager", "missing"]
 
 #: A manager not yet opened, a Redis URL (``LockManager.from_url(url, **options)``), or a
 #: function returning a new manager (called at each startup, so an app can start twice).
 ManagerSource: TypeAlias = "LockManager | str | Callable[[], LockManager]"
 
 
+def check_source(source: ManagerSource, options: dict[str, Any]) -> None:
+    """Raise TypeError, at the call, if *options* come without a URL to apply them to."""
+    if options and not isinstance(source, str):
+        raise TypeError(
+            f"manager options ({', '.join(sorted(options))}) go with a Redis URL only; "
+            "give them to the LockManager (or the function making it) instead"
+        )
+
+
 def make_manager(source: ManagerSource, options: dict[str, Any]) -> LockManager:
     """The manager *source* stands for; *options* go to ``LockManager.from_url`` only."""
     if isinstance(source, str):
         return LockManager.from_url(source, **options)
-    if options:
-        raise TypeError(
-            f"manager options ({', '.join(sorted(options))}) go with a Redis URL only; "
-            "pass them to the LockManager you give instead"
-        )
+    check_source(source, options)
     manager = source if isinstance(source, LockManager) else source()
     if not isinstance(manager, LockManager):
         raise TypeError(

@@ -27,7 +27,7 @@ from typing import Any
 
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from .._manager import LockManager
-from ._source import ManagerSource, check_statuses, make_manager, missing
+from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
 
 try:
     from aiohttp import web
@@ -57,6 +57,8 @@ def lock_manager_ctx(
     with a client of its own, closed with it), a function returning a new manager, or a
     manager (which opens once). ``app.cleanup_ctx.append(lock_manager_ctx(url))``.
     """
+
+    check_source(source, options)
 
     async def manager_ctx(app: web.Application) -> AsyncIterator[None]:
         manager = make_manager(source, dict(options))

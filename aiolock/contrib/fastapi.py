@@ -41,7 +41,7 @@ from .._decorators import LOCK_MAKERS, LockKindName
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from .._keys import check_lease, check_timeout
 from .._manager import LockManager
-from ._source import ManagerSource, check_statuses, make_manager, missing
+from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
 
 try:
     from fastapi import Depends, HTTPException, Request
@@ -95,6 +95,8 @@ def lock_lifespan(
                 ...  # your startup
                 yield state
     """
+
+    check_source(source, options)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
