@@ -22,7 +22,7 @@ A handler's ``async with`` ends before it returns its response, so a lost lock r
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
@@ -31,6 +31,7 @@ from ._source import ManagerSource, check_source, check_statuses, make_manager, 
 
 try:
     from aiohttp import web
+    from aiohttp.typedefs import Handler, Middleware
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing("aiohttp", exc) from exc
 
@@ -40,9 +41,6 @@ logger = logging.getLogger("aiolock")
 
 #: Where :func:`lock_manager_ctx` puts the app's manager: ``request.app[LOCK_MANAGER]``.
 LOCK_MANAGER: web.AppKey[LockManager] = web.AppKey("aiolock.manager", LockManager)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 def lock_manager_ctx(
