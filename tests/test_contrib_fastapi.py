@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
+import redis
 from fastapi import Depends, FastAPI
 from redis.asyncio import Redis
 
@@ -141,6 +142,27 @@ async def test_a_lock_lost_before_the_endpoint_returns_gives_409(
         response = await client.post("/orders/9/pay")
     assert response.status_code == 409, response.text
     assert "was lost" in response.json()["detail"]
+
+
+async def test_a_sync_endpoint_whose_lock_is_lost_gives_409(redis_url: str, prefix: str) -> None:
+    """A def endpoint runs in a worker thread; the loss is found at release, still a 409."""
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix))
+    store = redis.Redis.from_url(redis_url)
+
+    @app.post("/orders/{order_id}/pay")
+    def pay(
+        order_id: str,
+        lock: Annotated[
+            aiolock.Lock, Depends(lock_dependency("order:{order_id}"), scope="function")
+        ],
+    ) -> None:
+        assert store.delete(lock.key) == 1  # the hold vanishes behind the lock's back
+
+    try:
+        async with serve(app) as client:
+            assert (await client.post("/orders/4/pay")).status_code == 409
+    finally:
+        store.close()
 
 
 async def test_a_lock_lost_while_the_endpoint_waits_cancels_it_and_gives_409(
@@ -389,3 +411,31 @@ async def _hammer(bases: list[str], servers: list[subprocess.Popen[bytes]]) -> N
     tokens = sorted(r.json()["token"] for r in responses)
     assert len(set(tokens)) == 24
     assert {r.json()["pid"] for r in responses} == {s.pid for s in servers}
+
+
+def test_the_example_app_checks_itself(redis_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "fastapi_app.py"), "--check"],
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "statuses: [200, 200, 200, 200, 200]" in result.stdout
+    assert "fencing tokens increase: True" in result.stdout
+
+
+async def test_the_openapi_schema_lists_each_parameter_once(redis_url: str, prefix: str) -> None:
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix))
+    held = lock_dependency("order:{order_id}", types={"order_id": int})
+
+    @app.get("/orders/{order_id}")
+    async def get_order(
+        order_id: int, _: Annotated[aiolock.Lock, Depends(held, scope="function")]
+    ) -> None:
+        pass
+
+    parameters = app.openapi()["paths"]["/orders/{order_id}"]["get"]["parameters"]
+    assert [(p["name"], p["in"]) for p in parameters] == [("order_id", "path")]
