@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -143,3 +146,24 @@ def test_arguments_are_checked() -> None:
 def _url(redis_url: str, prefix: str) -> Any:
     """A manager factory for *redis_url* with the test's prefix."""
     return lambda: aiolock.LockManager.from_url(redis_url, prefix=prefix)
+
+
+@pytest.mark.parametrize("framework", ["aiohttp", "fastapi"])
+def test_a_missing_framework_names_the_extra(
+    framework: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = f"aiolock.contrib.{framework}"
+    monkeypatch.setitem(sys.modules, framework, None)  # import fails as if not installed
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ImportError, match=rf"pip install 'aiolock\[{framework}\]'"):
+        importlib.import_module(module)
+
+
+def test_import_aiolock_imports_no_framework() -> None:
+    code = (
+        "import sys, aiolock; print(sorted({'aiohttp', 'fastapi', 'starlette'} & set(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
