@@ -1,0 +1,107 @@
+"""aiohttp integration: one LockManager per ``web.Application``, found under an AppKey.
+
+::
+
+    from aiohttp import web
+    from aiolock.contrib.aiohttp import LOCK_MANAGER, lock_error_middleware, lock_manager_ctx
+
+    async def pay(request: web.Request) -> web.Response:
+        locks = request.app[LOCK_MANAGER]
+        async with locks.lock(f"order:{request.match_info['order_id']}", timeout=5) as lock:
+            return web.json_response({"fencing_token": lock.fencing_token})
+
+    app = web.Application(middlewares=[lock_error_middleware()])
+    app.cleanup_ctx.append(lock_manager_ctx("redis://localhost:6379/0", prefix="shop"))
+    app.router.add_post("/orders/{order_id}/pay", pay)
+
+A handler's ``async with`` ends before it returns its response, so a lost lock raises
+:class:`~aiolock.LockLostError` from the handler, never after the response went out;
+:func:`lock_error_middleware` turns it (and timeouts, and Redis failures) into a status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
+from .._manager import LockManager
+from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
+
+try:
+    from aiohttp import web
+    from aiohttp.typedefs import Handler, Middleware
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise missing("aiohttp", exc) from exc
+
+__all__ = ["LOCK_MANAGER", "lock_error_middleware", "lock_manager_ctx"]
+
+logger = logging.getLogger("aiolock")
+
+#: Where :func:`lock_manager_ctx` puts the app's manager: ``request.app[LOCK_MANAGER]``.
+LOCK_MANAGER: web.AppKey[LockManager] = web.AppKey("aiolock.manager", LockManager)
+
+
+def lock_manager_ctx(
+    source: ManagerSource,
+    *,
+    key: web.AppKey[LockManager] = LOCK_MANAGER,
+    **options: Any,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A ``cleanup_ctx`` that opens a manager at startup, as ``app[key]``, and closes it.
+
+    *source* is a Redis URL (the manager is ``LockManager.from_url(url, **options)``,
+    with a client of its own, closed with it), a function returning a new manager, or a
+    manager (which opens once). ``app.cleanup_ctx.append(lock_manager_ctx(url))``.
+    """
+
+    check_source(source, options)
+
+    async def manager_ctx(app: web.Application) -> AsyncIterator[None]:
+        manager = make_manager(source, dict(options))
+        await manager.open()
+        app[key] = manager
+        try:
+            yield
+        finally:
+            await manager.aclose()
+
+    return manager_ctx
+
+
+def lock_error_middleware(
+    *,
+    timeout_status: int = 423,
+    lost_status: int = 409,
+    unavailable_status: int = 503,
+) -> Middleware:
+    """A middleware turning aiolock's errors from handlers into JSON error responses.
+
+    :class:`~aiolock.LockTimeoutError` -> *timeout_status* (423), :class:`LockLostError`
+    -> *lost_status* (409), :class:`LockBackendError` and a closed manager ->
+    *unavailable_status* (503). Other errors pass through.
+    """
+    check_statuses(timeout_status, lost_status, unavailable_status)
+
+    @web.middleware
+    async def lock_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except LockTimeoutError as exc:
+            return _error(timeout_status, f"busy: {exc}; try again later")
+        except LockLostError as exc:
+            logger.warning("%s %s: %s", request.method, request.path, exc)
+            return _error(
+                lost_status,
+                "a lock was lost while the request ran; its effects may have overlapped "
+                "another request's: check, then retry",
+            )
+        except (LockBackendError, ManagerNotOpenError):
+            return _error(unavailable_status, "the lock service is unavailable; try again later")
+
+    return lock_errors
+
+
+def _error(status: int, detail: str) -> web.Response:
+    return web.json_response({"detail": detail}, status=status)

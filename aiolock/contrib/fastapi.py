@@ -1,0 +1,327 @@
+"""FastAPI integration: one LockManager per app, and a dependency that holds a lock.
+
+::
+
+    from fastapi import Depends, FastAPI
+    from aiolock.contrib.fastapi import lock_dependency, lock_lifespan
+
+    app = FastAPI(lifespan=lock_lifespan("redis://localhost:6379/0", prefix="shop"))
+
+    @app.post("/orders/{order_id}/pay")
+    async def pay(
+        order_id: int,
+        lock=Depends(lock_dependency("order:{order_id}", timeout=5), scope="function"),
+    ) -> dict[str, int]:
+        return {"fencing_token": lock.fencing_token}
+
+``scope="function"`` is required (FastAPI >= 0.121): with the default scope the code
+after a dependency's ``yield`` runs *after the response is sent* (FastAPI >= 0.118), so a
+lock lost during the endpoint would be found too late, after a 200 went out. In function
+scope the lock is released, and a loss turned into an error response, before the
+response is sent. A lock dependency in the default scope is refused: at startup by
+:func:`lock_lifespan`, and with a 500 at the first request otherwise.
+
+Status codes: the lock busy past ``timeout`` -> 423 (``timeout_status``); the lock lost
+while the endpoint ran -> 409 (``lost_status``); Redis unreachable or refusing, or the
+manager closed -> 503 (``unavailable_status``); a lock name that is not valid (say, a
+query parameter of 5000 bytes) -> 422.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import string
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from .._decorators import LOCK_MAKERS, LockKindName
+from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
+from .._keys import check_lease, check_timeout
+from .._manager import LockManager
+from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
+
+try:
+    from fastapi import Depends, HTTPException, Request
+    from starlette.applications import Starlette
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise missing("fastapi", exc) from exc
+
+__all__ = [
+    "STATE_KEY",
+    "check_lock_scopes",
+    "get_lock_manager",
+    "lock_dependency",
+    "lock_lifespan",
+]
+
+logger = logging.getLogger("aiolock")
+
+if "scope" not in inspect.signature(Depends).parameters:  # pragma: no cover - old FastAPI
+    raise ImportError(
+        "aiolock.contrib.fastapi needs FastAPI >= 0.121 (for Depends(..., scope='function')); "
+        "upgrade it with: pip install -U 'aiolock[fastapi]'"
+    )
+
+#: The name under which the lifespan publishes the manager: in the lifespan state
+#: (``request.state.aiolock``, seen by mounted sub-apps too) and on ``app.state.aiolock``.
+STATE_KEY = "aiolock"
+
+#: Marks the callables made by lock_dependency(), for the scope check.
+_MARK = "__aiolock_lock_dependency__"
+
+
+# -- the manager --------------------------------------------------------------------------
+
+
+def lock_lifespan(
+    source: ManagerSource, **options: Any
+) -> Callable[[Starlette], AbstractAsyncContextManager[dict[str, Any]]]:
+    """A lifespan that opens one manager for the app at startup and closes it at shutdown.
+
+    *source* is a Redis URL (the manager is ``LockManager.from_url(url, **options)``, with
+    a client of its own, closed with it), a function returning a new manager, or a
+    manager (which opens once: an app that starts twice needs one of the other two).
+    Startup also runs :func:`check_lock_scopes`. The manager is published as
+    ``app.state.aiolock`` and in the lifespan state; :func:`get_lock_manager` finds it.
+
+    With a lifespan of your own, enter this one inside it::
+
+        @asynccontextmanager
+        async def lifespan(app):
+            async with lock_lifespan(url)(app) as state:
+                ...  # your startup
+                yield state
+    """
+
+    check_source(source, options)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        check_lock_scopes(app)
+        manager = make_manager(source, dict(options))
+        await manager.open()
+        setattr(app.state, STATE_KEY, manager)
+        try:
+            yield {STATE_KEY: manager}
+        finally:
+            try:
+                await manager.aclose()
+            finally:
+                if getattr(app.state, STATE_KEY, None) is manager:
+                    delattr(app.state, STATE_KEY)
+
+    return lifespan
+
+
+def get_lock_manager(request: Request) -> LockManager:
+    """A dependency returning the app's manager (``locks = Depends(get_lock_manager)``).
+
+    Looks in the lifespan state, then on ``request.app.state``; raises ``RuntimeError``
+    (a 500) if neither has one.
+    """
+    for holder in (request.state, request.app.state):
+        manager = getattr(holder, STATE_KEY, None)
+        if isinstance(manager, LockManager):
+            return manager
+    raise RuntimeError(
+        "no LockManager for this app: create the app with "
+        "FastAPI(lifespan=aiolock.contrib.fastapi.lock_lifespan(redis_url)), or set "
+        f"app.state.{STATE_KEY} to an open LockManager"
+    )
+
+
+# -- the dependency -----------------------------------------------------------------------
+
+
+def lock_dependency(
+    name: str | Sequence[str],
+    *,
+    timeout: float | None = None,
+    lease: float | None = None,
+    kind: LockKindName = "lock",
+    types: Mapping[str, Any] | None = None,
+    timeout_status: int = 423,
+    lost_status: int = 409,
+    unavailable_status: int = 503,
+    manager: LockManager | None = None,
+) -> Callable[..., AsyncIterator[Any]]:
+    """A dependency that holds the lock *name* while the endpoint runs; use it with
+    ``Depends(lock_dependency(...), scope="function")``.
+
+    *name* is a template whose fields are the request's path or query parameters, by
+    name (``"order:{order_id}"``); each field becomes a parameter of the dependency, a
+    ``str`` unless *types* gives another type (``types={"order_id": int}`` makes
+    ``/orders/042`` and ``/orders/42`` the same lock, and rejects ``/orders/x`` with
+    422). A list of templates takes a multi-lock. *kind* is ``"lock"``, ``"fair"``,
+    ``"read"`` or ``"write"``, as in :meth:`LockManager.locked`.
+
+    The dependency yields the handle (``lock.fencing_token`` is the hold's token). The
+    lock is acquired before the endpoint runs (waiting up to *timeout*, ``None``: as long
+    as it takes) and released when it returns, before the response is sent. A loss while
+    the endpoint runs cancels it; a loss found at release also counts. Errors become
+    ``HTTPException``: *timeout_status* (423) when the lock stays busy, *lost_status*
+    (409) when it was lost, *unavailable_status* (503) when Redis fails or the manager is
+    closed, 422 when the formatted name is not a valid lock name.
+
+    *manager* overrides the app's manager (by default :func:`get_lock_manager`'s).
+    """
+    if kind not in LOCK_MAKERS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, LOCK_MAKERS))}, got {kind!r}")
+    single = isinstance(name, str)
+    templates = [name] if isinstance(name, str) else list(name)
+    if not templates or not all(isinstance(t, str) for t in templates):
+        raise TypeError(f"lock_dependency() needs a name template (str) or a list, got {name!r}")
+    if not single and kind != "lock":
+        raise TypeError(f"a list of names makes a multi-lock, which kind={kind!r} is not")
+    timeout = check_timeout(timeout)
+    if lease is not None:
+        lease = check_lease(lease)
+    check_statuses(timeout_status, lost_status, unavailable_status)
+    fields = _fields(templates)
+    types = dict(types or {})
+    unknown = sorted(set(types) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"types names {', '.join(map(repr, unknown))}, which the name template "
+            f"{name!r} does not use"
+        )
+    make = LOCK_MAKERS[kind]
+    # Routes whose scopes were checked (routes are not hashable: by id, with a weak
+    # reference that tells a new route at a reused id).
+    checked_routes: dict[int, weakref.ref[Any]] = {}
+
+    async def hold_lock(request: Request, **values: Any) -> AsyncIterator[Any]:
+        route = request.scope.get("route")
+        seen = checked_routes.get(id(route))
+        if route is not None and (seen is None or seen() is not route):
+            _check_route(route)
+            checked_routes[id(route)] = weakref.ref(route)
+        locks = manager if manager is not None else get_lock_manager(request)
+        formatted = [template.format_map(values) for template in templates]
+        try:
+            handle = make(locks, formatted[0] if single else formatted, timeout, lease)
+        except ValueError as exc:  # a name too long, say, from a client's parameter
+            raise HTTPException(422, detail=f"not a valid lock name: {exc}") from exc
+        try:
+            await handle.__aenter__()
+        except LockTimeoutError as exc:
+            raise HTTPException(
+                timeout_status, detail=f"{_describe(formatted)} is busy; try again later"
+            ) from exc
+        except (LockBackendError, ManagerNotOpenError) as exc:
+            raise HTTPException(
+                unavailable_status, detail="the lock service is unavailable; try again later"
+            ) from exc
+        # What ``async with`` does, split around the yield. The guard's cancel scope,
+        # entered by __aenter__, spans the endpoint: a loss cancels it, and the
+        # CancelledError comes back here, where __aexit__ turns it into LockLostError.
+        try:
+            yield handle
+        except BaseException as exc:
+            await _exit(handle, exc, formatted, lost_status, unavailable_status)
+            raise
+        await _exit(handle, None, formatted, lost_status, unavailable_status)
+
+    parameters = [
+        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)
+    ]
+    parameters += [
+        inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, annotation=types.get(field, str))
+        for field in fields
+    ]
+    # FastAPI reads the parameters to inject from the signature: the template's fields.
+    hold_lock.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    hold_lock.__name__ = hold_lock.__qualname__ = f"lock_dependency({name!r})"
+    setattr(hold_lock, _MARK, True)
+    return hold_lock
+
+
+async def _exit(
+    handle: Any,
+    exc: BaseException | None,
+    names: list[str],
+    lost_status: int,
+    unavailable_status: int,
+) -> None:
+    """Leave the handle's ``async with``; a loss becomes *lost_status*."""
+    try:
+        if exc is None:
+            await handle.__aexit__(None, None, None)
+        else:
+            await handle.__aexit__(type(exc), exc, exc.__traceback__)
+    except LockLostError as lost:
+        logger.warning("%s was lost while the endpoint ran: %s", _describe(names), lost)
+        raise HTTPException(
+            lost_status,
+            detail=f"{_describe(names)} was lost while the request ran; its effects may "
+            "have overlapped another request's: check, then retry",
+        ) from lost
+    except LockBackendError as failed:
+        raise HTTPException(
+            unavailable_status, detail="the lock service failed; try again later"
+        ) from failed
+
+
+def _describe(names: list[str]) -> str:
+    return f"lock {names[0]!r}" if len(names) == 1 else f"locks {names!r}"
+
+
+def _fields(templates: list[str]) -> list[str]:
+    """The parameter names of the templates, in order, each once; plain names only."""
+    fields: list[str] = []
+    for template in templates:
+        for _, field, _, _ in string.Formatter().parse(template):
+            if field is None:
+                continue
+            if not field.isidentifier():
+                raise ValueError(
+                    f"name template {template!r}: the field {{{field}}} must be the name of "
+                    "a path or query parameter, like 'order:{order_id}'"
+                )
+            if field == "request":
+                raise ValueError(
+                    f"name template {template!r}: 'request' is not usable as a field name"
+                )
+            if field not in fields:
+                fields.append(field)
+    return fields
+
+
+# -- the scope check ----------------------------------------------------------------------
+
+
+def check_lock_scopes(app: Starlette) -> None:
+    """Raise ``RuntimeError`` if a route uses a lock dependency outside function scope.
+
+    :func:`lock_lifespan` runs it at startup; the dependency runs it for its route at
+    its first request too.
+    """
+    for route in app.routes:
+        _check_route(route)
+
+
+def _check_route(route: Any) -> None:
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    for found in _lock_dependants(dependant):
+        if found.scope != "function":
+            path = getattr(route, "path", "?")
+            raise RuntimeError(
+                f"route {path!r} uses {found.call.__name__} with the default dependency "
+                "scope, in which FastAPI releases it after the response is sent (so a lost "
+                "lock could not turn the response into an error); declare it with "
+                "Depends(lock_dependency(...), scope='function')"
+            )
+
+
+def _lock_dependants(dependant: Any) -> list[Any]:
+    found = []
+    for sub in dependant.dependencies:
+        if getattr(sub.call, _MARK, False):
+            found.append(sub)
+        found.extend(_lock_dependants(sub))
+    return found
