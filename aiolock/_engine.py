@@ -213,6 +213,16 @@ class Engine:
                             self.connection_errors += 1
                             failure, ttl = exc, backoff
                             backoff = min(backoff * 2, MAX_BACKOFF)
+                            if field is not None:
+                                # That attempt is undone under its field, perhaps later
+                                # in the background: an undo that lands after a later
+                                # attempt won under the same field would revert it. The
+                                # undo withdraws the registration anyway, so the next
+                                # attempts register anew, under a new field.
+                                if claimed:
+                                    self._unclaim(kind, keys, field)
+                                    claimed = False
+                                field = waiter.field = f"{owner}:{self.rt.next_id()}"
                         else:
                             if isinstance(outcome, Hold):
                                 acquired = True
