@@ -221,3 +221,99 @@ async def test_storm_of_waiters_in_three_processes_keeps_exclusion_and_leaves_no
     assert not await admin.exists(f"{lock_key(prefix, name)}:claims")
     async for key in admin.scan_iter(match=f"{prefix}:*", count=1000):
         assert await admin.pttl(key) != -1, f"{as_text(key)} has no TTL"
+
+
+# -- attacks that held up (kept as tests) ------------------------------------------------
+
+
+async def test_a_grant_published_while_the_pubsub_connection_is_down_is_picked_up(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    """CLIENT KILL TYPE pubsub, then a release at once: the grant's message is lost, but
+    the reconnection wakes the waiter, whose attempt picks the grant up."""
+    holder = other.fair_lock("deaf")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    waiter = asyncio.create_task(hold_until(locks.fair_lock("deaf"), gate, log, "w"))
+    await until_queued(admin, prefix, "deaf", 1)
+    await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
+    await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    started = time.monotonic()
+    await holder.release()
+    await asyncio.wait_for(waiter, 5)
+    assert time.monotonic() - started < 1.5  # not a lease, not a pickup lease
+    assert [label for label, _ in log] == ["w"]
+    assert await queued(admin, prefix, "deaf") == []
+
+
+@pytest.mark.parametrize("offset", [-0.004, -0.002, 0.0, 0.002, 0.004])
+async def test_a_timeout_as_the_grant_lands_passes_it_on(
+    offset: float,
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    admin: Redis,
+    prefix: str,
+) -> None:
+    """The first waiter's timeout runs out around the moment the release grants it the
+    lock: either it takes the lock, or the grant passes to the second waiter at once."""
+    name = "edge"
+    holder = other.fair_lock(name)
+    await holder.acquire()
+
+    async def try_first() -> bool:
+        try:
+            async with locks.fair_lock(name, timeout=0.3):
+                return True
+        except aiolock.LockTimeoutError:
+            return False
+
+    first = asyncio.create_task(try_first())
+    started = time.monotonic()
+    await until_queued(admin, prefix, name, 1)
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    second = asyncio.create_task(hold_until(other.fair_lock(name), gate, log, "second"))
+    await until_queued(admin, prefix, name, 2)
+    await asyncio.sleep(max(0.0, started + 0.3 + offset - time.monotonic()))
+    await holder.release()
+    await asyncio.wait_for(first, 2)
+    await asyncio.wait_for(second, 2)  # granted at once, not after a pickup lease
+    assert [label for label, _ in log] == ["second"]
+    assert await queued(admin, prefix, name) == []
+    assert not await admin.exists(lock_key(prefix, name))
+
+
+async def test_a_resent_release_after_other_owners_changes_nothing(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    """A final release sent again (same release id) after the lock passed through two
+    more owners, one of them still holding and one waiter queued: it answers RELEASED
+    and touches neither the holder, nor the queue, nor publishes a grant."""
+    kind = locks._kind(FairLockKind)
+    lock = locks.fair_lock("resend")
+    await lock.acquire()
+    hold = next(iter(locks._engine.registry))  # type: ignore[union-attr]
+    first_outcome = await kind.release(hold, 1, "rid-1", None, False, False)
+    for _ in range(2):  # two more owners come and go, then one holds
+        async with other.fair_lock("resend"):
+            pass
+    holder = other.fair_lock("resend")
+    await holder.acquire()
+    log: list[Any] = []
+    waiter = asyncio.create_task(hold_until(locks.fair_lock("resend"), asyncio.Event(), log, 0))
+    await until_queued(admin, prefix, "resend", 1)
+    before = await admin.hgetall(lock_key(prefix, "resend"))
+    again = await kind.release(hold, 1, "rid-1", None, False, False)
+    assert again.status is first_outcome.status is aiolock._kind.ReleaseStatus.RELEASED
+    assert again.value == 0  # no grant, no message
+    assert await admin.hgetall(lock_key(prefix, "resend")) == before
+    assert len(await queued(admin, prefix, "resend")) == 1
+    await holder.release()
+    await eventually(lambda: bool(log), what="the waiter's grant")
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    locks._engine.registry.remove(hold)  # type: ignore[union-attr]
