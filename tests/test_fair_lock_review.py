@@ -239,7 +239,7 @@ async def test_a_grant_published_while_the_pubsub_connection_is_down_is_picked_u
     waiter = asyncio.create_task(hold_until(locks.fair_lock("deaf"), gate, log, "w"))
     await until_queued(admin, prefix, "deaf", 1)
     await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
-    await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+    assert await admin.client_kill_filter(_type="pubsub")
     started = time.monotonic()
     await holder.release()
     await asyncio.wait_for(waiter, 5)
