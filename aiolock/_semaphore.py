@@ -40,6 +40,7 @@ class Permit:
 
     @property
     def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
         return self._hold.keys.name
 
     @property
@@ -142,6 +143,7 @@ class Semaphore:
 
     @property
     def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
         return self._keys.name
 
     @property
