@@ -23,7 +23,7 @@ from aiolock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"
-_FENCE = re.compile(r'^```(?P<lang>\w*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```\s*$', re.M | re.S)
+_FENCE = re.compile(r"^```(?P<lang>\w*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```\s*$", re.M | re.S)
 
 
 def _examples(path: Path) -> list[tuple[int, str, str | None]]:
@@ -61,7 +61,9 @@ def docs_redis_url() -> Iterator[str]:
         yield server.url
 
 
-@pytest.mark.parametrize(("line", "program", "expected"), EXAMPLES, ids=[f"line{e[0]}" for e in EXAMPLES])
+@pytest.mark.parametrize(
+    ("line", "program", "expected"), EXAMPLES, ids=[f"line{e[0]}" for e in EXAMPLES]
+)
 def test_getting_started_example_runs(
     line: int, program: str, expected: str | None, docs_redis_url: str
 ) -> None:
