@@ -1,6 +1,6 @@
-"""The documentation: the getting-started page runs as written, and the site's nav is whole.
+"""The documentation: its programs run as written, and the site builds in strict mode.
 
-Every ``python`` block of docs/getting-started.md is a complete program; each is run in a
+Every ``python`` block of the pages in ``RUNNABLE`` is a complete program; each is run in a
 process of its own against a redis-server this module starts, and its output is compared
 with the ``text title="Output"`` block under it (``<n>`` stands for a number). The site
 itself is built by ``mkdocs build --strict`` in CI (.ci/run); the test here builds it too
@@ -22,18 +22,19 @@ import pytest
 from aiolock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+#: pages whose every python block is a complete program, with its output under it
+RUNNABLE = ("getting-started.md", "recipes/workers.md")
 _FENCE = re.compile(r"^```(?P<lang>\w*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```\s*$", re.M | re.S)
 
 
-def _examples(path: Path) -> list[tuple[int, str, str | None]]:
-    """(line, program, expected output or None) for each python block of *path*."""
-    text = path.read_text("utf-8")
-    found: list[tuple[int, str, str | None]] = []
+def _examples(page: str) -> list[tuple[str, str, str | None]]:
+    """(where, program, expected output or None) for each python block of *page*."""
+    text = (ROOT / "docs" / page).read_text("utf-8")
+    found: list[tuple[str, str, str | None]] = []
     for match in _FENCE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
         if match["lang"] == "python":
-            found.append((line, match["body"], None))
+            found.append((f"docs/{page}:{line}", match["body"], None))
         elif match["lang"] == "text" and 'title="Output"' in match["attrs"]:
             assert found and found[-1][2] is None, f"line {line}: an Output block with no program"
             found[-1] = (found[-1][0], found[-1][1], match["body"])
@@ -44,13 +45,13 @@ def _pattern(expected: str) -> re.Pattern[str]:
     return re.compile(r"\n".join(re.escape(x).replace("<n>", r"\d+") for x in expected.split("\n")))
 
 
-EXAMPLES = _examples(GETTING_STARTED)
+EXAMPLES = [example for page in RUNNABLE for example in _examples(page)]
 
 
-def test_the_page_has_examples_with_outputs() -> None:
-    assert len(EXAMPLES) >= 6
+def test_every_example_shows_its_output() -> None:
+    assert len(EXAMPLES) >= 10
     assert all(expected is not None for _, _, expected in EXAMPLES), [
-        line for line, _, expected in EXAMPLES if expected is None
+        where for where, _, expected in EXAMPLES if expected is None
     ]
 
 
@@ -62,10 +63,10 @@ def docs_redis_url() -> Iterator[str]:
 
 
 @pytest.mark.parametrize(
-    ("line", "program", "expected"), EXAMPLES, ids=[f"line{e[0]}" for e in EXAMPLES]
+    ("where", "program", "expected"), EXAMPLES, ids=[where for where, _, _ in EXAMPLES]
 )
-def test_getting_started_example_runs(
-    line: int, program: str, expected: str | None, docs_redis_url: str
+def test_example_runs_and_prints_its_output(
+    where: str, program: str, expected: str | None, docs_redis_url: str
 ) -> None:
     result = subprocess.run(
         [sys.executable, "-c", program],
@@ -75,10 +76,10 @@ def test_getting_started_example_runs(
         timeout=60,
         check=False,
     )
-    assert result.returncode == 0, f"docs/getting-started.md:{line}\n{result.stderr}"
+    assert result.returncode == 0, f"{where}\n{result.stderr}"
     assert expected is not None
     assert _pattern(expected.rstrip("\n")).fullmatch(result.stdout.rstrip("\n")), (
-        f"docs/getting-started.md:{line} printed:\n{result.stdout}\nexpected:\n{expected}"
+        f"{where} printed:\n{result.stdout}\nexpected:\n{expected}"
     )
 
 
