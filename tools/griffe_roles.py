@@ -11,14 +11,26 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 from typing import Any
 
 import griffe
 
-import aiolock
-
 _ROLE = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|exc|data|obj):`~?([^`]+)`")
-_PUBLIC = {name for name in aiolock.__all__ if not name.startswith("_")}
+_INIT = Path(__file__).resolve().parent.parent / "aiolock" / "__init__.py"
+
+
+def _public_names() -> set[str]:
+    """``aiolock.__all__``, read from the source being documented (not an installed copy)."""
+    for node in ast.parse(_INIT.read_text("utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return {n for n in ast.literal_eval(node.value) if not n.startswith("_")}
+    raise RuntimeError(f"no __all__ in {_INIT}")
+
+
+_PUBLIC = _public_names()
 
 
 def _target(text: str) -> str | None:
