@@ -174,7 +174,15 @@ class ChannelQueue:
 
 @dataclass(frozen=True)
 class HubStatistics:
-    """A snapshot of the hub, for debugging and tests."""
+    """A snapshot of the hub, for debugging and tests.
+
+    Attributes:
+        queues: lock names with at least one local waiter.
+        waiters: tasks waiting, over all names.
+        subscriptions: channels subscribed on the server (confirmed).
+        messages: release messages received from other clients.
+        reconnects: times the pub/sub connection was lost and re-established.
+    """
 
     #: lock names with at least one local waiter
     queues: int

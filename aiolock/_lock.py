@@ -79,6 +79,7 @@ class Lock:
 
     @property
     def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
         return self._keys.name
 
     @property

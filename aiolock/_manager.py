@@ -59,7 +59,26 @@ _MANAGER_OPTIONS = frozenset(
 
 @dataclass(frozen=True)
 class ManagerStatistics:
-    """A snapshot of a manager's state, for debugging, metrics and tests."""
+    """A snapshot of a manager's state, for debugging, metrics and tests.
+
+    Attributes:
+        held: holds of this manager's tasks (a reentrant hold counts once).
+        hub: the pub/sub hub: queues, waiters, subscriptions, messages, reconnects.
+        renewal_rounds: lease renewal rounds run by the watchdog.
+        renewal_round_trips: renewal round trips sent (many holds per round trip).
+        pending_cleanups: undo or release commands waiting to be retried in the background.
+        connection_errors: Redis round trips that failed on a connection error (each
+            retried on a fresh connection, or ridden out by waiters with backoff).
+        released_on_task_exit: holds released because the task that held them ended
+            without releasing them.
+        held_by_kind: holds now, per kind (``"lock"``, ``"fair lock"``, ``"read lock"``,
+            ``"write lock"``, ``"semaphore"``).
+        acquired: acquisitions per kind (new holds, not re-entries).
+        timeouts: waits that timed out, per kind.
+        lost: holds lost, per kind.
+        claims: waiters whose place in Redis this manager keeps alive (fair lock,
+            read-write lock writers, semaphore requests).
+    """
 
     #: holds of this manager's tasks (a reentrant hold counts once)
     held: int
@@ -175,14 +194,17 @@ class LockManager:
 
     @property
     def prefix(self) -> str:
+        """The first part of every key and channel of this manager."""
         return self._keyspace.prefix
 
     @property
     def redis(self) -> Redis:
+        """The ``redis.asyncio.Redis`` client the manager sends its commands on."""
         return self._redis
 
     @property
     def is_open(self) -> bool:
+        """True from the end of opening until closing starts."""
         return self._state == "open"
 
     def lock(self, name: str, *, timeout: float | None = None, lease: float | None = None) -> Lock:
@@ -349,6 +371,7 @@ class LockManager:
         )
 
     def statistics(self) -> ManagerStatistics:
+        """A snapshot of the manager's state (no I/O); all zeros before it opens."""
         engine = self._engine
         if engine is None:
             return ManagerStatistics(0, HubStatistics(0, 0, 0, 0, 0), 0, 0, 0)

@@ -142,6 +142,7 @@ class ReadWriteLock:
 
     @property
     def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
         return self._keys.name
 
     @property

@@ -42,6 +42,7 @@ class Permit:
 
     @property
     def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
         return self._hold.keys.name
 
     @property
@@ -152,6 +153,7 @@ class Semaphore:
 
     @property
     def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
         return self._keys.name
 
     @property

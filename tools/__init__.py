@@ -1,0 +1,1 @@
+"""Build helpers for the documentation site (mkdocs hooks, a griffe extension)."""
