@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -34,16 +34,21 @@ __all__ = ["ENV_VAR", "aiolock_manager", "aiolock_prefix", "aiolock_redis_url"]
 #: The environment variable naming a Redis to use instead of a throwaway server.
 ENV_VAR = "AIOLOCK_REDIS_URL"
 
-_async_fixture: Callable[..., Any]
-try:
-    import pytest_asyncio
-except ImportError:  # pragma: no cover - the plugin must load without pytest-asyncio
-    # A plain async fixture: the anyio plugin can run it, and pytest explains itself
-    # when no plugin can.
-    _async_fixture = pytest.fixture
-else:
-    # Strict mode runs only fixtures declared this way; auto mode runs them too.
-    _async_fixture = pytest_asyncio.fixture
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _async_fixture(function: F) -> F:
+    """Declare an async fixture with pytest-asyncio, if it is installed.
+
+    Strict mode runs only fixtures declared with ``pytest_asyncio.fixture``; auto mode
+    runs them too. Without pytest-asyncio it is a plain fixture: the anyio plugin can
+    run it, and pytest explains itself when no plugin can.
+    """
+    try:
+        import pytest_asyncio
+    except ImportError:  # pragma: no cover - the plugin must load without pytest-asyncio
+        return cast(F, pytest.fixture(function))
+    return cast(F, pytest_asyncio.fixture(function))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -84,7 +89,9 @@ def aiolock_prefix() -> str:
 
 
 @_async_fixture
-async def aiolock_manager(aiolock_redis_url: str, aiolock_prefix: str) -> AsyncIterator[LockManager]:
+async def aiolock_manager(
+    aiolock_redis_url: str, aiolock_prefix: str
+) -> AsyncIterator[LockManager]:
     """An open LockManager on ``aiolock_redis_url`` with ``aiolock_prefix``, closed after."""
     async with LockManager.from_url(aiolock_redis_url, prefix=aiolock_prefix) as manager:
         yield manager

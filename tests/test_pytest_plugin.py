@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import sys
-import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 from urllib.parse import urlparse
@@ -21,7 +20,9 @@ pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
-USER_TESTS = '''
+INI = "[pytest]\nasyncio_mode = {mode}\nasyncio_default_fixture_loop_scope = function\n"
+
+USER_TESTS = """
 import os
 import pytest
 import aiolock
@@ -55,7 +56,7 @@ def test_the_url_is_recorded(aiolock_redis_url, redis_url):
     assert redis_url == "not-a-url"
     with open(os.environ["URL_OUT"], "w") as out:
         out.write(aiolock_redis_url)
-'''
+"""
 
 
 def _plugin_args() -> list[str]:
@@ -90,7 +91,9 @@ def test_strict_mode_with_a_given_server(
     pytester: pytest.Pytester, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIOLOCK_REDIS_URL", redis_url)
-    pytester.makeini("[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
+    )
     pytester.makepyfile(test_user=USER_TESTS.format(marker="@pytest.mark.asyncio"))
     result, url = _run(pytester)
     result.assert_outcomes(passed=3)
@@ -101,7 +104,9 @@ def test_auto_mode_starts_and_stops_a_throwaway_server(
     pytester: pytest.Pytester, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("AIOLOCK_REDIS_URL", raising=False)
-    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
     pytester.makepyfile(test_user=USER_TESTS.format(marker=""))
     result, url = _run(pytester)
     result.assert_outcomes(passed=3)
@@ -113,7 +118,9 @@ def test_the_command_line_option_wins_over_the_environment(
     pytester: pytest.Pytester, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIOLOCK_REDIS_URL", "redis://127.0.0.1:1/0")
-    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.makeini(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
     pytester.makepyfile(test_user=USER_TESTS.format(marker=""))
     result, url = _run(pytester, "--aiolock-redis-url", redis_url)
     result.assert_outcomes(passed=3)
@@ -121,7 +128,8 @@ def test_the_command_line_option_wins_over_the_environment(
 
 
 def test_the_entry_point_is_declared() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
-    assert project["entry-points"]["pytest11"] == {"aiolock": "aiolock.pytest_plugin"}
+    text = (ROOT / "pyproject.toml").read_text("utf-8")
+    section = text.split("[project.entry-points.pytest11]", 1)[1].split("\n[", 1)[0]
+    assert 'aiolock = "aiolock.pytest_plugin"' in section
     __import__("aiolock.pytest_plugin")
     assert "aiolock.pytest_plugin" in sys.modules
