@@ -133,16 +133,39 @@ async def holder_info(locks: LockManager, name: str) -> Holder | None:
     A record outlives its lock only if the holder died between releasing and deleting
     it; the lock is checked too, so such a record is not reported.
     """
-    lock = locks.lock(name)
+    held, raw = await _read(locks, name)
+    if not held or raw is None:
+        return None
+    return _parse(name, raw)
+
+
+async def _read(locks: LockManager, name: str) -> tuple[bool, Any]:
+    """Whether the lock *name* is held, and its raw holder record (or None)."""
+    key = locks.lock(name).key
     try:
         async with locks.redis.pipeline(transaction=False) as pipe:
-            pipe.exists(lock.key)
-            pipe.get(f"{lock.key}:holder")
+            pipe.exists(key)
+            pipe.get(f"{key}:holder")
             held, raw = await pipe.execute()
     except RedisError as exc:
         raise LockBackendError(f"reading the holder of {name!r} failed: {exc}") from exc
-    if not held or raw is None:
-        return None
+    return bool(held), raw
+
+
+async def _busy_holder(locks: LockManager, name: str) -> Holder | None:
+    """The holder a loser reports: a winner publishes its record a round trip after it
+    took the lock, so a loser of a simultaneous start waits for it, 0.1 s at most."""
+    for _ in range(5):
+        held, raw = await _read(locks, name)
+        if not held:
+            return None
+        if raw is not None:
+            return _parse(name, raw)
+        await asyncio.sleep(0.02)
+    return None
+
+
+def _parse(name: str, raw: Any) -> Holder | None:
     try:
         record = json.loads(raw)
         record.pop("nonce", None)
@@ -192,7 +215,8 @@ class Claim:
         try:
             await self._lock.__aenter__()
         except LockTimeoutError as exc:
-            raise JobBusy(self.name, await holder_info(self._locks, self.name), self.defer) from exc
+            holder = await _busy_holder(self._locks, self.name)
+            raise JobBusy(self.name, holder, self.defer) from exc
         me = Holder(
             name=self.name,
             job_id=self.job_id,

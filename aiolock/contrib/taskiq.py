@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
+from .._manager import LockManager
 from . import jobs
 
 try:
@@ -46,8 +47,23 @@ def _task_id(arguments: Mapping[str, Any]) -> str | None:
     return None if context is None else str(context.message.task_id)
 
 
+def _from_state(attribute: str) -> Callable[[Mapping[str, Any]], LockManager]:
+    def find(arguments: Mapping[str, Any]) -> LockManager:
+        context = find_context(arguments)
+        manager = None if context is None else getattr(context.state, attribute, None)
+        if not isinstance(manager, LockManager):
+            raise LookupError(
+                f"aiolock.contrib.taskiq.singleton: no LockManager at the broker's "
+                f"state.{attribute}; open one at startup and store it there (the task needs a "
+                "'context: Context = TaskiqDepends()' parameter), or pass locks=manager"
+            )
+        return manager
+
+    return find
+
+
 def singleton(
-    locks: jobs.LocksArg,
+    locks: jobs.LocksArg | str,
     name: str,
     *,
     on_busy: jobs.OnBusy = "defer",
@@ -60,6 +76,8 @@ def singleton(
     """:func:`aiolock.contrib.jobs.singleton` for taskiq tasks.
 
     Args:
+        locks: the manager, a function of the call's arguments that returns it, or the
+            name of the attribute of the broker's ``state`` that holds it.
         on_busy: ``"defer"`` (default: wait ``defer`` seconds, then requeue, at most
             ``max_requeues`` times), ``"skip"``, ``"raise"`` or a handler.
         job_id: default: the task id, from the task's ``Context`` parameter.
@@ -84,5 +102,11 @@ def singleton(
 
         on_busy = requeue
     return jobs.singleton(
-        locks, name, on_busy=on_busy, job_id=job_id, timeout=timeout, lease=lease, defer=defer
+        _from_state(locks) if isinstance(locks, str) else locks,
+        name,
+        on_busy=on_busy,
+        job_id=job_id,
+        timeout=timeout,
+        lease=lease,
+        defer=defer,
     )
