@@ -1,0 +1,112 @@
+"""Singleton taskiq tasks: at most one task per resource runs at a time; losers are deferred.
+
+``pip install aiolock[taskiq]``. Give the task a ``Context`` parameter (taskiq injects
+it) and decorate it under ``@broker.task``::
+
+    @broker.task
+    @singleton(locks, "report:{customer_id}")          # defer by default
+    async def build_report(customer_id: int, context: Context = TaskiqDepends()) -> str: ...
+
+A task that finds the lock held waits ``defer`` seconds and requeues itself
+(``context.requeue()``, which stores no result for this run), at most ``max_requeues``
+times, then fails with :class:`~aiolock.contrib.jobs.JobBusy`. ``on_busy="skip"``
+returns ``None`` instead, ``"raise"`` fails the task, and a handler ``(busy, arguments)``
+decides itself. The holder record names the task id; see docs/recipes/taskiq.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+from .._manager import LockManager
+from . import jobs
+
+try:
+    from taskiq import Context
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("aiolock.contrib.taskiq needs taskiq: pip install 'aiolock[taskiq]'") from exc
+
+__all__ = ["REQUEUE_LABEL", "find_context", "singleton"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The message label in which taskiq counts a task's requeues.
+REQUEUE_LABEL = "X-Taskiq-requeue"
+
+
+def find_context(arguments: Mapping[str, Any]) -> Context | None:
+    """The taskiq ``Context`` among a call's arguments, if the task has one."""
+    return next((v for v in arguments.values() if isinstance(v, Context)), None)
+
+
+def _task_id(arguments: Mapping[str, Any]) -> str | None:
+    context = find_context(arguments)
+    return None if context is None else str(context.message.task_id)
+
+
+def _from_state(attribute: str) -> Callable[[Mapping[str, Any]], LockManager]:
+    def find(arguments: Mapping[str, Any]) -> LockManager:
+        context = find_context(arguments)
+        manager = None if context is None else getattr(context.state, attribute, None)
+        if not isinstance(manager, LockManager):
+            raise LookupError(
+                f"aiolock.contrib.taskiq.singleton: no LockManager at the broker's "
+                f"state.{attribute}; open one at startup and store it there (the task needs a "
+                "'context: Context = TaskiqDepends()' parameter), or pass locks=manager"
+            )
+        return manager
+
+    return find
+
+
+def singleton(
+    locks: jobs.LocksArg | str,
+    name: str,
+    *,
+    on_busy: jobs.OnBusy = "defer",
+    defer: float = 1.0,
+    max_requeues: int = 30,
+    job_id: jobs.JobIdArg = _task_id,
+    timeout: float | None = 0.0,
+    lease: float | None = None,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[Any]]]:
+    """:func:`aiolock.contrib.jobs.singleton` for taskiq tasks.
+
+    Args:
+        locks: the manager, a function of the call's arguments that returns it, or the
+            name of the attribute of the broker's ``state`` that holds it.
+        on_busy: ``"defer"`` (default: wait ``defer`` seconds, then requeue, at most
+            ``max_requeues`` times), ``"skip"``, ``"raise"`` or a handler.
+        job_id: default: the task id, from the task's ``Context`` parameter.
+    """
+    if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
+        raise ValueError(f"max_requeues must be an int >= 0, got {max_requeues!r}")
+    if on_busy == "defer":
+
+        async def requeue(busy: jobs.JobBusy, arguments: Mapping[str, Any]) -> Any:
+            context = find_context(arguments)
+            if context is None:
+                raise TypeError(
+                    "aiolock.contrib.taskiq.singleton(on_busy='defer') requeues the task "
+                    "through its Context: add a parameter 'context: Context = TaskiqDepends()'"
+                ) from busy
+            if int(context.message.labels.get(REQUEUE_LABEL, 0)) >= max_requeues:
+                raise busy
+            # Waiting here keeps the message in hand (taskiq has no delayed requeue
+            # without a scheduler); it costs a task slot, not a thread.
+            await asyncio.sleep(defer)
+            await context.requeue()  # raises NoResultError: this run stores no result
+
+        on_busy = requeue
+    return jobs.singleton(
+        _from_state(locks) if isinstance(locks, str) else locks,
+        name,
+        on_busy=on_busy,
+        job_id=job_id,
+        timeout=timeout,
+        lease=lease,
+        defer=defer,
+    )

@@ -1,0 +1,242 @@
+"""aiolock.contrib.jobs: one job per resource at a time; the others skip, raise or defer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import socket
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock.contrib.jobs import Holder, JobBusy, claim, holder_info, holder_key, singleton
+
+
+@pytest.fixture
+async def other(redis_url: str, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    """A second manager (another worker) on the same prefix."""
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as manager:
+        yield manager
+
+
+async def test_a_held_claim_publishes_its_holder_and_withdraws_it(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis
+) -> None:
+    key = holder_key(locks, "report:42")
+    assert key == f"{locks.prefix}:{{report:42}}:holder"
+    assert await holder_info(other, "report:42") is None
+    async with claim(locks, "report:42", job_id="job-1") as me:
+        assert me.job_id == "job-1" and me.pid == os.getpid()
+        assert me.host == socket.gethostname() and me.token is not None
+        seen = await holder_info(other, "report:42")
+        assert seen == me
+        assert 0 < await admin.pttl(key) <= locks.lease * 1000
+        assert "job job-1 on" in str(seen)
+    assert await holder_info(other, "report:42") is None
+    assert await admin.exists(key) == 0
+
+
+async def test_the_loser_is_told_who_holds(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    async with claim(locks, "sync:a", job_id="winner") as me:
+        with pytest.raises(JobBusy) as caught:
+            async with claim(other, "sync:a", job_id="loser", defer=3):
+                pytest.fail("the loser ran")
+    busy = caught.value
+    assert busy.name == "sync:a" and busy.holder == me and busy.defer == 3
+    assert isinstance(busy, aiolock.LockTimeoutError)
+    assert "held by job winner on" in str(busy) and "run it again in 3 s" in str(busy)
+    again = pickle.loads(pickle.dumps(busy))  # task queues pickle job errors
+    assert (again.name, again.holder, again.defer) == ("sync:a", me, 3)
+
+
+async def test_a_record_without_its_lock_is_not_reported(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    """A holder that died between releasing and deleting leaves a record: ignored."""
+    key = holder_key(locks, "stale")
+    stale = Holder("stale", "ghost", "elsewhere", 1, 0.0)
+    await admin.set(key, json.dumps(stale.__dict__), px=10_000)
+    assert await holder_info(locks, "stale") is None
+    async with locks.lock("stale"):
+        assert await holder_info(locks, "stale") == stale
+        await admin.set(key, "not json", px=10_000)
+        assert await holder_info(locks, "stale") is None
+
+
+async def test_another_holders_record_is_not_deleted(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    """After a lost lease, a new holder's record must survive the old holder's exit."""
+    key = holder_key(locks, "lost")
+    with pytest.raises(aiolock.LockLostError):
+        async with claim(locks, "lost", lease=0.3):
+            await admin.set(key, "someone else's", px=10_000)
+            await asyncio.sleep(1.0)  # the fixed lease runs out: the body is cancelled
+    assert await admin.get(key) == b"someone else's"
+    await admin.delete(key)
+
+
+async def test_a_renewed_hold_keeps_its_record_alive(redis_url: str, prefix: str) -> None:
+    async with (
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as locks,
+        claim(locks, "long", job_id="slow") as me,
+    ):
+        await asyncio.sleep(1.5)  # two and a half leases
+        assert await holder_info(locks, "long") == me
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as locks:
+        assert await holder_info(locks, "long") is None
+
+
+async def test_singleton_skips_raises_defers_or_hands_over(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    ran: list[str] = []
+
+    async def seen(busy: JobBusy, arguments: Mapping[str, Any]) -> str:
+        return f"{arguments['customer_id']} busy: {busy.holder and busy.holder.job_id}"
+
+    @singleton(locks, "report:{customer_id}", job_id="{request}")
+    async def skipping(customer_id: int, request: str) -> str:
+        ran.append(request)
+        return request
+
+    @singleton(locks, "report:{customer_id}", on_busy="raise")
+    async def raising(customer_id: int) -> None:
+        ran.append("raising")
+
+    @singleton(locks, "report:{customer_id}", on_busy="defer", defer=2.5)
+    async def deferring(customer_id: int) -> None:
+        ran.append("deferring")
+
+    @singleton(locks, "report:{customer_id}", on_busy=seen)
+    async def handled(customer_id: int) -> None:
+        ran.append("handled")
+
+    async with claim(other, "report:7", job_id="big-one"):
+        assert await skipping(7, "r1") is None
+        with pytest.raises(JobBusy) as raised:
+            await raising(7)
+        assert raised.value.defer is None and raised.value.holder is not None
+        with pytest.raises(JobBusy) as deferred:
+            await deferring(7)
+        assert deferred.value.defer == 2.5
+        assert await handled(7) == "7 busy: big-one"
+        assert await skipping(8, "r2") == "r2"  # another resource is free
+    assert await skipping(7, "r3") == "r3"
+    assert ran == ["r2", "r3"]
+
+
+async def test_singleton_runs_one_at_a_time_among_many(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    inside = 0
+    most = 0
+
+    async def body(n: int) -> int:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0.2)
+        inside -= 1
+        return n
+
+    a = singleton(locks, "res")(body)
+    b = singleton(other, "res")(body)
+    results = await asyncio.wait_for(asyncio.gather(*(f(n) for n in range(4) for f in (a, b))), 10)
+    assert most == 1
+    assert sum(r is not None for r in results) == 1
+
+
+async def test_a_busy_error_of_the_body_is_not_taken_for_a_busy_lock(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    @singleton(locks, "outer-{n}")
+    async def job(n: int) -> None:
+        async with claim(locks, "inner"):
+            pass
+
+    async with claim(other, "inner"), claim(other, "inner"):  # re-entered: one record
+        with pytest.raises(JobBusy, match="'inner'"):
+            await job(1)  # "skip" applies to outer-1 only
+
+
+async def test_the_manager_can_come_from_the_call(locks: aiolock.LockManager) -> None:
+    @singleton(lambda arguments: arguments["ctx"]["locks"], "x:{ctx[tenant]}", job_id="{ctx[id]}")
+    async def job(ctx: dict[str, Any]) -> Holder | None:
+        return await holder_info(ctx["locks"], f"x:{ctx['tenant']}")
+
+    me = await job({"locks": locks, "tenant": "acme", "id": "j-9"})
+    assert me is not None and me.job_id == "j-9" and me.name == "x:acme"
+
+
+def test_bad_arguments_are_refused_at_decoration(locks: aiolock.LockManager) -> None:
+    with pytest.raises(ValueError, match="on_busy must be"):
+        singleton(locks, "x", on_busy="wait")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="no parameter for"):
+
+        @singleton(locks, "x:{missing}")
+        async def job(present: int) -> None: ...
+
+    with pytest.raises(TypeError, match="async functions"):
+        singleton(locks, "x")(lambda: None)  # type: ignore[arg-type, return-value]
+
+
+async def test_the_arq_adapter_defers_with_retry(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    Retry = pytest.importorskip("arq.worker").Retry  # arq is tested where it fits (.ci/run)
+
+    from aiolock.contrib import arq as for_arq
+
+    @for_arq.singleton("sync:{account}", defer=1.5)
+    async def sync(ctx: dict[str, Any], account: str) -> str:
+        return account
+
+    ctx = {"locks": locks, "job_id": "j-1"}
+    async with claim(other, "sync:a", job_id="j-0"):
+        with pytest.raises(Retry) as caught:
+            await sync(ctx, "a")
+    assert caught.value.defer_score == 1500
+    assert isinstance(caught.value.__cause__, JobBusy)
+    assert caught.value.__cause__.holder is not None
+    assert caught.value.__cause__.holder.job_id == "j-0"
+    assert await sync(ctx, "a") == "a"
+    with pytest.raises(LookupError, match=r"ctx\['locks'\]"):
+        await sync({"job_id": "j-2"}, "a")
+
+
+async def test_the_taskiq_adapter_needs_a_context_and_gives_up(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    from taskiq import Context, InMemoryBroker, TaskiqMessage
+
+    from aiolock.contrib import taskiq as for_taskiq
+
+    @for_taskiq.singleton(locks, "t:{n}", max_requeues=2)
+    async def with_context(n: int, context: Context) -> int:
+        return n
+
+    @for_taskiq.singleton(locks, "t:{n}")
+    async def without(n: int) -> int:
+        return n
+
+    broker = InMemoryBroker()
+    message = TaskiqMessage(
+        task_id="task-7", task_name="t", labels={for_taskiq.REQUEUE_LABEL: "2"}, args=[], kwargs={}
+    )
+    context = Context(message, broker)
+    assert await with_context(1, context) == 1
+    async with claim(other, "t:1"):
+        with pytest.raises(TypeError, match="TaskiqDepends"):
+            await without(1)
+        with pytest.raises(JobBusy):  # requeued twice already: no more
+            await with_context(1, context)
+    with pytest.raises(ValueError, match="max_requeues"):
+        for_taskiq.singleton(locks, "x", max_requeues=-1)
