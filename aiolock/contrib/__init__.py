@@ -1,0 +1,1 @@
+"""Optional integrations with other libraries; each module needs its own extra installed."""
