@@ -22,18 +22,32 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from ._manager import LockManager
-
-__all__ = ["AcquireFailure", "Observer", "ObserverSet", "failure_reason"]
+__all__ = ["AcquireFailure", "ObservedManager", "Observer", "ObserverSet", "failure_reason"]
 
 logger = logging.getLogger("aiolock")
 
 #: Why a wait ended without a hold: its timeout ran out, its task was cancelled, or an
 #: error ended it (Redis unreachable or refusing, the manager closed, ...).
 AcquireFailure = Literal["timeout", "cancelled", "error"]
+
+
+class ObservedManager(Protocol):
+    """What an observer is given of the manager it is attached to: a :class:`LockManager`.
+
+    (A protocol, not an import: the manager imports this module.)
+    """
+
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def statistics(self) -> Any:
+        """A :class:`~aiolock.ManagerStatistics`."""
+        ...
 
 
 class Observer:
@@ -45,7 +59,7 @@ class Observer:
     should be quick and must not block.
     """
 
-    def attached(self, manager: LockManager) -> None:
+    def attached(self, manager: ObservedManager) -> None:
         """This observer was added to *manager* (for reading its statistics later)."""
 
     def acquire_started(self, kind: str, name: str) -> None:

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock import LockManager, Observer
+from aiolock._observe import ObservedManager
 
 
 class Recorder(Observer):
@@ -18,10 +19,10 @@ class Recorder(Observer):
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
-        self.managers: list[LockManager] = []
+        self.managers: list[ObservedManager] = []
         self.durations: list[float] = []
 
-    def attached(self, manager: LockManager) -> None:
+    def attached(self, manager: ObservedManager) -> None:
         self.managers.append(manager)
 
     def acquire_started(self, kind: str, name: str) -> None:

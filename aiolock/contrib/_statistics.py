@@ -10,7 +10,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-from .._manager import LockManager
+from .._manager import ManagerStatistics
+from .._observe import ObservedManager
 
 __all__ = ["PrefixTotals", "WatchedManagers"]
 
@@ -32,9 +33,9 @@ class WatchedManagers:
     """Managers an observer was attached to; forgotten when they are garbage collected."""
 
     def __init__(self) -> None:
-        self._managers: weakref.WeakSet[LockManager] = weakref.WeakSet()
+        self._managers: weakref.WeakSet[ObservedManager] = weakref.WeakSet()
 
-    def add(self, manager: LockManager) -> None:
+    def add(self, manager: ObservedManager) -> None:
         self._managers.add(manager)
 
     def totals(self) -> dict[str, PrefixTotals]:
@@ -43,7 +44,7 @@ class WatchedManagers:
         for manager in list(self._managers):
             if not manager.is_open:
                 continue
-            stats = manager.statistics()
+            stats: ManagerStatistics = manager.statistics()
             total = totals.setdefault(manager.prefix, PrefixTotals())
             for kind in {*stats.acquired, *stats.held_by_kind}:
                 total.held[kind] = total.held.get(kind, 0) + stats.held_by_kind.get(kind, 0)

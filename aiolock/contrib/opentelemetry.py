@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 try:
     from opentelemetry import metrics, trace
@@ -35,11 +34,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from .. import __version__
-from .._observe import AcquireFailure, Observer
+from .._observe import AcquireFailure, ObservedManager, Observer
 from ._statistics import WatchedManagers
-
-if TYPE_CHECKING:
-    from .._manager import LockManager
 
 __all__ = ["METRICS", "SECONDS_BUCKETS", "OpenTelemetryObserver"]
 
@@ -131,7 +127,7 @@ class OpenTelemetryObserver(Observer):
             description="Tasks of the watched managers waiting for a lock now.",
         )
 
-    def attached(self, manager: LockManager) -> None:
+    def attached(self, manager: ObservedManager) -> None:
         self._managers.add(manager)
 
     # -- events ------------------------------------------------------------------------

@@ -16,7 +16,6 @@ kind and, for what is read from the statistics, the managers' key prefix.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -27,11 +26,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'aiolock[prometheus]' (or prometheus-client)"
     ) from exc
 
-from .._observe import AcquireFailure, Observer
+from .._observe import AcquireFailure, ObservedManager, Observer
 from ._statistics import PrefixTotals, WatchedManagers
-
-if TYPE_CHECKING:
-    from .._manager import LockManager
 
 __all__ = ["METRICS", "SECONDS_BUCKETS", "PrometheusObserver", "StatisticsCollector"]
 
@@ -163,7 +159,7 @@ class PrometheusObserver(Observer):
         self.collector = StatisticsCollector(self._managers, namespace)
         registry.register(self.collector)
 
-    def attached(self, manager: LockManager) -> None:
+    def attached(self, manager: ObservedManager) -> None:
         self._managers.add(manager)
 
     def acquired(self, kind: str, name: str, waited_s: float, token: int) -> None:
