@@ -217,3 +217,48 @@ async def test_from_url_takes_observers(redis_url: str, prefix: str) -> None:
     async with locks, locks.lock("j"):
         pass
     assert [e[0] for e in seen.events] == ["start", "acquired", "released"]
+
+
+async def test_churn_every_start_has_one_outcome_and_every_hold_one_end(
+    redis: Redis, prefix: str
+) -> None:
+    """Tasks of every kind acquire with timeouts, get cancelled, and forget to release."""
+    seen = Recorder()
+    rounds = 0
+    async with LockManager(redis, prefix=prefix, observers=[seen]) as locks:
+        sem = locks.semaphore("s", 2)
+        rw = locks.rw_lock("rw")
+        makers: list[Any] = [
+            lambda: locks.lock("l", timeout=0.02),
+            lambda: locks.fair_lock("f", timeout=0.02),
+            rw.read,
+            rw.write,
+            lambda: sem,
+            lambda: locks.multi_lock(["l", "m"], timeout=0.02),
+        ]
+
+        async def worker(i: int) -> None:
+            lock = makers[i % len(makers)]()
+            try:
+                if i % 7 == 0:  # ends holding: aiolock releases it
+                    await asyncio.wait_for(lock.acquire(timeout=0.02), 1)
+                    return
+                async with asyncio.timeout(0.004 * (i % 6)):  # may cancel a wait or a body
+                    async with lock:
+                        await asyncio.sleep(0.005)
+            except (TimeoutError, aiolock.LockTimeoutError):
+                pass
+
+        deadline = asyncio.get_running_loop().time() + 3
+        while rounds < 20 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.gather(*(worker(rounds * 12 + i) for i in range(12)))
+            rounds += 1
+        await asyncio.sleep(0.05)  # background releases of tasks that ended holding
+    starts = len(seen.of("start"))
+    outcomes = len(seen.of("acquired")) + len(seen.of("failed"))
+    assert starts == outcomes > 0
+    acquired = sorted(e[1:] for e in seen.of("acquired"))
+    ended = sorted([e[1:] for e in seen.of("released")] + [e[1:4] for e in seen.of("lost")])
+    assert acquired == ended
+    assert {e[3] for e in seen.of("failed")} <= {"timeout", "cancelled"}
+    assert seen.of("failed") and seen.of("released")
