@@ -261,5 +261,5 @@ async def test_churn_every_start_has_one_outcome_and_every_hold_one_end(
     acquired = sorted(e[1:] for e in seen.of("acquired"))
     ended = sorted([e[1:] for e in seen.of("released")] + [e[1:4] for e in seen.of("lost")])
     assert acquired == ended
-    assert {e[3] for e in seen.of("failed")} == {"timeout", "cancelled"}
+    assert "cancelled" in {e[3] for e in seen.of("failed")} <= {"timeout", "cancelled"}
     assert seen.of("failed") and seen.of("released")
