@@ -24,6 +24,7 @@ from ._hub import HubStatistics
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
 from ._multi import MultiLock
+from ._observe import Observer
 from ._rwlock import ReadWriteLock
 from ._semaphore import Permit, Semaphore
 
@@ -45,6 +46,7 @@ __all__ = [
     "ManagerNotOpenError",
     "ManagerStatistics",
     "MultiLock",
+    "Observer",
     "Permit",
     "ReadWriteLock",
     "Semaphore",

@@ -60,6 +60,7 @@ from ._errors import (
 from ._hub import Waiter, WaiterHub
 from ._keys import LockKeys
 from ._kind import Attempt, Busy, Hold, LockKind, Released, ReleaseStatus, Successor
+from ._observe import ObserverSet, failure_reason
 from ._registry import HoldRegistry
 from ._runtime import TOMBSTONE_TTL, Runtime
 from ._watchdog import Watchdog
@@ -97,14 +98,20 @@ class _Handoff:
 class Engine:
     """The generic protocol of one open manager: its hub, registry, watchdog and cleanup."""
 
-    def __init__(self, runtime: Runtime, hub: WaiterHub) -> None:
+    def __init__(
+        self, runtime: Runtime, hub: WaiterHub, observers: ObserverSet | None = None
+    ) -> None:
         self.rt = runtime
         self.client = runtime.client
         self.hub = hub
         self.registry = HoldRegistry(on_lost=self._on_lost, on_fixed=self._on_fixed)
         # Redis Cluster is not supported yet (the manager refuses its client): one node
         # takes renewal batches that span slots.
-        self.watchdog = Watchdog(self.registry, runtime.lease, group_by_slot=False)
+        #: told of every new hold's wait, acquisition and end (see aiolock._observe)
+        self.observers = ObserverSet() if observers is None else observers
+        self.watchdog = Watchdog(
+            self.registry, runtime.lease, group_by_slot=False, observers=self.observers
+        )
         self.cleanup = Cleanup()
         #: round trips that failed on a connection error and were ridden out or retried
         self.connection_errors = 0
@@ -120,6 +127,8 @@ class Engine:
 
     def _on_lost(self, hold: Hold) -> None:
         self.lost[hold.kind.name] += 1
+        if hold.observed_at is not None:
+            self._ended(hold, hold.lost_reason)
         # The lock may be free now (or soon): the local head should try for it.
         self.hub.wake(hold.kind.channel(hold.keys))
 
@@ -142,6 +151,42 @@ class Engine:
             held = self.registry.get(kind.resource(keys), owner)
             if held is not None:
                 return await self._reenter(held, lease)
+        observers = self.observers
+        if not observers.active:
+            return await self._acquire_new(kind, keys, owner, timeout, lease, permits)
+        started = time.monotonic()
+        observers.acquire_started(kind.name, keys.name)
+        try:
+            hold = await self._acquire_new(kind, keys, owner, timeout, lease, permits)
+        except BaseException as exc:
+            waited = time.monotonic() - started
+            observers.acquire_failed(kind.name, keys.name, waited, failure_reason(exc))
+            raise
+        hold.observed_at = now = time.monotonic()
+        observers.acquired(kind.name, keys.name, now - started, hold.token)
+        return hold
+
+    def _ended(self, hold: Hold, lost: str | None = None) -> None:
+        """Tell the observers that an observed hold ended (once: it is then unobserved)."""
+        if hold.observed_at is None:
+            return
+        held = time.monotonic() - hold.observed_at
+        hold.observed_at = None
+        name, keys = hold.kind.name, hold.keys.name
+        if lost is None:
+            self.observers.released(name, keys, held, hold.token)
+        else:
+            self.observers.lost(name, keys, held, hold.token, lost)
+
+    async def _acquire_new(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+        permits: int,
+    ) -> Hold:
         if timeout == 0:  # one attempt, queue or no queue, and no claim to withdraw
             outcome = await self._attempt(kind, keys, owner, lease, permits=permits, claim=False)
             if isinstance(outcome, Hold):
@@ -421,6 +466,7 @@ class Engine:
                 task.get_name(),
             )
             self.registry.remove(hold)
+            self._ended(hold)
             hold.owner = ORPHAN
             self._release_in_background(hold, "release of a hold whose task ended")
 
@@ -449,6 +495,7 @@ class Engine:
             # held, so this task's next acquire takes a new field and simply waits for
             # the old hold to be released (or to expire): it never re-enters it.
             self.registry.park(hold)
+            self._ended(hold)  # for its owner, the hold ends here
             self.cleanup.add(what, send, max(hold.valid_until, time.monotonic()))
             if handoff is not None:  # the queue's head fends for itself meanwhile
                 handoff.waiter.reserved = False
@@ -546,6 +593,8 @@ class Engine:
             return None
         self.registry.remove(hold)
         self.registry.unpark(hold, settled=status is not ReleaseStatus.NOT_HELD)
+        if hold.observed_at is not None and status is not ReleaseStatus.NOT_HELD:
+            self._ended(hold)  # (NOT_HELD: the loss below reports it)
         channel = hold.kind.channel(hold.keys)
         if status is ReleaseStatus.RELEASED:
             hold.count = 0

@@ -72,6 +72,7 @@ class Hold:
         "lost",
         "lost_reason",
         "next_check",
+        "observed_at",
         "owner",
         "permits",
         "release_id",
@@ -131,6 +132,9 @@ class Hold:
         #: again), and when it was first sent: Redis remembers it for a while only
         self.release_id: str | None = None
         self.release_sent_at = 0.0
+        #: when the observers were told it was acquired; None once they were told it
+        #: ended, or if they never heard of it (see aiolock._observe)
+        self.observed_at: float | None = None
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else ("renewed" if self.renew else "fixed")

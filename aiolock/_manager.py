@@ -40,6 +40,7 @@ from ._kinds.rw import KEY_TAG
 from ._kinds.semaphore import SemaphoreKeys, check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
+from ._observe import Observer, ObserverSet
 from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
@@ -53,7 +54,15 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _MANAGER_OPTIONS = frozenset(
-    {"prefix", "lease", "command_timeout", "close_timeout", "fence_ttl", "max_in_flight"}
+    {
+        "prefix",
+        "lease",
+        "command_timeout",
+        "close_timeout",
+        "fence_ttl",
+        "max_in_flight",
+        "observers",
+    }
 )
 
 
@@ -125,6 +134,8 @@ class LockManager:
         max_in_flight: commands (or pipelines) the manager has in flight at once, hence
             about how many connections it uses besides its one pub/sub connection; more
             concurrent operations are coalesced into pipelines.
+        observers: :class:`~aiolock.Observer` objects told of every wait, acquisition,
+            release, loss and renewal (tracing, metrics); see :meth:`add_observer`.
     """
 
     def __init__(
@@ -137,6 +148,7 @@ class LockManager:
         close_timeout: float = 5.0,
         fence_ttl: float | None = 60.0,
         max_in_flight: int = 3,
+        observers: Iterable[Observer] = (),
     ) -> None:
         if not isinstance(redis, Redis):
             raise TypeError(_client_type_message(redis))
@@ -163,13 +175,17 @@ class LockManager:
         self._serial = 0
         self._state = "new"
         self._engine: Engine | None = None
+        self._observers = ObserverSet()
+        for observer in observers:
+            self.add_observer(observer)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> LockManager:
         """A manager with its own client made by ``Redis.from_url(url, ...)``.
 
         The manager's own options (``prefix``, ``lease``, ``command_timeout``,
-        ``close_timeout``, ``fence_ttl``, ``max_in_flight``) are taken from *options*;
+        ``close_timeout``, ``fence_ttl``, ``max_in_flight``, ``observers``) are taken
+        from *options*;
         the rest go to ``Redis.from_url``. The client is closed when the manager closes.
         """
         if not isinstance(url, str):
@@ -370,6 +386,26 @@ class LockManager:
             self, name, make, timeout=timeout, lease=lease, on_busy=on_busy, what="limited()"
         )
 
+    def add_observer(self, observer: Observer) -> None:
+        """Tell *observer* of every new hold's wait, acquisition and end, and of renewals.
+
+        Takes effect at once, also on an open manager (holds acquired before are not
+        reported). Calls ``observer.attached(self)``. Adding an observer twice adds it
+        once. See :class:`~aiolock.Observer` and ``docs/observability.md``.
+        """
+        if observer in self._observers:
+            return
+        self._observers.add(observer)  # checks the type first
+        try:
+            observer.attached(self)
+        except BaseException:
+            self._observers.remove(observer)
+            raise
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Stop telling *observer* of anything (a no-op if it was not added)."""
+        self._observers.remove(observer)
+
     def statistics(self) -> ManagerStatistics:
         """A snapshot of the manager's state (no I/O); all zeros before it opens."""
         engine = self._engine
@@ -422,7 +458,7 @@ class LockManager:
                 "create a new LockManager instead"
             )
         hub = WaiterHub(self._redis, self._keyspace.manager_id)
-        core = self._engine = Engine(self._runtime, hub)
+        core = self._engine = Engine(self._runtime, hub, self._observers)
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in
         # different tasks (pytest fixtures, lifespan hooks), and a crash of a background

@@ -21,6 +21,7 @@ import anyio
 
 from ._errors import LockError
 from ._kind import Hold, LockKind
+from ._observe import ObserverSet
 from ._registry import HoldRegistry
 
 __all__ = ["Watchdog"]
@@ -37,8 +38,16 @@ RETRY_AFTER = 1.0
 class Watchdog:
     """Renews auto-renewed holds every ``lease / 3``; checks fixed-lease holds."""
 
-    def __init__(self, registry: HoldRegistry, lease: float, *, group_by_slot: bool) -> None:
+    def __init__(
+        self,
+        registry: HoldRegistry,
+        lease: float,
+        *,
+        group_by_slot: bool,
+        observers: ObserverSet | None = None,
+    ) -> None:
         self._registry = registry
+        self._observers = ObserverSet() if observers is None else observers
         #: batches never span Redis Cluster slots (needed on a cluster only)
         self.group_by_slot = group_by_slot
         self._lease = lease
@@ -107,7 +116,9 @@ class Watchdog:
         except (LockError, TimeoutError) as exc:
             logger.warning("lease renewal of %d locks failed, will retry: %s", len(batch), exc)
             return False
+        round_trip = time.monotonic() - sent_at
         registry = self._registry
+        renewed = 0
         for hold, still in zip(batch, held, strict=True):
             if hold.lost or not registry.holds(hold):
                 continue  # released or lost while the batch was in flight
@@ -119,4 +130,7 @@ class Watchdog:
                 )
             elif hold.renew:
                 registry.confirm(hold, sent_at)
+                renewed += 1
+        if renewed and self._observers.active:
+            self._observers.renewed(kind.name, renewed, round_trip)
         return True

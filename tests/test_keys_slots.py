@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -230,7 +231,8 @@ def test_small_values_are_still_shown_whole() -> None:
 
 
 async def test_public_api_messages_are_short_too(redis: Redis, prefix: str) -> None:
-    for options in ({"lease": HUGE}, {"close_timeout": HUGE}, {"fence_ttl": -HUGE}):
+    cases: list[dict[str, Any]] = [{"lease": HUGE}, {"close_timeout": HUGE}, {"fence_ttl": -HUGE}]
+    for options in cases:
         with pytest.raises(ValueError, match=r"…$") as caught:
             aiolock.LockManager(redis, prefix=prefix, **options)
         assert len(str(caught.value)) < 160, str(caught.value)

@@ -29,6 +29,7 @@ def test_public_names_are_pinned() -> None:
         "ManagerNotOpenError",
         "ManagerStatistics",
         "MultiLock",
+        "Observer",
         "Permit",
         "Semaphore",
         "ReadWriteLock",

@@ -1,4 +1,4 @@
-"""Integrations with web frameworks and task queues; each needs its own, installed with an extra.
+"""Integrations with web frameworks, task queues and telemetry, each behind an extra.
 
 * :mod:`aiolock.contrib.fastapi` (``pip install aiolock[fastapi]``): a lifespan that
   opens one :class:`~aiolock.LockManager` per app, and ``lock_dependency(...)``, a
@@ -10,6 +10,9 @@
 * :mod:`aiolock.contrib.arq` (``pip install aiolock[arq]``) and
   :mod:`aiolock.contrib.taskiq` (``pip install aiolock[taskiq]``): ``singleton`` for
   those queues, deferring a losing job the queue's own way.
+* :mod:`aiolock.contrib.opentelemetry` (``pip install aiolock[otel]``) and
+  :mod:`aiolock.contrib.prometheus` (``pip install aiolock[prometheus]``): ready
+  :class:`~aiolock.Observer` adapters for spans and metrics.
 
 Nothing here is imported by ``import aiolock``: the core install needs no framework.
 """
