@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -38,6 +39,20 @@ return 1
 
 #: the counts every report has (0 if nothing happened)
 COUNTS = ("entered", "overlaps", "fenced", "timeouts", "cancelled", "lost")
+
+
+async def uncancelled(command: Awaitable[int]) -> int:
+    """Await *command* to the end even if the task is cancelled meanwhile (then re-raise)."""
+    future = asyncio.ensure_future(command)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return future.result()
 
 
 def _say(text: str) -> None:
@@ -61,14 +76,20 @@ async def _run(spec: dict[str, Any]) -> dict[str, Any]:
 
         async def section(lock: aiolock.Lock) -> None:
             async with lock:
-                if await check.incr(inside_key) != 1:
-                    tally["overlaps"] += 1
-                if not await fenced(keys=[store_key], args=[lock.fencing_token or 0]):
-                    tally["fenced"] += 1
-                tally["entered"] += 1
-                await asyncio.sleep(rng.random() * spec["hold"])
-                if await check.decr(inside_key) != 0:
-                    tally["overlaps"] += 1
+                try:
+                    # (uncancelled: the INCR always completes, so the DECR below is due.)
+                    if await uncancelled(check.incr(inside_key)) != 1:
+                        tally["overlaps"] += 1
+                    if not await fenced(keys=[store_key], args=[lock.fencing_token or 0]):
+                        tally["fenced"] += 1
+                    tally["entered"] += 1
+                    await asyncio.sleep(rng.random() * spec["hold"])
+                finally:
+                    # A body cancelled anywhere still leaves the checker's count right,
+                    # before the lock is released (else every later section would read
+                    # an overlap that never happened).
+                    if await uncancelled(check.decr(inside_key)) != 0:
+                        tally["overlaps"] += 1
 
         async def worker(seed: float) -> None:
             own = random.Random(seed)
