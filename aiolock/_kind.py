@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._errors import LockTimeoutError
+from ._keys import ms
 
 if TYPE_CHECKING:
     from anyio import CancelScope
@@ -141,6 +142,10 @@ class Hold:
         return f"<Hold {self.keys.name!r} count={self.count} token={self.token} {state}>"
 
 
+#: A void marker outlives any plausible delay of the attempt it voids.
+MIN_VOID_TTL = 60.0
+
+
 class Attempt(NamedTuple):
     """One try at acquiring: everything a kind's attempt and undo scripts need.
 
@@ -161,6 +166,12 @@ class Attempt(NamedTuple):
     #: kinds with claims: register (or keep) the waiter's claim if the attempt finds the
     #: resource busy. False for a single attempt (``timeout=0``), which will not wait.
     claim: bool = True
+
+    @property
+    def void_ms(self) -> int:
+        """How long an undo keeps this attempt's void marker, in ms: twice the lease, and
+        at least :data:`MIN_VOID_TTL`, so a delayed attempt never runs after it expired."""
+        return ms(max(2 * self.lease, MIN_VOID_TTL))
 
 
 class Granted(NamedTuple):

@@ -59,8 +59,6 @@ RENEW = Script("lock/renew")  # the hash is the lock's: same renewal
 #: Seconds a waiter's place lasts in Redis unless its process refreshes it; also the
 #: pickup lease of a grant, so a dead waiter holds the queue up for this long at most.
 DEFAULT_CLAIM_TTL = 10.0
-#: A void marker outlives any plausible delay of the attempt it voids.
-MIN_VOID_TTL = 60.0
 
 # acquire.lua
 _ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
@@ -132,7 +130,7 @@ class FairLockKind(KindBase):
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
-        void_ms = ms(max(2 * attempt.lease, MIN_VOID_TTL))
+        void_ms = attempt.void_ms
         undone = await self._client.run(
             UNDO,
             (keys.lock, attempt.void, queue_key(keys), claims_key(keys)),

@@ -37,8 +37,6 @@ RENEW = Script("lock/renew")
 UNDO = Script("lock/undo")
 FORCE_RELEASE = Script("lock/force_release")
 
-#: A void marker outlives any plausible delay of the attempt it voids.
-MIN_VOID_TTL = 60.0
 
 # acquire.lua
 _ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
@@ -83,7 +81,7 @@ class ReentrantLockKind(KindBase):
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
-        void_ms = ms(max(2 * attempt.lease, MIN_VOID_TTL))
+        void_ms = attempt.void_ms
         undone = await self._client.run(
             UNDO,
             (keys.lock, attempt.void),

@@ -63,8 +63,6 @@ FORCE_RELEASE = Script("rw/force_release")
 #: The kind tag in the keys: ``P:rw:{N}``.
 KEY_TAG = "rw"
 
-#: A void marker outlives any plausible delay of the attempt it voids.
-MIN_VOID_TTL = 60.0
 
 # acquire.lua
 _ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
@@ -134,7 +132,7 @@ class _SideKind(KindBase):
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
-        void_ms = ms(max(2 * attempt.lease, MIN_VOID_TTL))
+        void_ms = attempt.void_ms
         reply = await self._client.run(
             UNDO,
             (keys.lock, leases_key(keys), claims_key(keys), attempt.void),

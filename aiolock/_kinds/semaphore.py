@@ -54,8 +54,6 @@ FORCE_RELEASE = Script("semaphore/force_release")
 SET_LIMIT = Script("semaphore/set_limit")
 STATE = Script("semaphore/state")
 
-#: A void marker outlives any plausible delay of the attempt it voids.
-MIN_VOID_TTL = 60.0
 #: Limits beyond this are surely a mistake (and would not fit Lua's number precision
 #: once summed over many holders).
 MAX_LIMIT = 1_000_000_000
@@ -180,7 +178,7 @@ class SemaphoreKind(KindBase):
     async def undo(self, attempt: Attempt) -> bool:
         keys = _keys(attempt.keys)
         self._claimed_at.pop(attempt.field, None)
-        void_ms = ms(max(2 * attempt.lease, MIN_VOID_TTL))
+        void_ms = attempt.void_ms
         undone = await self._client.run(
             UNDO,
             (keys.lock, keys.expiry, keys.claims, keys.wants, attempt.void),
