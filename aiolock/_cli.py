@@ -116,7 +116,7 @@ def _holders_text(info: LockInfo) -> str:
 def _table(rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
         print("  ".join(cells).rstrip(), file=out)
 
 
@@ -250,7 +250,7 @@ async def _watch(redis: Redis, args: argparse.Namespace) -> int:
                 label = LABELS[event["kind"]]
                 print(f"{stamp}  {label:<9}  {event['name']}  {event['message']}", flush=True)
     finally:
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
     return 0
 
 

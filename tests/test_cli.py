@@ -206,7 +206,7 @@ async def test_force_release_of_each_kind(
 async def test_watch_prints_release_messages(
     redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
 ) -> None:
-    before = await admin.execute_command("PUBSUB", "NUMPAT")
+    before = await admin.pubsub_numpat()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "--json",
         "watch", "--count", "2", "--duration", "20",
@@ -215,7 +215,7 @@ async def test_watch_prints_release_messages(
     )  # fmt: skip
     try:
         for _ in range(500):
-            if await admin.execute_command("PUBSUB", "NUMPAT") > before:
+            if await admin.pubsub_numpat() > before:
                 break
             await asyncio.sleep(0.02)
         else:
