@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._errors import LockConnectionError
 from ._inspect import KINDS, LABELS, LockInfo, describe, glob_escape, parse_key, scan
 
 __all__ = ["main"]
@@ -85,15 +86,23 @@ async def _run(args: argparse.Namespace) -> int:
             await redis.ping()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise _Unreachable(str(exc) or type(exc).__name__) from None
-        if args.command == "list":
-            return _print_list(await scan(redis, args.prefix), args.json)
-        if args.command == "show":
-            return _print_show(args.name, await describe(redis, args.prefix, args.name), args.json)
-        if args.command == "force-release":
-            return await _force_release(redis, args)
-        return await _watch(redis, args)
+        try:
+            return await _command(redis, args)
+        except (RedisConnectionError, RedisTimeoutError, LockConnectionError) as exc:
+            # lost half-way (a server restart, a failover): still one line, no traceback
+            raise _Unreachable(str(exc) or type(exc).__name__) from None
     finally:
         await redis.aclose()
+
+
+async def _command(redis: Redis, args: argparse.Namespace) -> int:
+    if args.command == "list":
+        return _print_list(await scan(redis, args.prefix), args.json)
+    if args.command == "show":
+        return _print_show(args.name, await describe(redis, args.prefix, args.name), args.json)
+    if args.command == "force-release":
+        return await _force_release(redis, args)
+    return await _watch(redis, args)
 
 
 # -- output ------------------------------------------------------------------------------

@@ -245,6 +245,13 @@ async def test_unreachable_redis_is_one_line_and_exit_2(prefix: str) -> None:
     assert "Traceback" not in result.err
 
 
+async def test_a_url_that_is_not_redis_is_exit_2(prefix: str) -> None:
+    result = await run_cli("http://127.0.0.1:1/", prefix, "list")
+    assert result.code == 2
+    assert result.err.startswith("aiolock: cannot reach redis at http://127.0.0.1:1/: ")
+    assert "Traceback" not in result.err
+
+
 def test_parse_key_reads_the_hash_tag_rule() -> None:
     assert parse_key("P", "P:{order:42}") == ("lock", "order:42", "")
     assert parse_key("P", "P:{~}x}") == ("lock", "}x", "")
