@@ -1,0 +1,282 @@
+"""The ``aiolock`` command: list, show, force-release and watch the locks in a Redis.
+
+``aiolock [--url URL] [--prefix P] [--json] COMMAND ...``; see ``docs/cli.md``. Reading
+is done by :mod:`aiolock._inspect` (read-only commands); ``force-release`` goes through a
+:class:`~aiolock.LockManager` and the kind's own handle, so holders learn of it as a
+loss and waiters wake, as with the library's ``force_release()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._errors import LockConnectionError
+from ._inspect import KINDS, LABELS, LockInfo, describe, glob_escape, parse_key, scan
+
+__all__ = ["main"]
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: exit status when Redis cannot be reached (or the URL is not one)
+EXIT_UNREACHABLE = 2
+
+
+class _Unreachable(Exception):
+    """Redis could not be reached: reported as one line, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiolock",
+        description="Inspect and administer aiolock locks in a Redis server.",
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("REDIS_URL") or DEFAULT_URL,
+        help="Redis URL (default: $REDIS_URL, else %(default)s)",
+    )
+    parser.add_argument("--prefix", default="aiolock", help="key prefix (default: aiolock)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("list", help="every lock object under the prefix")
+    show = commands.add_parser("show", help="one name, every kind found for it, in detail")
+    show.add_argument("name")
+    force = commands.add_parser(
+        "force-release", help="free a lock whoever holds it (holders see a loss)"
+    )
+    force.add_argument("name")
+    force.add_argument("--kind", choices=list(KINDS), help="which object (needed if several)")
+    force.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    watch = commands.add_parser("watch", help="print every release message as it comes")
+    watch.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    watch.add_argument("--count", type=int, default=None, help="stop after N messages")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 nothing done, 2 no Redis)."""
+    args = _parser().parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except _Unreachable as exc:
+        print(f"aiolock: cannot reach redis at {args.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(args: argparse.Namespace) -> int:
+    try:
+        redis = Redis.from_url(args.url)
+    except ValueError as exc:  # not a redis URL at all
+        raise _Unreachable(str(exc)) from None
+    try:
+        try:
+            await redis.ping()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise _Unreachable(str(exc) or type(exc).__name__) from None
+        try:
+            return await _command(redis, args)
+        except (RedisConnectionError, RedisTimeoutError, LockConnectionError) as exc:
+            # lost half-way (a server restart, a failover): still one line, no traceback
+            raise _Unreachable(str(exc) or type(exc).__name__) from None
+    finally:
+        await redis.aclose()
+
+
+async def _command(redis: Redis, args: argparse.Namespace) -> int:
+    if args.command == "list":
+        return _print_list(await scan(redis, args.prefix), args.json)
+    if args.command == "show":
+        return _print_show(args.name, await describe(redis, args.prefix, args.name), args.json)
+    if args.command == "force-release":
+        return await _force_release(redis, args)
+    return await _watch(redis, args)
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def _ttl_text(ttl: float | None) -> str:
+    return "-" if ttl is None else f"{ttl:.1f}s"
+
+
+def _holders_text(info: LockInfo) -> str:
+    if not info.holders:
+        return "-"
+    parts = []
+    for holder in info.holders:
+        role = f" {holder.role}" if holder.role else ""
+        parts.append(f"{holder.owner}{role} x{holder.count}")
+    return ", ".join(parts)
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        print("  ".join(cells).rstrip(), file=out)
+
+
+def _print_list(infos: list[LockInfo], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps([info.to_dict() for info in infos], indent=2))
+        return 0
+    if not infos:
+        print("no locks")
+        return 0
+    rows = [["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "LISTENERS"]]
+    for info in infos:
+        holders = _holders_text(info)
+        if info.kind == "semaphore":
+            limit = "?" if info.limit is None else str(info.limit)
+            holders = f"{info.held}/{limit} permits: {holders}"
+        rows.append([
+            info.label,
+            info.name,
+            holders,
+            _ttl_text(info.ttl),
+            str(info.waiters),
+            str(info.listeners),
+        ])  # fmt: skip
+    _table(rows, sys.stdout)
+    return 0
+
+
+def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"name": name, "objects": [info.to_dict() for info in infos]}, indent=2))
+        return 0 if infos else 1
+    if not infos:
+        print(f"no lock object named {name!r}")
+        return 1
+    for number, info in enumerate(infos):
+        if number:
+            print()
+        print(f"{info.label} {info.name!r}")
+        print(f"  key:        {info.key}")
+        print(f"  ttl:        {_ttl_text(info.ttl)}")
+        if info.kind == "semaphore":
+            print(f"  limit:      {'?' if info.limit is None else info.limit}")
+            print(f"  held:       {info.held}")
+        print(f"  listeners:  {info.listeners}")
+        print(f"  holders:    {len(info.holders)}")
+        for holder in info.holders:
+            unit = "permits" if info.kind == "semaphore" else "holds"
+            role = f" ({holder.role})" if holder.role else ""
+            print(f"    {holder.owner}{role}: {holder.count} {unit}")
+        print(f"  waiters:    {info.waiters}")
+        for waiter in info.waiting:
+            print(f"    {waiter}")
+    return 0
+
+
+# -- force-release -----------------------------------------------------------------------
+
+
+def _confirm(question: str) -> bool:
+    print(f"{question} [y/N] ", end="", flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in {"y", "yes"}
+
+
+async def _force_release(redis: Redis, args: argparse.Namespace) -> int:
+    from ._manager import LockManager
+
+    infos = await describe(redis, args.prefix, args.name)
+    if args.kind is not None:
+        infos = [info for info in infos if info.kind == args.kind]
+    if not infos:
+        kind = f"{LABELS[args.kind]} " if args.kind else ""
+        print(f"no {kind}lock object named {args.name!r}: nothing to release")
+        return 1
+    if len(infos) > 1:
+        kinds = ", ".join(info.kind for info in infos)
+        print(
+            f"aiolock: {args.name!r} names several objects ({kinds}); choose one with --kind",
+            file=sys.stderr,
+        )
+        return 1
+    info = infos[0]
+    question = f"Force-release {info.label} {info.name!r} ({len(info.holders)} holders)?"
+    if not args.yes and not _confirm(question):
+        print("not released")
+        return 1
+    async with LockManager(redis, prefix=args.prefix) as locks:
+        if info.kind == "lock":
+            held = await locks.lock(info.name).force_release()
+        elif info.kind == "fair":
+            held = await locks.fair_lock(info.name).force_release()
+        elif info.kind == "rw":
+            # both sides share one structure and one force release script
+            held = await locks.rw_lock(info.name).write().force_release()
+        else:
+            limit = info.limit if info.limit is not None else max(1, info.held or 1)
+            held = await locks.semaphore(info.name, limit=limit).force_release()
+    print(f"released {info.label} {info.name!r}" if held else f"{info.name!r} was not held")
+    return 0
+
+
+# -- watch -------------------------------------------------------------------------------
+
+
+async def _watch(redis: Redis, args: argparse.Namespace) -> int:
+    pubsub = redis.pubsub()
+    pattern = f"{glob_escape(args.prefix)}:*released"
+    await pubsub.psubscribe(pattern)
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    seen = 0
+    try:
+        while args.count is None or seen < args.count:
+            wait = 1.0
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                wait = min(wait, 1.0)
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+            if message is None or message.get("type") != "pmessage":
+                continue
+            event = _event(args.prefix, message)
+            if event is None:
+                continue
+            seen += 1
+            if args.json:
+                print(json.dumps(event), flush=True)
+            else:
+                stamp = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S.%f")[:-3]
+                label = LABELS[event["kind"]]
+                print(f"{stamp}  {label:<9}  {event['name']}  {event['message']}", flush=True)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+    return 0
+
+
+def _event(prefix: str, message: dict[str, Any]) -> dict[str, Any] | None:
+    channel = _decode(message["channel"])
+    parsed = parse_key(prefix, channel)
+    if parsed is None or parsed[2] != ":released":
+        return None
+    kind, name, _ = parsed
+    return {
+        "time": time.time(),
+        "kind": kind,
+        "name": name,
+        "channel": channel,
+        "message": _decode(message["data"]),
+    }
+
+
+def _decode(value: Any) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)

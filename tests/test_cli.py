@@ -1,0 +1,262 @@
+"""The ``aiolock`` command line, run as ``python -m aiolock`` against the suite's Redis.
+
+The command runs as a child process while this test's manager holds locks, so the event
+loop (and the manager's renewals) keeps running: the child is awaited with asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._inspect import parse_key
+from aiolock.testing import free_port
+
+#: every child gets at most this long: a hung command fails the test instead of the suite
+CHILD_TIMEOUT = 30.0
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+async def run_cli(url: str, prefix: str, *args: str, stdin: str = "") -> Result:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiolock", "--url", url, "--prefix", prefix, *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(process.communicate(stdin.encode()), CHILD_TIMEOUT)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode is not None
+    return Result(process.returncode, out.decode(), err.decode())
+
+
+@contextlib.asynccontextmanager
+async def holding(locks: aiolock.LockManager, admin: Redis) -> AsyncIterator[None]:
+    """Hold a lock, a fair lock with one queued waiter, a rw read and a semaphore permit."""
+    lock = locks.lock("orders")
+    fair = locks.fair_lock("queue")
+    read = locks.rw_lock("config").read()
+    sem = locks.semaphore("pool", limit=3)
+    await lock.acquire()
+    await fair.acquire()
+    await read.acquire()
+    permit = await sem.acquire()
+
+    async def wait_in_queue() -> None:
+        async with fair:
+            pass
+
+    waiter = asyncio.create_task(wait_in_queue())
+    try:
+        queue = f"{locks.prefix}:fair:{{queue}}:queue"
+        for _ in range(200):
+            if await admin.zcard(queue) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert await admin.zcard(queue) == 1
+        yield
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        # a test may have force-released some of them: those releases report the loss
+        for release in (permit.release, read.release, fair.release, lock.release):
+            with contextlib.suppress(aiolock.LockNotOwnedError):
+                await release()
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {obj["kind"]: obj for obj in objects}
+
+
+async def test_list_json_names_every_kind_with_holders_and_waiters(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    async with holding(locks, admin):
+        result = await run_cli(redis_url, prefix, "--json", "list")
+    assert result.code == 0, result.err
+    objects = json.loads(result.out)
+    assert [(o["kind"], o["name"]) for o in objects] == [
+        ("rw", "config"),
+        ("lock", "orders"),
+        ("semaphore", "pool"),
+        ("fair", "queue"),
+    ]
+    kinds = by_kind(objects)
+    assert [h["count"] for h in kinds["lock"]["holders"]] == [1]
+    assert kinds["lock"]["holders"][0]["owner"].startswith(locks._keyspace.manager_id)
+    assert kinds["lock"]["waiters"] == 0
+    assert 0 < kinds["lock"]["ttl"] <= 30
+    assert len(kinds["fair"]["holders"]) == 1
+    assert kinds["fair"]["waiters"] == 1
+    assert [h["role"] for h in kinds["rw"]["holders"]] == ["reader"]
+    assert kinds["rw"]["waiters"] == 0
+    assert kinds["semaphore"]["limit"] == 3
+    assert kinds["semaphore"]["held"] == 1
+    assert [h["count"] for h in kinds["semaphore"]["holders"]] == [1]
+    # the manager's hub listens on the channel of the lock its waiter waits for
+    assert kinds["fair"]["listeners"] >= 1
+
+
+async def test_show_json_and_the_tables(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    async with holding(locks, admin):
+        show = await run_cli(redis_url, prefix, "--json", "show", "queue")
+        table = await run_cli(redis_url, prefix, "list")
+        detail = await run_cli(redis_url, prefix, "show", "pool")
+    assert show.code == 0, show.err
+    document = json.loads(show.out)
+    assert document["name"] == "queue"
+    (fair,) = document["objects"]
+    assert fair["kind"] == "fair"
+    assert len(fair["holders"]) == 1
+    assert fair["waiters"] == 1
+    assert len(fair["waiting"]) == 1
+
+    assert table.code == 0, table.err
+    header, *rows = table.out.splitlines()
+    assert header.split() == ["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "LISTENERS"]
+    for label, name in [("lock", "orders"), ("fair lock", "queue"), ("rw lock", "config"),
+                        ("semaphore", "pool")]:  # fmt: skip
+        assert any(row.startswith(label) and f" {name} " in row for row in rows), table.out
+
+    assert detail.code == 0, detail.err
+    assert "semaphore 'pool'" in detail.out
+    assert "limit:      3" in detail.out
+
+
+async def test_show_of_an_unknown_name_says_so(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    result = await run_cli(redis_url, prefix, "show", "nothing")
+    assert result.code == 1
+    assert "no lock object named 'nothing'" in result.out
+    listed = await run_cli(redis_url, prefix, "--json", "list")
+    assert json.loads(listed.out) == []
+
+
+async def test_force_release_asks_first_and_then_frees_the_lock(
+    redis_url: str, prefix: str, redis: Redis
+) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6) as locks:
+        lock = locks.lock("orders")
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.sleep(20)
+
+        holder = asyncio.create_task(hold())
+        await asyncio.wait_for(entered.wait(), 5)
+
+        refused = await run_cli(redis_url, prefix, "force-release", "orders", stdin="n\n")
+        assert refused.code == 1
+        assert "Force-release lock 'orders'" in refused.out
+        assert "[y/N]" in refused.out
+        assert await lock.locked()
+        assert not holder.done()
+
+        done = await run_cli(redis_url, prefix, "force-release", "orders", "--yes")
+        assert done.code == 0, done.err
+        assert "released lock 'orders'" in done.out
+        with pytest.raises(aiolock.LockLostError):
+            await asyncio.wait_for(holder, 5)
+        assert not await lock.locked()
+
+
+async def test_force_release_of_each_kind(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    async with holding(locks, admin):
+        for kind, name in [("fair", "queue"), ("rw", "config"), ("semaphore", "pool")]:
+            result = await run_cli(
+                redis_url, prefix, "force-release", name, "--kind", kind, "--yes"
+            )
+            assert result.code == 0, result.err
+            assert "released" in result.out
+        after = json.loads((await run_cli(redis_url, prefix, "--json", "list")).out)
+        held = {o["kind"]: o for o in after if o["holders"]}
+        # the fair lock went to its waiter, which left; only the plain lock is still ours
+        assert set(held) <= {"lock", "fair"}
+        assert "lock" in held
+        assert await locks.semaphore("pool", 3).available() == 3
+
+
+async def test_watch_prints_release_messages(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    before = await admin.pubsub_numpat()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "--json",
+        "watch", "--count", "2", "--duration", "20",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for _ in range(500):
+            if await admin.pubsub_numpat() > before:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("watch never subscribed")
+        async with locks.lock("orders"):
+            pass
+        async with locks.semaphore("pool", 2):
+            pass
+        out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert [(e["kind"], e["name"]) for e in events] == [("lock", "orders"), ("semaphore", "pool")]
+    assert all(e["message"] == locks._keyspace.manager_id for e in events)
+
+
+async def test_unreachable_redis_is_one_line_and_exit_2(prefix: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = await run_cli(url, prefix, "list")
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"aiolock: cannot reach redis at {url}: ")
+    assert "Traceback" not in result.err
+
+
+async def test_a_url_that_is_not_redis_is_exit_2(prefix: str) -> None:
+    result = await run_cli("http://127.0.0.1:1/", prefix, "list")
+    assert result.code == 2
+    assert result.err.startswith("aiolock: cannot reach redis at http://127.0.0.1:1/: ")
+    assert "Traceback" not in result.err
+
+
+def test_parse_key_reads_the_hash_tag_rule() -> None:
+    assert parse_key("P", "P:{order:42}") == ("lock", "order:42", "")
+    assert parse_key("P", "P:{~}x}") == ("lock", "}x", "")
+    assert parse_key("P", "P:{~~a}:released") == ("lock", "~a", ":released")
+    assert parse_key("P", "P:fair:{{}}:queue") == ("fair", "{}", ":queue")
+    assert parse_key("P", "P:sem:{a}b}:limit") == ("semaphore", "a}b", ":limit")
+    assert parse_key("P", "P:other:{x}") is None
+    assert parse_key("P", "Q:{x}") is None
