@@ -38,12 +38,13 @@ SECTION_SLEEP = 0.002  # the "work" inside the critical section
 OVERLAPS_KEY = "bench:overlaps"
 PREFIX = "bench:aiolock"  # aiolock's key prefix; redis-py's lock keys are order:<id>
 
-LIBRARY = os.environ.get("SERVICE_LOCK", "aiolock")
-if LIBRARY not in LIBRARIES:
-    raise RuntimeError(f"SERVICE_LOCK must be one of {', '.join(LIBRARIES)}, got {LIBRARY!r}")
-REDIS_URL = os.environ.get("REDIS_URL", "")
-if not REDIS_URL:
-    raise RuntimeError("set REDIS_URL to the Redis server the benchmark started")
+
+# At module level: FastAPI resolves the endpoint's (string) annotations in the module's
+# globals, where a local of the factory would not be found.
+OrderLock = Annotated[
+    aiolock.Lock,
+    Depends(lock_dependency("order:{order_id}", timeout=LOCK_TIMEOUT), scope="function"),
+]
 
 
 async def critical_section(client: redis.asyncio.Redis, order_id: str) -> int:
@@ -65,14 +66,13 @@ async def critical_section(client: redis.asyncio.Redis, order_id: str) -> int:
             await client.decr(inside)
 
 
-def _aiolock_app() -> FastAPI:
-    app = FastAPI(lifespan=lock_lifespan(REDIS_URL, prefix=PREFIX))
-    held = Depends(lock_dependency("order:{order_id}", timeout=LOCK_TIMEOUT), scope="function")
+def _aiolock_app(redis_url: str) -> FastAPI:
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=PREFIX))
 
     @app.post("/orders/{order_id}/pay")
     async def pay(
         order_id: str,
-        lock: Annotated[aiolock.Lock, held],
+        lock: OrderLock,
         locks: Annotated[aiolock.LockManager, Depends(get_lock_manager)],
     ) -> dict[str, Any]:
         balance = await critical_section(locks.redis, order_id)
@@ -83,15 +83,15 @@ def _aiolock_app() -> FastAPI:
         locks: Annotated[aiolock.LockManager, Depends(get_lock_manager)],
     ) -> dict[str, Any]:
         await locks.ping()
-        return {"lock": LIBRARY, "pid": os.getpid()}
+        return {"lock": "aiolock", "pid": os.getpid()}
 
     return app
 
 
-def _redis_py_app() -> FastAPI:
+def _redis_py_app(redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        client = redis.asyncio.Redis.from_url(REDIS_URL)  # defaults, as most apps make it
+        client = redis.asyncio.Redis.from_url(redis_url)  # defaults, as most apps make it
         try:
             yield {"redis": client}
         finally:
@@ -117,9 +117,25 @@ def _redis_py_app() -> FastAPI:
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
         await request.state.redis.ping()
-        return {"lock": LIBRARY, "pid": os.getpid()}
+        return {"lock": "redis-py", "pid": os.getpid()}
 
     return app
 
 
-app = _aiolock_app() if LIBRARY == "aiolock" else _redis_py_app()
+def create_app() -> FastAPI:
+    """The app for ``$SERVICE_LOCK`` and ``$REDIS_URL``."""
+    library = os.environ.get("SERVICE_LOCK", "aiolock")
+    if library not in LIBRARIES:
+        raise RuntimeError(f"SERVICE_LOCK must be one of {', '.join(LIBRARIES)}, got {library!r}")
+    redis_url = os.environ.get("REDIS_URL", "")
+    if not redis_url:
+        raise RuntimeError("set REDIS_URL to the Redis server the benchmark started")
+    return _aiolock_app(redis_url) if library == "aiolock" else _redis_py_app(redis_url)
+
+
+def __getattr__(name: str) -> Any:
+    # ``app`` is made when uvicorn asks for it, from the environment, so the benchmark
+    # driver can import this module's constants without one.
+    if name == "app":
+        return create_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
