@@ -92,7 +92,9 @@ def stop_uvicorn(process: subprocess.Popen[bytes]) -> str:
         return "killed"
 
 
-async def wait_ready(client: httpx.AsyncClient, base: str, process: subprocess.Popen[bytes]) -> None:
+async def wait_ready(
+    client: httpx.AsyncClient, base: str, process: subprocess.Popen[bytes]
+) -> None:
     """Until both workers have answered /health (each reports its pid), bounded."""
     deadline = time.monotonic() + START_TIMEOUT
     pids: set[int] = set()
@@ -156,19 +158,24 @@ async def fire(
     # Bounded: every request has its own 30 s timeout; the load as a whole gets a
     # generous deadline on top, in case something stalls outside httpx.
     budget = REQUEST_TIMEOUT * (total / max(1, concurrency) + 2)
-    async with asyncio.timeout(budget):
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, total))))
+    await asyncio.wait_for(
+        asyncio.gather(*(worker() for _ in range(min(concurrency, total)))), budget
+    )
     return results, time.monotonic() - started
 
 
-async def one_run(library: str, redis_url: str, args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+async def one_run(
+    library: str, redis_url: str, args: argparse.Namespace, logdir: Path
+) -> dict[str, Any]:
     ids = [str(100 + i) for i in range(args.ids)]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    limits = httpx.Limits(
+        max_connections=args.concurrency, max_keepalive_connections=args.concurrency
+    )
     logpath = logdir / f"uvicorn-{library}-{port}.log"
     store = redis.asyncio.Redis.from_url(redis_url)
-    with open(logpath, "wb") as logfile:
+    with logpath.open("wb") as logfile:
         process = start_uvicorn(library, redis_url, port, logfile)
         stopped = "not started"
         try:
@@ -263,7 +270,7 @@ def machine_info(redis_version: str) -> dict[str, Any]:
 def _fmt(value: dict[str, float] | None, digits: int = 1) -> str:
     if value is None:
         return "-"
-    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}–{value['max']:.{digits}f})"
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}-{value['max']:.{digits}f})"
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -275,7 +282,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{params['concurrency']} --ids {params['ids']} --repeats {params['repeats']}`, "
         f"run {doc['started']}.",
         "",
-        "Medians over the repeats, min–max in brackets. Latencies are of the successful (200) "
+        "Medians over the repeats, min-max in brackets. Latencies are of the successful (200) "
         "requests, client side, from sending the POST to reading the response; requests/s "
         "counts every request over the wall-clock time of the load.",
         "",
@@ -300,12 +307,15 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     for run in doc["runs"]:
         if "error" in run:
-            lines.append(f"| {run['repeat']} | {run['library']} | failed: {run['error']} | | | | | |")
+            lines.append(
+                f"| {run['repeat']} | {run['library']} | failed: {run['error']} | | | | | |"
+            )
             continue
         errors = ", ".join(f"{kind}: {n}" for kind, n in run["errors"].items()) or "0"
         lines.append(
             f"| {run['repeat']} | {run['library']} | {run['rps']:.0f} | {run['p50_ms'] or 0:.1f} "
-            f"| {run['p99_ms'] or 0:.1f} | {run['max_ms'] or 0:.1f} | {errors} | {run['overlaps']} |"
+            f"| {run['p99_ms'] or 0:.1f} | {run['max_ms'] or 0:.1f} | {errors} "
+            f"| {run['overlaps']} |"
         )
     load = doc["load_average"]
     lines += [
@@ -360,7 +370,9 @@ def write_section(path: Path, section: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.service_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.service_bench", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
     parser.add_argument("--concurrency", type=int, default=200, help="requests in flight (200)")
     parser.add_argument("--ids", type=int, default=5, help="hot order ids (5)")
