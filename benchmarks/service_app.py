@@ -111,7 +111,8 @@ def _redis_py_app(redis_url: str) -> FastAPI:
         except redis.exceptions.LockError as exc:  # not acquired within blocking_timeout
             raise HTTPException(423, detail=f"lock order:{order_id} is busy") from exc
         except redis.exceptions.RedisError as exc:
-            raise HTTPException(503, detail="the lock service is unavailable") from exc
+            detail = f"the lock service is unavailable: {type(exc).__name__}: {exc}"
+            raise HTTPException(503, detail=detail) from exc
         return {"order": order_id, "balance": balance}
 
     @app.get("/health")

@@ -94,8 +94,8 @@ def stop_uvicorn(process: subprocess.Popen[bytes]) -> str:
 
 async def wait_ready(
     client: httpx.AsyncClient, base: str, process: subprocess.Popen[bytes]
-) -> None:
-    """Until both workers have answered /health (each reports its pid), bounded."""
+) -> set[int]:
+    """Until both workers have answered /health (each reports its pid); their pids."""
     deadline = time.monotonic() + START_TIMEOUT
     pids: set[int] = set()
     while len(pids) < 2:
@@ -118,6 +118,19 @@ async def wait_ready(
                     pids.add(int(reply.json()["pid"]))
         if len(pids) < 2:
             await asyncio.sleep(0.1)
+    return pids
+
+
+def cpu_seconds(pids: set[int]) -> float | None:
+    """User + system CPU seconds the processes used so far (Linux /proc; None elsewhere)."""
+    total = 0.0
+    try:
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
 
 
 # -- one run --------------------------------------------------------------------------------
@@ -150,6 +163,8 @@ async def fire(
             try:
                 reply = await client.post(f"{base}/orders/{order}/pay")
                 outcome = str(reply.status_code)
+                if reply.status_code != 200:  # the kind of error, from the app's detail
+                    outcome += f" {_detail(reply)}"
             except httpx.HTTPError as exc:
                 outcome = type(exc).__name__
             results.append((order, time.monotonic() - started, outcome))
@@ -162,6 +177,14 @@ async def fire(
         asyncio.gather(*(worker() for _ in range(min(concurrency, total)))), budget
     )
     return results, time.monotonic() - started
+
+
+def _detail(reply: httpx.Response) -> str:
+    try:
+        detail = reply.json().get("detail", "")
+    except ValueError:
+        detail = reply.text
+    return str(detail)[:80]
 
 
 async def one_run(
@@ -180,10 +203,16 @@ async def one_run(
         stopped = "not started"
         try:
             async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT) as client:
-                await wait_ready(client, base, process)
+                workers = await wait_ready(client, base, process)
                 await fire(client, base, [WARMUP_ID], WARMUP_REQUESTS, min(8, args.concurrency))
                 await reset(store, ids)
+                # Who spent the CPU: the load generator (this process) or the service.
+                client_cpu, workers_cpu = time.process_time(), cpu_seconds(workers)
                 results, seconds = await fire(client, base, ids, args.requests, args.concurrency)
+                client_cpu = time.process_time() - client_cpu
+                workers_after = cpu_seconds(workers)
+                if workers_cpu is not None and workers_after is not None:
+                    workers_cpu = workers_after - workers_cpu
             overlaps = int(await store.get(OVERLAPS_KEY) or 0)
             balances = {order: int(await store.get(f"bench:balance:{order}") or 0) for order in ids}
         finally:
@@ -194,7 +223,7 @@ async def one_run(
     ok_by_id = Counter(order for order, _, outcome in results if outcome == "200")
     every = sorted(latency for _, latency, _ in results)
     ok.sort()
-    responses = sum(n for outcome, n in outcomes.items() if outcome.isdigit())
+    responses = sum(n for outcome, n in outcomes.items() if outcome[:3].isdigit())
     return {
         "library": library,
         "requests": len(results),
@@ -209,6 +238,8 @@ async def one_run(
         "all_p50_ms": percentile(every, 50) * 1000 if every else None,
         "all_p99_ms": percentile(every, 99) * 1000 if every else None,
         "errors": {outcome: n for outcome, n in sorted(outcomes.items()) if outcome != "200"},
+        "client_cpu_s": client_cpu,
+        "workers_cpu_s": workers_cpu,
         "overlaps": overlaps,
         # A lost update: a successful request whose read-modify-write was overwritten.
         "lost_updates": sum(max(0, ok_by_id[order] - balances[order]) for order in ids),
@@ -300,22 +331,26 @@ def markdown(doc: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Per run:",
+        "Per run (wall s: the load's duration; client CPU s: this process, the httpx load "
+        "generator; service CPU s: both uvicorn workers, from /proc):",
         "",
-        "| repeat | library | requests/s | p50 ms | p99 ms | max ms | errors | overlaps |",
-        "|---|---|---|---|---|---|---|---|",
+        "| repeat | library | requests/s | p50 ms | p99 ms | max ms | errors | overlaps "
+        "| wall s | client CPU s | service CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in doc["runs"]:
         if "error" in run:
             lines.append(
-                f"| {run['repeat']} | {run['library']} | failed: {run['error']} | | | | | |"
+                f"| {run['repeat']} | {run['library']} | failed: {run['error']} | | | | | | | | |"
             )
             continue
         errors = ", ".join(f"{kind}: {n}" for kind, n in run["errors"].items()) or "0"
+        workers_cpu = "-" if run["workers_cpu_s"] is None else f"{run['workers_cpu_s']:.1f}"
         lines.append(
             f"| {run['repeat']} | {run['library']} | {run['rps']:.0f} | {run['p50_ms'] or 0:.1f} "
             f"| {run['p99_ms'] or 0:.1f} | {run['max_ms'] or 0:.1f} | {errors} "
-            f"| {run['overlaps']} |"
+            f"| {run['overlaps']} | {run['seconds']:.1f} | {run['client_cpu_s']:.1f} "
+            f"| {workers_cpu} |"
         )
     load = doc["load_average"]
     lines += [
