@@ -859,4 +859,23 @@ def write_all(
     images = make_plots(out, summary) if plots else []
     doc = {"meta": meta, "targets": [t.to_json() for t in goals], "summary": summary, "runs": runs}
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "RESULTS.md").write_text(markdown(meta, summary, runs, goals, images))
+    text = markdown(meta, summary, runs, goals, images)
+    (out / "RESULTS.md").write_text(text + kept_sections(out / "RESULTS.md"))
+
+
+#: Sections other tools write into RESULTS.md between markers (the service benchmark's,
+#: benchmarks/service_bench.py): a new run of this harness keeps them.
+KEPT_MARKERS = (("<!-- service-bench:start -->", "<!-- service-bench:end -->"),)
+
+
+def kept_sections(path: Path) -> str:
+    """The marked sections of the RESULTS.md being replaced, to append to the new one."""
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    kept = ""
+    for start_mark, end_mark in KEPT_MARKERS:
+        start, end = old.find(start_mark), old.find(end_mark)
+        if start != -1 and end > start:
+            kept += "\n" + old[start : end + len(end_mark)] + "\n"
+    return kept
