@@ -6,7 +6,9 @@ critical section that also checks itself, through Redis keys every worker proces
 
 * ``bench:inside:{order_id}`` counts the requests inside the section for that order; a
   request that finds another already there (INCR > 1) counts an overlap in
-  ``bench:overlaps``. Under a working lock it stays 0.
+  ``bench:overlaps``. Under a working lock it stays 0. The checker uses a Redis client
+  of its own (a blocking pool), so that it neither fails with nor adds to the load on
+  the client under test.
 * ``bench:balance:{order_id}`` is bumped with a GET then a SET (a read-modify-write that
   loses updates when two requests interleave): at the end it must equal the number of
   successful requests for that order.
@@ -36,6 +38,7 @@ LIBRARIES = ("aiolock", "redis-py")
 LOCK_TIMEOUT = 10.0  # seconds a request waits for its order's lock (and redis-py's lease)
 SECTION_SLEEP = 0.002  # the "work" inside the critical section
 OVERLAPS_KEY = "bench:overlaps"
+CHECKER_CONNECTIONS = 50  # per worker, for the overlap checker alone
 PREFIX = "bench:aiolock"  # aiolock's key prefix; redis-py's lock keys are order:<id>
 
 
@@ -47,35 +50,68 @@ OrderLock = Annotated[
 ]
 
 
-async def critical_section(client: redis.asyncio.Redis, order_id: str) -> int:
-    """The work done under the lock; returns the new balance."""
-    inside = f"bench:inside:{order_id}"
-    entered = False
+@asynccontextmanager
+async def checker_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """The client of the overlap checker: its own pool, apart from the library's.
+
+    Not the client under test: when redis-py's default pool (100 connections) runs out,
+    its calls fail with MaxConnectionsError, and a DECR of ``bench:inside:{id}`` failing
+    that way after its INCR succeeded would leave the count one too high for good,
+    reporting every later request on that order as an overlap. A blocking pool waits for
+    a free connection instead of failing (20 s at most).
+    """
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        redis_url, max_connections=CHECKER_CONNECTIONS, timeout=20
+    )
+    client = redis.asyncio.Redis(connection_pool=pool)
     try:
-        count = await client.incr(inside)
-        entered = True
+        yield client
+    finally:
+        await client.aclose()
+        await pool.aclose()
+
+
+async def critical_section(
+    client: redis.asyncio.Redis, checker: redis.asyncio.Redis, order_id: str
+) -> int:
+    """The work done under the lock, with *client*; returns the new balance.
+
+    *checker* counts who is inside (see the module's docstring).
+    """
+    inside = f"bench:inside:{order_id}"
+    count = await checker.incr(inside)
+    try:
         if count > 1:
-            await client.incr(OVERLAPS_KEY)
+            await checker.incr(OVERLAPS_KEY)
         balance_key = f"bench:balance:{order_id}"
         balance = int(await client.get(balance_key) or 0) + 1
         await client.set(balance_key, balance)
         await asyncio.sleep(SECTION_SLEEP)
         return balance
     finally:
-        if entered:
-            await client.decr(inside)
+        await checker.decr(inside)
 
 
 def _aiolock_app(redis_url: str) -> FastAPI:
-    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=PREFIX))
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        # lock_lifespan inside a lifespan of the app's own, as docs/recipes/fastapi.md shows.
+        async with (
+            lock_lifespan(redis_url, prefix=PREFIX)(app) as state,
+            checker_client(redis_url) as checker,
+        ):
+            yield {**state, "checker": checker}
+
+    app = FastAPI(lifespan=lifespan)
 
     @app.post("/orders/{order_id}/pay")
     async def pay(
         order_id: str,
         lock: OrderLock,
         locks: Annotated[aiolock.LockManager, Depends(get_lock_manager)],
+        request: Request,
     ) -> dict[str, Any]:
-        balance = await critical_section(locks.redis, order_id)
+        balance = await critical_section(locks.redis, request.state.checker, order_id)
         return {"order": order_id, "balance": balance, "token": lock.fencing_token}
 
     @app.get("/health")
@@ -93,7 +129,8 @@ def _redis_py_app(redis_url: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         client = redis.asyncio.Redis.from_url(redis_url)  # defaults, as most apps make it
         try:
-            yield {"redis": client}
+            async with checker_client(redis_url) as checker:
+                yield {"redis": client, "checker": checker}
         finally:
             await client.aclose()
 
@@ -105,7 +142,7 @@ def _redis_py_app(redis_url: str) -> FastAPI:
         lock = client.lock(f"order:{order_id}", timeout=LOCK_TIMEOUT, blocking_timeout=LOCK_TIMEOUT)
         try:
             async with lock:
-                balance = await critical_section(client, order_id)
+                balance = await critical_section(client, request.state.checker, order_id)
         except redis.exceptions.LockNotOwnedError as exc:  # released after its lease ran out
             raise HTTPException(409, detail=f"lock order:{order_id} was lost") from exc
         except redis.exceptions.LockError as exc:  # not acquired within blocking_timeout

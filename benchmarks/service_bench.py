@@ -25,16 +25,19 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,7 @@ import redis.asyncio
 from aiolock.testing import RedisServer, free_port
 
 from .metrics import percentile
-from .service_app import LIBRARIES, OVERLAPS_KEY
+from .service_app import CHECKER_CONNECTIONS, LIBRARIES, OVERLAPS_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
 START_MARK = "<!-- service-bench:start -->"
@@ -93,7 +96,7 @@ def stop_uvicorn(process: subprocess.Popen[bytes]) -> str:
 
 
 async def wait_ready(
-    client: httpx.AsyncClient, base: str, process: subprocess.Popen[bytes]
+    clients: list[httpx.AsyncClient], base: str, process: subprocess.Popen[bytes]
 ) -> set[int]:
     """Until both workers have answered /health (each reports its pid); their pids."""
     deadline = time.monotonic() + START_TIMEOUT
@@ -109,7 +112,7 @@ async def wait_ready(
             replies = await asyncio.gather(
                 *(
                     client.get(f"{base}/health", timeout=2, headers={"Connection": "close"})
-                    for _ in range(4)
+                    for client in clients[:4]
                 ),
                 return_exceptions=True,
             )
@@ -143,10 +146,45 @@ async def reset(client: redis.asyncio.Redis, ids: list[str]) -> None:
     await client.delete(*keys)
 
 
+def quiet_httpcore_import() -> None:
+    """Stop httpcore from searching ``sys.path`` for sniffio on every request.
+
+    httpcore 1.0's ``current_async_library()`` runs ``import sniffio`` each time it sets up
+    one of its locks, several per request; anyio >= 4.5 no longer installs sniffio, and a
+    failed import is not cached, so each one scans every ``sys.path`` entry again. Profiled
+    here, that was about a fifth of the load generator's CPU. Recording the module as
+    missing makes the import fail at once, with the same outcome (httpcore then assumes
+    asyncio, which this script is).
+    """
+    if importlib.util.find_spec("sniffio") is None:
+        sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def load_clients(count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """*count* clients of one keep-alive connection each, one per request in flight.
+
+    Not one client with a pool of *count*: httpcore's pool walks every connection it has
+    (checking each socket) for every request it assigns, so with 200 connections the load
+    generator spent most of its CPU there and ran at 100% of a core, on a 2-core machine
+    that also runs the service. A pool of one has nothing to walk.
+    """
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    context = ssl.create_default_context()  # loaded once (never used: plain http)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT, verify=context)
+            )
+            for _ in range(count)
+        ]
+        yield clients
+
+
 async def fire(
-    client: httpx.AsyncClient, base: str, ids: list[str], total: int, concurrency: int
+    clients: list[httpx.AsyncClient], base: str, ids: list[str], total: int
 ) -> tuple[list[tuple[str, float, str]], float]:
-    """*total* POSTs round robin over *ids*, *concurrency* at a time.
+    """*total* POSTs round robin over *ids*, one in flight per client at a time.
 
     Returns (order id, latency in s, outcome) per request, outcome being the status code
     or the exception's class name, and the wall-clock seconds of the whole load.
@@ -154,7 +192,7 @@ async def fire(
     results: list[tuple[str, float, str]] = []
     next_index = 0
 
-    async def worker() -> None:
+    async def worker(client: httpx.AsyncClient) -> None:
         nonlocal next_index
         while next_index < total:
             order = ids[next_index % len(ids)]
@@ -172,10 +210,8 @@ async def fire(
     started = time.monotonic()
     # Bounded: every request has its own 30 s timeout; the load as a whole gets a
     # generous deadline on top, in case something stalls outside httpx.
-    budget = REQUEST_TIMEOUT * (total / max(1, concurrency) + 2)
-    await asyncio.wait_for(
-        asyncio.gather(*(worker() for _ in range(min(concurrency, total)))), budget
-    )
+    budget = REQUEST_TIMEOUT * (total / max(1, len(clients)) + 2)
+    await asyncio.wait_for(asyncio.gather(*(worker(client) for client in clients[:total])), budget)
     return results, time.monotonic() - started
 
 
@@ -193,27 +229,27 @@ async def one_run(
     ids = [str(100 + i) for i in range(args.ids)]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    limits = httpx.Limits(
-        max_connections=args.concurrency, max_keepalive_connections=args.concurrency
-    )
     logpath = logdir / f"uvicorn-{library}-{port}.log"
     store = redis.asyncio.Redis.from_url(redis_url)
     with logpath.open("wb") as logfile:
         process = start_uvicorn(library, redis_url, port, logfile)
         stopped = "not started"
         try:
-            async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT) as client:
-                workers = await wait_ready(client, base, process)
-                await fire(client, base, [WARMUP_ID], WARMUP_REQUESTS, min(8, args.concurrency))
+            async with load_clients(min(args.concurrency, args.requests)) as clients:
+                workers = await wait_ready(clients, base, process)
+                await fire(clients[:8], base, [WARMUP_ID], WARMUP_REQUESTS)
                 await reset(store, ids)
                 # Who spent the CPU: the load generator (this process) or the service.
                 client_cpu, workers_cpu = time.process_time(), cpu_seconds(workers)
-                results, seconds = await fire(client, base, ids, args.requests, args.concurrency)
+                results, seconds = await fire(clients, base, ids, args.requests)
                 client_cpu = time.process_time() - client_cpu
                 workers_after = cpu_seconds(workers)
                 if workers_cpu is not None and workers_after is not None:
                     workers_cpu = workers_after - workers_cpu
             overlaps = int(await store.get(OVERLAPS_KEY) or 0)
+            # Every section that INCRed its order's count DECRed it again, so all are 0
+            # now; if not, the overlap count above cannot be trusted (and the run fails).
+            inside_left = sum([int(await store.get(f"bench:inside:{order}") or 0) for order in ids])
             balances = {order: int(await store.get(f"bench:balance:{order}") or 0) for order in ids}
         finally:
             stopped = stop_uvicorn(process)
@@ -241,6 +277,7 @@ async def one_run(
         "client_cpu_s": client_cpu,
         "workers_cpu_s": workers_cpu,
         "overlaps": overlaps,
+        "checker_left": inside_left,
         # A lost update: a successful request whose read-modify-write was overwritten.
         "lost_updates": sum(max(0, ok_by_id[order] - balances[order]) for order in ids),
         "uvicorn": stopped,
@@ -378,18 +415,25 @@ def markdown(doc: dict[str, Any]) -> str:
         "repeat and each library in turn, a fresh `uvicorn benchmarks.service_app:app "
         "--workers 2` on a free loopback port; once both workers answer `/health`, "
         f"{WARMUP_REQUESTS} warm-up requests on an order of their own, then the counters are "
-        f"reset and one `httpx.AsyncClient` (a pool of {params['concurrency']} connections, "
-        f"{REQUEST_TIMEOUT:.0f} s timeout per request) sends {params['requests']} "
-        f"`POST /orders/{{id}}/pay`, round robin over {params['ids']} order ids, "
-        f"{params['concurrency']} in flight. Each request holds lock `order:{{id}}` "
+        f"reset and {params['concurrency']} `httpx.AsyncClient`s of one keep-alive "
+        f"connection each ({REQUEST_TIMEOUT:.0f} s timeout per request) send "
+        f"{params['requests']} `POST /orders/{{id}}/pay`, round robin over {params['ids']} "
+        "order ids, one in flight per client (one client with a pool that large spends "
+        "most of a core in httpcore's pool bookkeeping). Each request holds lock "
+        "`order:{id}` "
         "(aiolock: `Depends(lock_dependency('order:{order_id}', timeout=10), "
         "scope='function')` under `lock_lifespan`; redis-py: `client.lock(name, timeout=10, "
         "blocking_timeout=10)` on a default `Redis.from_url` client, polling every 0.1 s "
         "while it waits) around a critical section that INCRs `bench:inside:{id}` (a result "
         "above 1 counts an overlap in `bench:overlaps`), does a GET/SET read-modify-write of "
-        "`bench:balance:{id}`, sleeps 2 ms and DECRs the counter. Overlaps are read from "
-        "Redis after the load; lost updates are successful requests missing from the final "
-        "balances. Busy past 10 s is a 423, a lost lock 409, Redis unavailable 503. The "
+        "`bench:balance:{id}` with the library's client, sleeps 2 ms and DECRs the counter; "
+        "the INCR/DECR go through a client of their own (a blocking pool of "
+        f"{CHECKER_CONNECTIONS} per worker), so the checker neither fails when the library's "
+        "pool runs out nor uses it. Overlaps are read from Redis after the load (and every "
+        "`bench:inside:{id}` must be back to 0, or the run fails); lost updates are "
+        "successful requests missing from the final balances. Busy past 10 s is a 423, a "
+        "lost lock 409, any other Redis error (such as redis-py's `MaxConnectionsError` "
+        "when its default pool of 100 connections per client is exhausted) 503. The "
         "client, uvicorn's workers and redis-server share the machine's CPUs. Raw data: "
         "`service.json`.",
     ]
@@ -477,6 +521,7 @@ async def run(args: argparse.Namespace, server: RedisServer, logdir: Path) -> di
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    quiet_httpcore_import()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="service-bench-") as tmp, RedisServer() as server:
         doc = asyncio.run(run(args, server, Path(tmp)))
@@ -489,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {args.out / 'service.json'} and the service section of {args.out / 'RESULTS.md'}")
     mine = doc["summary"]["aiolock"]
     unsafe = mine["overlaps"] or mine["lost_updates"] or not mine["p50_ms"]  # or no 200 at all
-    return 1 if failed or unsafe else 0
+    unchecked = any(run.get("checker_left") for run in doc["runs"])  # see one_run
+    return 1 if failed or unsafe or unchecked else 0
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ def test_a_small_service_benchmark_run_reports_both_libraries(tmp_path: Path) ->
         assert "error" not in run, run
         assert run["requests"] == run["responses"] == 40, run
         assert run["overlaps"] == 0 and run["lost_updates"] == 0, run
+        assert run["checker_left"] == 0, run  # every INCR of the checker was DECRed
         assert run["ok"] == 40, run  # no 423/409/503 on so light a load
     for library in ("aiolock", "redis-py"):
         assert doc["summary"][library]["overlaps"] == 0
