@@ -18,6 +18,7 @@ from ._errors import (
     LockPermissionError,
     LockTimeoutError,
     ManagerNotOpenError,
+    WireFormatError,
 )
 from ._fair_lock import FairLock
 from ._hub import HubStatistics
@@ -50,5 +51,6 @@ __all__ = [
     "Permit",
     "ReadWriteLock",
     "Semaphore",
+    "WireFormatError",
     "__version__",
 ]

@@ -9,6 +9,7 @@ arguments, which raise the built-in ``ValueError`` / ``TypeError`` at the call::
     │   └── LockLostError      the task held the lock, and its lease was lost
     ├── LockKeyTypeError       a lock's key holds a value of another Redis type
     ├── ManagerNotOpenError    (also a RuntimeError) the LockManager is not open
+    ├── WireFormatError        the chosen wire format cannot express this lock or feature
     └── LockBackendError       Redis failed: unreachable, refused or errored
         ├── LockConnectionError    connecting, sending or reading timed out or failed
         └── LockPermissionError    authentication failed, or an ACL forbids a command
@@ -29,6 +30,7 @@ __all__ = [
     "LockPermissionError",
     "LockTimeoutError",
     "ManagerNotOpenError",
+    "WireFormatError",
 ]
 
 
@@ -60,6 +62,14 @@ class LockKeyTypeError(LockError):
 
 class ManagerNotOpenError(LockError, RuntimeError):
     """The LockManager is not open: enter it with ``async with`` first."""
+
+
+class WireFormatError(LockError):
+    """The manager's (or lock's) wire format cannot express the lock kind or feature asked for.
+
+    Raised at the call that asked for it (``fair_lock()``, ``fencing_token``, ...), naming
+    the format and what to use instead.
+    """
 
 
 class LockBackendError(LockError):

@@ -222,6 +222,9 @@ class LockKind(Protocol):
     queued: bool
     #: seconds a waiter's registration lasts in Redis unless refreshed
     claim_ttl: float
+    #: why this kind's holds have no fencing token ("" if they have one): the message of
+    #: the WireFormatError that ``fencing_token`` raises
+    fencing_unavailable: str
 
     def resource(self, keys: LockKeys) -> str:
         """The registry's name for holds of this kind on *keys* (see :attr:`Hold.resource`)."""
@@ -288,6 +291,7 @@ class KindBase:
     claims = False
     queued = False
     claim_ttl = 10.0
+    fencing_unavailable = ""
 
     def resource(self, keys: LockKeys) -> str:
         return keys.lock

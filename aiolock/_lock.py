@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._client import as_int
-from ._errors import LockError, LockLostError, LockNotOwnedError
+from ._errors import LockError, LockLostError, LockNotOwnedError, WireFormatError
 from ._guard import BodyGuard, ManagerLike
 from ._keys import LockKeys, check_lease, check_timeout
 
@@ -94,6 +94,8 @@ class Lock:
         Every new acquisition of a name gets a larger token than the one before it;
         pass it to the resource the lock protects so it can refuse stale writers.
         """
+        if self._kind.fencing_unavailable:
+            raise WireFormatError(self._kind.fencing_unavailable)
         hold = self._current_hold()
         return None if hold is None else hold.token
 

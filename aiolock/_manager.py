@@ -29,21 +29,14 @@ from ._errors import LockError, LockPermissionError, ManagerNotOpenError
 from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from ._kinds import (
-    FairLockKind,
-    ReadLockKind,
-    ReentrantLockKind,
-    SemaphoreKind,
-    WriteLockKind,
-)
-from ._kinds.rw import KEY_TAG
-from ._kinds.semaphore import SemaphoreKeys, check_limit
+from ._kinds.semaphore import check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
 from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
+from ._wire import WireFormat, WireName, check_wire, wire_format
 
 __all__ = ["LockManager", "ManagerStatistics"]
 
@@ -62,6 +55,7 @@ _MANAGER_OPTIONS = frozenset(
         "fence_ttl",
         "max_in_flight",
         "observers",
+        "wire",
     }
 )
 
@@ -136,6 +130,10 @@ class LockManager:
             concurrent operations are coalesced into pipelines.
         observers: :class:`~aiolock.Observer` objects told of every wait, acquisition,
             release, loss and renewal (tracing, metrics); see :meth:`add_observer`.
+        wire: the wire format of this manager's locks: ``"aiolock"`` (aiolock's own
+            layout, the default) or a format shared with other clients; each factory
+            method takes ``wire=`` to choose another one for one lock. See
+            ``docs/wire-formats.md``.
     """
 
     def __init__(
@@ -149,12 +147,14 @@ class LockManager:
         fence_ttl: float | None = 60.0,
         max_in_flight: int = 3,
         observers: Iterable[Observer] = (),
+        wire: WireName = "aiolock",
     ) -> None:
         if not isinstance(redis, Redis):
             raise TypeError(_client_type_message(redis))
         self._redis = redis
         self._owns_client = False
         self._keyspace = KeySpace(prefix, new_manager_id())
+        self._wire = wire_format(check_wire(wire))
         self.lease = check_lease(lease)
         if command_timeout is not None:
             command_timeout = check_lease(command_timeout, "command_timeout")
@@ -223,7 +223,19 @@ class LockManager:
         """True from the end of opening until closing starts."""
         return self._state == "open"
 
-    def lock(self, name: str, *, timeout: float | None = None, lease: float | None = None) -> Lock:
+    @property
+    def wire(self) -> str:
+        """The manager's wire format (``wire=`` of each factory method overrides it)."""
+        return self._wire.name
+
+    def lock(
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        wire: WireName | None = None,
+    ) -> Lock:
         """A handle on the lock *name*; no I/O until it is acquired.
 
         Args:
@@ -231,16 +243,22 @@ class LockManager:
                 waits as long as it takes, ``0`` makes one attempt.
             lease: a fixed lease in seconds (not renewed); ``None`` uses the manager's
                 lease and renews it in the background while held.
+            wire: this lock's wire format, instead of the manager's.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        kind = self._kind(ReentrantLockKind)
-        return Lock(self, kind, self._keyspace.keys(name), timeout=timeout, lease=lease)
+        kind, keys = self._format(wire).lock(self._kind, self._keyspace, name)
+        return Lock(self, kind, keys, timeout=timeout, lease=lease)
 
     def multi_lock(
-        self, names: Iterable[str], *, timeout: float | None = None, lease: float | None = None
+        self,
+        names: Iterable[str],
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        wire: WireName | None = None,
     ) -> MultiLock:
         """A handle on several locks taken as one: all of *names* or none; no I/O yet.
 
@@ -253,14 +271,16 @@ class LockManager:
         Args:
             timeout: the wait for all of them together (``None``: as long as it takes).
             lease: a fixed lease for each hold; ``None`` renews them in the background.
+            wire: the wire format of the names' locks, instead of the manager's.
         """
         checked = check_names(names)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        kind = self._kind(ReentrantLockKind)
-        keys = [self._keyspace.keys(name) for name in checked]
-        return MultiLock(self, kind, keys, timeout=timeout, lease=lease)
+        fmt = self._format(wire)
+        pairs = [fmt.lock(self._kind, self._keyspace, name) for name in checked]
+        kind = pairs[0][0]
+        return MultiLock(self, kind, [keys for _, keys in pairs], timeout=timeout, lease=lease)
 
     def semaphore(
         self,
@@ -269,25 +289,31 @@ class LockManager:
         *,
         timeout: float | None = None,
         lease: float | None = None,
+        wire: WireName | None = None,
     ) -> Semaphore:
         """A handle on the semaphore *name*, which grants at most *limit* permits at once.
 
         The limit is stored in Redis by the first acquire; a handle made with another
         limit gets :class:`LockError` at its next acquire (see :meth:`Semaphore.set_limit`).
         *timeout* and *lease* are the defaults of :meth:`Semaphore.acquire`, as for
-        :meth:`lock`. See ``docs/semaphore.md``.
+        :meth:`lock`; *wire* its wire format, instead of the manager's. See
+        ``docs/semaphore.md``.
         """
         name = check_name(name)
         limit = check_limit(limit)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        kind = self._kind(SemaphoreKind)
-        keys = SemaphoreKeys(self._keyspace.prefix, name, limit)
+        kind, keys = self._format(wire).semaphore(self._kind, self._keyspace, name, limit)
         return Semaphore(self, kind, keys, timeout=timeout, lease=lease)
 
     def rw_lock(
-        self, name: str, *, timeout: float | None = None, lease: float | None = None
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        wire: WireName | None = None,
     ) -> ReadWriteLock:
         """A handle on the read-write lock *name* (many readers or one writer); no I/O yet.
 
@@ -297,35 +323,35 @@ class LockManager:
         Args:
             timeout: default wait of both sides (``None``: as long as it takes).
             lease: a fixed lease in seconds for both sides; ``None`` renews holds.
+            wire: its wire format, instead of the manager's.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        return ReadWriteLock(
-            self,
-            self._kind(ReadLockKind),
-            self._kind(WriteLockKind),
-            self._keyspace.keys(name, KEY_TAG),
-            timeout=timeout,
-            lease=lease,
-        )
+        read, write, keys = self._format(wire).rw_lock(self._kind, self._keyspace, name)
+        return ReadWriteLock(self, read, write, keys, timeout=timeout, lease=lease)
 
     def fair_lock(
-        self, name: str, *, timeout: float | None = None, lease: float | None = None
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        wire: WireName | None = None,
     ) -> FairLock:
         """A handle on the fair lock *name*: granted in the order acquires reached Redis.
 
         The API is :class:`Lock`'s, with the same *timeout* and *lease* defaults. A fair
         lock is a different object from ``lock(name)`` (its keys have their own tag). See
-        :class:`FairLock` and ``docs/fair-lock.md``.
+        :class:`FairLock` and ``docs/fair-lock.md``. *wire* chooses its wire format,
+        instead of the manager's.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        kind = self._kind(FairLockKind)
-        keys = self._keyspace.keys(name, "fair")
+        kind, keys = self._format(wire).fair_lock(self._kind, self._keyspace, name)
         return FairLock(self, kind, keys, timeout=timeout, lease=lease)
 
     def locked(
@@ -539,6 +565,10 @@ class LockManager:
         if kind is None:
             kind = self._kinds[factory] = factory(self._runtime)
         return kind  # type: ignore[return-value]
+
+    def _format(self, wire: str | None) -> WireFormat:
+        """The manager's wire format, or the one a factory call asked for."""
+        return self._wire if wire is None else wire_format(check_wire(wire))
 
     def _open_engine(self) -> Engine:
         if self._state == "open" and self._engine is not None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError, WireFormatError
 from ._guard import BodyGuard, ManagerLike
 from ._keys import LockKeys, check_name
 from ._lock import _DEFAULT, resolve
@@ -102,6 +102,8 @@ class MultiLock:
     @property
     def fencing_tokens(self) -> dict[str, int]:
         """``{name: fencing token}`` of the current task's holds ({} if it holds none)."""
+        if self._kind.fencing_unavailable:
+            raise WireFormatError(self._kind.fencing_unavailable)
         holds = self._current_holds()
         if holds is None:
             return {}

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._engine import ORPHAN
-from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError, WireFormatError
 from ._guard import BodyGuard, ManagerLike
 from ._keys import check_lease
 from ._kinds.semaphore import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
@@ -53,6 +53,8 @@ class Permit:
     @property
     def fencing_token(self) -> int:
         """This acquisition's fencing token: larger than every token issued before it."""
+        if self._hold.kind.fencing_unavailable:
+            raise WireFormatError(self._hold.kind.fencing_unavailable)
         return self._hold.token
 
     @property
@@ -63,7 +65,7 @@ class Permit:
 
     def __repr__(self) -> str:
         state = "held" if self.held else ("lost" if self._hold.lost else "released")
-        return f"<Permit {self.name!r} permits={self.permits} token={self.fencing_token} {state}>"
+        return f"<Permit {self.name!r} permits={self.permits} token={self._hold.token} {state}>"
 
     async def release(self) -> None:
         """Give the permits back (and wake waiters).
