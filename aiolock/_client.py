@@ -93,9 +93,9 @@ def as_int(value: object) -> int:
     raise LockBackendError(f"Redis sent {value!r} where aiolock expected an integer")
 
 
-#: Where Redis points into a script in an error ("script: <sha>, on @user_script:12."):
-#: noise for the caller, who did not write the script.
-_SCRIPT_POSITION = re.compile(r"\s*script: [0-9a-f]{40}, on @user_script:\d+\.?")
+#: Where Redis points into a script in an error ("script: <sha>, on @user_script:12.";
+#: Valkey 9 leaves out the sha): noise for the caller, who did not write the script.
+_SCRIPT_POSITION = re.compile(r"\s*script: (?:[0-9a-f]{40}, )?on @user_script:\d+\.?")
 
 
 def translate(
@@ -111,7 +111,8 @@ def translate(
     if (
         isinstance(exc, rex.NoPermissionError)
         or "NOPERM" in text
-        or "can't run this command" in text  # an ACL refusal inside a script
+        or "can't run this command" in text  # an ACL refusal inside a script (Redis)
+        or "ACL failure in script" in text  # the same refusal as Valkey words it
     ):
         needed = ", ".join(c.upper().replace("|", " ") for c in REQUIRED_COMMANDS)
         return LockPermissionError(

