@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from ._client import as_int
 from ._errors import LockTimeoutError
 from ._keys import ms
 
@@ -58,6 +59,8 @@ __all__ = [
     "ReleaseStatus",
     "Released",
     "Successor",
+    "decode_attempt",
+    "decode_release",
 ]
 
 
@@ -203,6 +206,50 @@ class ReleaseStatus(enum.Enum):
 class Released(NamedTuple):
     status: ReleaseStatus
     value: int
+
+
+#: Reply codes shared by the acquire scripts of the lock, fair lock and read-write lock:
+#: ``{code, value}``, or (lock and fair lock) a bare token for the common path.
+ACQUIRED, REENTERED, BUSY, VOIDED, BAD_KEY = 1, 2, 0, 3, -1
+#: ... and by their release scripts (``{code, value}``, or a bare listener count).
+_RELEASE_CODES = {
+    1: ReleaseStatus.STILL_HELD,
+    2: ReleaseStatus.RELEASED,
+    4: ReleaseStatus.HANDED_OVER,
+    0: ReleaseStatus.NOT_HELD,
+}
+
+#: Makes the error for a ``{-1, ...}`` reply: a key of the structure holds another type.
+BadKey = Callable[[Sequence[Any]], Exception]
+
+
+def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
+    """An acquire script's reply as :class:`Granted` or :class:`Busy`.
+
+    ``{ACQUIRED, token}`` (or a bare token), ``{REENTERED, holds}``, ``{BUSY, pttl ms}``,
+    ``{VOIDED, _}`` (only an attempt resent after its own undo sees it: busy, no ttl), or
+    ``{BAD_KEY, ...}``, which raises what *bad_key* makes of the reply.
+    """
+    if isinstance(reply, int):  # the common path: acquired, this is the token
+        return Granted(reply, 1)
+    code, value = as_int(reply[0]), reply[1]
+    if code == ACQUIRED:
+        return Granted(as_int(value), 1)
+    if code == REENTERED:
+        return Granted(0, as_int(value))
+    if code == BAD_KEY:
+        raise bad_key(reply)
+    return Busy(max(as_int(value), 0) / 1000 if code == BUSY else 0.0)
+
+
+def decode_release(reply: Any, bad_key: BadKey) -> Released:
+    """A release script's reply (see the codes above; a bare int: released, heard by n)."""
+    if isinstance(reply, int):  # the common path: released, heard by this many others
+        return Released(ReleaseStatus.RELEASED, reply)
+    status = _RELEASE_CODES.get(as_int(reply[0]))
+    if status is None:  # -1: a key holds another type
+        raise bad_key(reply)
+    return Released(status, max(as_int(reply[1]), 0))
 
 
 class LockKind(Protocol):

@@ -41,8 +41,9 @@ from .._kind import (
     Hold,
     KindBase,
     Released,
-    ReleaseStatus,
     Successor,
+    decode_attempt,
+    decode_release,
 )
 from .._runtime import Runtime
 from .._scripts import Script
@@ -59,15 +60,6 @@ RENEW = Script("lock/renew")  # the hash is the lock's: same renewal
 #: Seconds a waiter's place lasts in Redis unless its process refreshes it; also the
 #: pickup lease of a grant, so a dead waiter holds the queue up for this long at most.
 DEFAULT_CLAIM_TTL = 10.0
-
-# acquire.lua
-_ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
-# release.lua
-_RELEASE_CODES = {
-    1: ReleaseStatus.STILL_HELD,
-    2: ReleaseStatus.RELEASED,
-    0: ReleaseStatus.NOT_HELD,
-}
 
 
 def queue_key(keys: LockKeys) -> str:
@@ -116,17 +108,7 @@ class FairLockKind(KindBase):
                 1 if attempt.claim else 0,
             ),
         )
-        if isinstance(reply, int):  # the common path: acquired, this is the token
-            return Granted(reply, 1)
-        code, value = as_int(reply[0]), reply[1]
-        if code == _ACQUIRED:
-            return Granted(as_int(value), 1)
-        if code == _REENTERED:
-            return Granted(0, as_int(value))
-        if code == _BAD_KEY:
-            raise key_type_error(keys.lock, value)
-        # _BUSY, or _VOIDED (only an attempt resent after its own undo can see that)
-        return Busy(max(as_int(value), 0) / 1000 if code == _BUSY else 0.0)
+        return decode_attempt(reply, lambda bad: key_type_error(keys.lock, bad[1]))
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -157,15 +139,12 @@ class FairLockKind(KindBase):
         # successor is always None (hand_over is False): Redis picks the next waiter.
         keys = hold.keys
         rt = self._rt
-        code, value = await self._client.run(
+        reply = await self._client.run(
             RELEASE,
             (keys.lock, keys.fence, keys.tombstone(release_id), queue_key(keys), claims_key(keys)),
             (hold.field, count, hold.token, rt.fence_ms, rt.tombstone_ms, ms(self.claim_ttl)),
         )
-        status = _RELEASE_CODES.get(as_int(code))
-        if status is None:  # -1: the key holds another type
-            raise key_type_error(keys.lock, value)
-        return Released(status, as_int(value))
+        return decode_release(reply, lambda bad: key_type_error(keys.lock, bad[1]))
 
     async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
         lease_ms = ms(lease)

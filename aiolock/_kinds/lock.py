@@ -23,8 +23,9 @@ from .._kind import (
     Hold,
     KindBase,
     Released,
-    ReleaseStatus,
     Successor,
+    decode_attempt,
+    decode_release,
 )
 from .._runtime import Runtime
 from .._scripts import Script
@@ -36,17 +37,6 @@ RELEASE = Script("lock/release")
 RENEW = Script("lock/renew")
 UNDO = Script("lock/undo")
 FORCE_RELEASE = Script("lock/force_release")
-
-
-# acquire.lua
-_ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
-# release.lua
-_RELEASE_CODES = {
-    1: ReleaseStatus.STILL_HELD,
-    2: ReleaseStatus.RELEASED,
-    4: ReleaseStatus.HANDED_OVER,
-    0: ReleaseStatus.NOT_HELD,
-}
 
 
 class ReentrantLockKind(KindBase):
@@ -67,17 +57,7 @@ class ReentrantLockKind(KindBase):
             (keys.lock, keys.fence, attempt.void),
             (attempt.field, ms(attempt.lease), attempt.before),
         )
-        if isinstance(reply, int):  # the common path: acquired, this is the token
-            return Granted(reply, 1)
-        code, value = as_int(reply[0]), reply[1]
-        if code == _ACQUIRED:
-            return Granted(as_int(value), 1)
-        if code == _REENTERED:
-            return Granted(0, as_int(value))
-        if code == _BAD_KEY:
-            raise key_type_error(keys.lock, value)
-        # _BUSY, or _VOIDED (only an attempt resent after its own undo can see that)
-        return Busy(max(as_int(value), 0) / 1000 if code == _BUSY else 0.0)
+        return decode_attempt(reply, lambda bad: key_type_error(keys.lock, bad[1]))
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -116,13 +96,7 @@ class ReentrantLockKind(KindBase):
                 1 if listening else 0,
             ),
         )
-        if isinstance(reply, int):  # the common path: released, heard by this many others
-            return Released(ReleaseStatus.RELEASED, reply)
-        code, value = as_int(reply[0]), reply[1]
-        status = _RELEASE_CODES.get(code)
-        if status is None:  # -1: the key holds another type
-            raise key_type_error(keys.lock, value)
-        return Released(status, as_int(value))
+        return decode_release(reply, lambda bad: key_type_error(keys.lock, bad[1]))
 
     async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
         lease_ms = ms(lease)

@@ -45,8 +45,9 @@ from .._kind import (
     Hold,
     KindBase,
     Released,
-    ReleaseStatus,
     Successor,
+    decode_attempt,
+    decode_release,
 )
 from .._runtime import Runtime
 from .._scripts import Script
@@ -62,16 +63,6 @@ FORCE_RELEASE = Script("rw/force_release")
 
 #: The kind tag in the keys: ``P:rw:{N}``.
 KEY_TAG = "rw"
-
-
-# acquire.lua
-_ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
-# release.lua
-_RELEASE_CODES = {
-    1: ReleaseStatus.STILL_HELD,
-    2: ReleaseStatus.RELEASED,
-    0: ReleaseStatus.NOT_HELD,
-}
 
 
 def leases_key(keys: LockKeys) -> str:
@@ -120,15 +111,7 @@ class _SideKind(KindBase):
                 ms(self.claim_ttl) if attempt.claim else 0,
             ),
         )
-        code, value = as_int(reply[0]), reply[1]
-        if code == _ACQUIRED:
-            return Granted(as_int(value), 1)
-        if code == _REENTERED:
-            return Granted(0, as_int(value))
-        if code == _BAD_KEY:
-            raise _type_error(reply)
-        # _BUSY, or _VOIDED (only an attempt resent after its own undo can see that)
-        return Busy(max(as_int(value), 0) / 1000 if code == _BUSY else 0.0)
+        return decode_attempt(reply, _type_error)
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -167,11 +150,7 @@ class _SideKind(KindBase):
                 1 if listening else 0,
             ),
         )
-        code = as_int(reply[0])
-        status = _RELEASE_CODES.get(code)
-        if status is None:
-            raise _type_error(reply)
-        return Released(status, max(as_int(reply[1]), 0))
+        return decode_release(reply, _type_error)
 
     async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
         lease_ms = ms(lease)
