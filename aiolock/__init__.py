@@ -18,6 +18,7 @@ from ._errors import (
     LockPermissionError,
     LockTimeoutError,
     ManagerNotOpenError,
+    ReplicaAckError,
 )
 from ._fair_lock import FairLock
 from ._hub import HubStatistics
@@ -49,6 +50,7 @@ __all__ = [
     "Observer",
     "Permit",
     "ReadWriteLock",
+    "ReplicaAckError",
     "Semaphore",
     "__version__",
 ]

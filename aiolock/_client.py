@@ -25,6 +25,7 @@ from ._errors import (
     LockKeyTypeError,
     LockPermissionError,
 )
+from ._replicas import ACKNOWLEDGE, Acknowledgement
 from ._scripts import REQUIRED_COMMANDS, Script
 from ._transport import RoundTripTimer, exchange, fast_parser, where
 
@@ -80,6 +81,21 @@ def _usable(conn: AbstractConnection) -> bool:
     )
 
 
+def _current(pool: Any, conn: AbstractConnection) -> bool:
+    """False for a kept connection to a Sentinel primary that a failover has replaced.
+
+    Both the old and the new primary answer as primary for a while after a failover
+    (about 10 s measured): a kept connection to the old one would keep running lock
+    scripts there without any error, on data the new primary never sees. A Sentinel pool
+    records the primary it last resolved (``master_address``; None once reset).
+    """
+    if not getattr(pool, "is_master", False) or not hasattr(pool, "master_address"):
+        return True  # not a Sentinel primary pool
+    address = pool.master_address
+    where = (getattr(conn, "host", None), getattr(conn, "port", None))
+    return address is not None and tuple(address) == where
+
+
 def as_text(value: object) -> str:
     """A reply element as str, whether the client decodes responses or not."""
     if isinstance(value, bytes):
@@ -133,6 +149,12 @@ def translate(
                 if changes
                 else ""
             )
+        )
+    if text.startswith("READONLY"):
+        return LockBackendError(
+            f"Redis refused {what}: the server is a read-only replica, not the primary "
+            f"({text}). Give aiolock a client of the primary; with Sentinel, use "
+            "LockManager.from_sentinel() or Sentinel.master_for(), which follow failovers"
         )
     if "WRONGTYPE" in text and key is not None:
         return LockKeyTypeError(
@@ -214,6 +236,9 @@ class Client:
         """EVALSHA *script*, loading it first if the server does not know it."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         what = f"the {script.name} script"
+        ack = ACKNOWLEDGE.get()
+        if ack is not None:  # replicas=: WAIT must follow on the same connection
+            return await self._acknowledged(command, script, what, keys[0] if keys else None, ack)
         return await self._execute(command, script, what, keys[0] if keys else None)
 
     async def call(self, *args: Arg, key: str | None = None) -> Any:
@@ -262,6 +287,42 @@ class Client:
             raise self._timed_out(what) from exc
         if isinstance(reply, rex.RedisError):
             raise translate(reply, what, key, changes=script is not None) from reply
+        return reply
+
+    async def _acknowledged(
+        self,
+        command: tuple[Arg, ...],
+        script: Script,
+        what: str,
+        key: str | None,
+        ack: Acknowledgement,
+    ) -> Any:
+        """*command* then WAIT, in one round trip (so on one connection), never coalesced.
+
+        A NOSCRIPT reply loads the script and sends both again: WAIT must follow the
+        script call that actually ran.
+        """
+        commands = [command, ack.policy.wait_command]
+        self._in_flight += 1
+        try:
+            for _ in range(2):
+                try:
+                    reply, acked = await self._round_trip(commands)
+                    if not isinstance(reply, rex.NoScriptError):
+                        break
+                    (loaded,) = await self._round_trip([("SCRIPT", "LOAD", script.source)])
+                    if isinstance(loaded, rex.RedisError):
+                        raise loaded
+                except rex.RedisError as exc:
+                    raise translate(exc, what, key) from exc
+                except TimeoutError as exc:
+                    raise self._timed_out(what) from exc
+        finally:
+            self._in_flight -= 1
+            self._kick()
+        if isinstance(reply, rex.RedisError):
+            raise translate(reply, what, key) from reply
+        ack.record(acked)
         return reply
 
     def _kick(self) -> None:
@@ -433,16 +494,16 @@ class Client:
         Up to *max_in_flight* connections are kept between round trips instead of going
         back to redis-py's pool each time; its bookkeeping cost as much as our own logic.
         """
+        pool = self.redis.connection_pool
         while kept and self._idle:
             conn = self._idle.pop()
-            if _usable(conn):
+            if _usable(conn) and _current(pool, conn):
                 return conn
             # The server or the network closed it while it sat idle (redis-py's pool
             # checks for this on checkout; we must too). Writing to it would fail, on
             # Python 3.13 even with an AttributeError instead of a connection error.
             await conn.disconnect(nowait=True)
-            await self.redis.connection_pool.release(conn)
-        pool = self.redis.connection_pool
+            await pool.release(conn)
         if deadline is None:
             return await pool.get_connection()  # type: ignore[no-untyped-call,no-any-return]
         # Opening a connection is part of the round trip's command_timeout (the round-trip timer

@@ -62,6 +62,15 @@ class ManagerNotOpenError(LockError, RuntimeError):
     """The LockManager is not open: enter it with ``async with`` first."""
 
 
+class ReplicaAckError(LockError):
+    """Fewer replicas than ``replicas=`` acknowledged an acquisition within ``replica_timeout``.
+
+    The acquisition was undone before this was raised (the lock is not held), unless the
+    manager was told to keep it (``on_replica_shortfall="warn"``). Also raised when the
+    server refuses ``WAIT`` (some hosted services do), saying how to turn it off.
+    """
+
+
 class LockBackendError(LockError):
     """Redis could not serve a request; the redis-py exception is ``__cause__``."""
 

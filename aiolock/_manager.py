@@ -14,7 +14,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -41,9 +41,11 @@ from ._kinds.semaphore import SemaphoreKeys, check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
+from ._replicas import OnShortfall, check_replica_options
 from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
+from ._sentinel import PrimaryWatch, check_sentinels, is_sentinel_primary, sentinel_client
 
 __all__ = ["LockManager", "ManagerStatistics"]
 
@@ -62,6 +64,9 @@ _MANAGER_OPTIONS = frozenset(
         "fence_ttl",
         "max_in_flight",
         "observers",
+        "replicas",
+        "replica_timeout",
+        "on_replica_shortfall",
     }
 )
 
@@ -136,6 +141,17 @@ class LockManager:
             concurrent operations are coalesced into pipelines.
         observers: :class:`~aiolock.Observer` objects told of every wait, acquisition,
             release, loss and renewal (tracing, metrics); see :meth:`add_observer`.
+        replicas: replicas that must acknowledge each acquisition (``WAIT`` on the same
+            connection, in the same round trip); ``None`` or ``0``: no WAIT. Too few
+            acknowledgements undo the acquisition and raise
+            :class:`~aiolock.ReplicaAckError`. See ``docs/sentinel.md``.
+        replica_timeout: seconds WAIT may block an acquisition (shorter than
+            ``command_timeout`` and the client's ``socket_timeout``).
+        on_replica_shortfall: ``"raise"`` (undo and raise) or ``"warn"`` (keep the
+            acquisition and log a warning).
+
+    A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
+    follow failovers: see ``docs/sentinel.md``.
     """
 
     def __init__(
@@ -149,6 +165,9 @@ class LockManager:
         fence_ttl: float | None = 60.0,
         max_in_flight: int = 3,
         observers: Iterable[Observer] = (),
+        replicas: int | None = None,
+        replica_timeout: float = 1.0,
+        on_replica_shortfall: OnShortfall = "raise",
     ) -> None:
         if not isinstance(redis, Redis):
             raise TypeError(_client_type_message(redis))
@@ -164,8 +183,14 @@ class LockManager:
             raise TypeError(f"max_in_flight must be an int, not {type(max_in_flight).__name__}")
         if not 1 <= max_in_flight <= 1024:
             raise ValueError(f"max_in_flight must be between 1 and 1024, got {max_in_flight}")
+        policy = check_replica_options(
+            replicas, replica_timeout, on_replica_shortfall, command_timeout
+        )
         self._client = Client(redis, command_timeout, max_in_flight)
-        self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl)
+        self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
+        self._owns_sentinels = False
+        #: follows failovers of a Sentinel-managed primary (made when the manager opens)
+        self._primary_watch: PrimaryWatch | None = None
         self._kinds: dict[object, object] = {}
         self._stop = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
@@ -206,6 +231,36 @@ class LockManager:
             ) from None
         manager = cls(redis, **mine)
         manager._owns_client = True
+        return manager
+
+    @classmethod
+    def from_sentinel(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        service_name: str,
+        *,
+        sentinel_kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> LockManager:
+        """A manager on the primary that Redis Sentinel names *service_name*.
+
+        Makes ``Sentinel(sentinels, sentinel_kwargs=..., **rest).master_for(service_name)``,
+        where *rest* is *options* minus the manager's own (as for :meth:`from_url`), and
+        closes it (and its sentinel connections) when the manager closes. The manager
+        follows failovers: see ``docs/sentinel.md``.
+
+        Args:
+            sentinels: ``(host, port)`` of each sentinel, e.g. ``[("10.0.0.1", 26379)]``.
+            service_name: the name the sentinels monitor the primary under.
+            sentinel_kwargs: connection options for the sentinels themselves (e.g. their
+                ``password``); by default, the ``socket_*`` options of *options*.
+        """
+        addresses = check_sentinels(sentinels, service_name)
+        mine = {k: v for k, v in options.items() if k in _MANAGER_OPTIONS}
+        theirs = {k: v for k, v in options.items() if k not in _MANAGER_OPTIONS}
+        redis = sentinel_client(addresses, service_name, sentinel_kwargs, theirs)
+        manager = cls(redis, **mine)
+        manager._owns_client = manager._owns_sentinels = True
         return manager
 
     @property
@@ -475,6 +530,10 @@ class LockManager:
             tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
             tg.start_soon(core.cleanup.run, name="aiolock cleanup")
             tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
+            if is_sentinel_primary(self._redis):
+                watch = PrimaryWatch(self._redis, core, owns_sentinels=self._owns_sentinels)
+                self._primary_watch = watch
+                tg.start_soon(watch.run, name="aiolock sentinel watch")
             await self._stop.wait()
             tg.cancel_scope.cancel()
 

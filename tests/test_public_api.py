@@ -33,6 +33,7 @@ def test_public_names_are_pinned() -> None:
         "Permit",
         "Semaphore",
         "ReadWriteLock",
+        "ReplicaAckError",
         "__version__",
     }
     for name in aiolock.__all__:
