@@ -150,7 +150,8 @@ def translate(
                 else ""
             )
         )
-    if text.startswith("READONLY"):
+    # (redis-py strips the READONLY code from the text of its ReadOnlyError)
+    if isinstance(exc, rex.ReadOnlyError) or text.startswith("READONLY"):
         return LockBackendError(
             f"Redis refused {what}: the server is a read-only replica, not the primary "
             f"({text}). Give aiolock a client of the primary; with Sentinel, use "

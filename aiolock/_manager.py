@@ -92,6 +92,7 @@ class ManagerStatistics:
         lost: holds lost, per kind.
         claims: waiters whose place in Redis this manager keeps alive (fair lock,
             read-write lock writers, semaphore requests).
+        failovers: moves of a Sentinel-managed primary that this manager followed.
     """
 
     #: holds of this manager's tasks (a reentrant hold counts once)
@@ -116,6 +117,8 @@ class ManagerStatistics:
     lost: dict[str, int] = field(default_factory=dict)
     #: queued waiters (fair lock) whose place in Redis this manager keeps alive
     claims: int = 0
+    #: moves of a Sentinel-managed primary that this manager followed
+    failovers: int = 0
 
 
 class LockManager:
@@ -479,6 +482,7 @@ class LockManager:
             timeouts=dict(engine.timeouts),
             lost=dict(engine.lost),
             claims=engine.claims,
+            failovers=0 if self._primary_watch is None else self._primary_watch.failovers,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
