@@ -30,6 +30,7 @@ write to the old primary, and two holders may then overlap until the re-check.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -121,6 +122,8 @@ class PrimaryWatch:
     INTERVAL = 1.0
     #: the longest the re-check of the holds on a new primary is retried
     CONFIRM_FOR = 10.0
+    #: seconds one sentinel may take to answer
+    ASK_TIMEOUT = 1.0
 
     def __init__(self, redis: Redis, engine: Engine, *, owns_sentinels: bool = False) -> None:
         pool = redis.connection_pool
@@ -142,8 +145,8 @@ class PrimaryWatch:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._poll, name="aiolock sentinel poll")
-                for index in range(len(self._sentinel.sentinels)):
-                    tg.start_soon(self._listen, index, name="aiolock sentinel listener")
+                for client in list(self._sentinel.sentinels):
+                    tg.start_soon(self._listen, client, name="aiolock sentinel listener")
         finally:
             if self._owns_sentinels:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
@@ -152,21 +155,70 @@ class PrimaryWatch:
 
     async def _poll(self) -> None:
         while True:
-            try:
-                address = await self._sentinel.discover_master(self._service)
-            except (rex.RedisError, OSError) as exc:  # sentinels down, or no primary now
-                logger.debug("asking the sentinels for %r failed: %s", self._service, exc)
-            else:
-                await self._seen(tuple(address))
+            address = await self._discover()
+            if address is not None:
+                await self._seen(address)
             with anyio.move_on_after(self.INTERVAL):
                 await self._check.wait()
             self._check = anyio.Event()
 
-    async def _listen(self, index: int) -> None:
+    async def _discover(self) -> tuple[str, int] | None:
+        """The primary in the newest configuration any sentinel reports, or None.
+
+        Every sentinel is asked: during a failover the leader keeps reporting the old
+        primary until it has reconfigured the replicas (a second here), while the others
+        already report the new one (see :meth:`_ask`). redis-py's own lookup,
+        made whenever a connection opens, takes the first valid answer in list order,
+        so the sentinel with the newest configuration is moved to the front (as redis-py
+        itself reorders the list), and connections opened from now on go to the new
+        primary too.
+        """
+        clients = list(self._sentinel.sentinels)
+        answers = await asyncio.gather(*(self._ask(client) for client in clients))
+        best: tuple[tuple[int, bool], tuple[str, int], Redis] | None = None
+        for client, answer in zip(clients, answers, strict=True):
+            if answer is not None and (best is None or answer[0] > best[0]):
+                best = (answer[0], answer[1], client)
+        if best is None:
+            return None
+        order = self._sentinel.sentinels
+        if best[2] in order and order[0] is not best[2]:
+            i = order.index(best[2])
+            order[0], order[i] = order[i], order[0]
+        return best[1]
+
+    async def _ask(self, client: Redis) -> tuple[tuple[int, bool], tuple[str, int]] | None:
+        """The rank and address of the primary as one sentinel sees it, if valid.
+
+        The rank is the config epoch, then whether the sentinel is not in the middle of a
+        failover: the leader already reports the new epoch with the old primary until it
+        has reconfigured the replicas, while the others report the new primary.
+        """
+        try:
+            state = await asyncio.wait_for(client.sentinel_master(self._service), self.ASK_TIMEOUT)
+        except (rex.RedisError, OSError, asyncio.TimeoutError) as exc:
+            logger.debug("asking a sentinel for %r failed: %s", self._service, exc)
+            return None
+        # The checks redis-py's discover_master makes.
+        if (
+            not isinstance(state, dict)
+            or not state.get("is_master")
+            or state.get("is_sdown")
+            or state.get("is_odown")
+            or int(state.get("num-other-sentinels", 0)) < self._sentinel.min_other_sentinels
+        ):
+            return None
+        host = getattr(self._sentinel, "_force_master_ip", None) or as_text(state["ip"])
+        flags = state.get("flags", "")
+        flags = ",".join(map(as_text, flags)) if isinstance(flags, (set, list)) else as_text(flags)
+        rank = (int(state.get("config-epoch", 0)), "failover_in_progress" not in flags)
+        return rank, (host, int(state["port"]))
+
+    async def _listen(self, client: Redis) -> None:
         """Wake the poll on a sentinel's +switch-master for our service."""
         backoff = 0.1
         while True:
-            pubsub: PubSub = self._sentinel.sentinels[index].pubsub()
+            pubsub: PubSub = client.pubsub()
             try:
                 await pubsub.subscribe(SWITCH_CHANNEL)
                 backoff = 0.1
