@@ -12,6 +12,7 @@ running lock scripts on the demoted primary, which still answers as a primary fo
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -241,3 +242,104 @@ def _shas() -> list[str]:
     from aiolock._kinds.lock import ACQUIRE, RELEASE
 
     return [ACQUIRE.sha, RELEASE.sha]
+
+
+async def test_a_stopped_primary_is_failed_over(prefix: str) -> None:
+    """SIGSTOP of the primary: connections hang instead of failing; sentinels fail over.
+
+    Waiting tasks go on once the new primary is known; a holder whose grant replicated
+    keeps its lock, confirmed on the new primary within its lease; when
+    the old primary comes back (SIGCONT) as a primary for a while, nothing of ours runs
+    scripts on it.
+    """
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        old = group.primary_port()
+        # A lease well above the failover's few seconds: the holder is confirmed on the
+        # new primary before its lease runs out, and keeps its lock.
+        opts: dict[str, Any] = {"prefix": prefix, "lease": 12.0, "socket_timeout": 1.0}
+        a = await aiolock.LockManager.from_sentinel(group.addresses, SERVICE, **opts).open()
+        b = await aiolock.LockManager.from_sentinel(group.addresses, SERVICE, **opts).open()
+        holders = Holders(a)
+        probe_ok: list[float] = []
+        stop_probe = asyncio.Event()
+
+        async def probe() -> None:
+            while not stop_probe.is_set():
+                try:
+                    async with b.lock("probe", timeout=0.5):
+                        probe_ok.append(time.monotonic())
+                except (aiolock.LockConnectionError, aiolock.LockTimeoutError):
+                    pass
+                await asyncio.sleep(0.02)
+
+        old_node = _node(old)
+        probe_task: asyncio.Task[None] | None = None
+        try:
+            holders.start("k")
+            await asyncio.wait_for(holders.inside["k"].wait(), timeout=10)
+            waiter = asyncio.create_task(_take(b, "k"))
+            await _eventually(lambda: b.statistics().hub.subscriptions == 1, 10, "subscribed")
+            await asyncio.to_thread(_replicated, group, old, f"{prefix}:{{k}}")
+
+            started = time.monotonic()
+            group.signal(old, signal.SIGSTOP)
+            try:
+                probe_task = asyncio.create_task(probe())
+                await asyncio.to_thread(group.wait_for_new_primary, old, 20.0)
+                await _eventually(lambda: probe_ok, 15, "an acquisition on the new primary")
+                first_acquisition = probe_ok[0] - started
+                await _eventually(
+                    lambda: a.statistics().failovers == 1 and b.statistics().failovers == 1,
+                    10,
+                    "both managers followed",
+                )
+                holders.leave.set()
+                await asyncio.wait_for(waiter, timeout=10)  # woken on the new primary
+            finally:
+                group.signal(old, signal.SIGCONT)
+            await asyncio.wait_for(asyncio.gather(*holders.tasks), timeout=10)
+            outcome = holders.outcome["k"][0]
+            assert outcome == "released"
+            # The old primary is back and still answers as a primary for a while; our
+            # probes keep running, and none of them reaches it.
+            assert group.role(old) == "master"
+            before = await _evalsha_calls(old_node)
+            await asyncio.sleep(1.0)
+            assert probe_ok[-1] > time.monotonic() - 0.9  # the probe still acquires
+            assert await _evalsha_calls(old_node) == before
+            print(
+                f"\nstopped primary: first acquisition on the new primary after "
+                f"{first_acquisition:.2f} s; the holder (grant replicated) was {outcome}"
+            )
+        finally:
+            stop_probe.set()
+            holders.leave.set()
+            for task in [*holders.tasks, *([probe_task] if probe_task else [])]:
+                task.cancel()
+            await asyncio.gather(*holders.tasks, return_exceptions=True)
+            if probe_task is not None:
+                await asyncio.gather(probe_task, return_exceptions=True)
+            await a.aclose()
+            await b.aclose()
+            await old_node.aclose()
+
+
+async def _take(manager: aiolock.LockManager, name: str) -> None:
+    async with manager.lock(name, timeout=30):
+        pass
+
+
+def _replicated(group: SentinelGroup, primary: int, key: str) -> None:
+    import redis
+
+    for node in group.nodes:
+        if node.port == primary:
+            continue
+        client = redis.Redis(host=node.host, port=node.port)
+        try:
+            deadline = time.monotonic() + 10
+            while not client.exists(key):
+                assert time.monotonic() < deadline, "the grant did not replicate"
+                time.sleep(0.02)
+        finally:
+            client.close()
