@@ -428,6 +428,10 @@ class Client:
         reusable = False
         try:
             replies = await self._on(conn, packed, count, deadline)
+            if not _current(self.redis.connection_pool, conn):
+                # A Sentinel failover was detected while this ran (or the connection
+                # opened just before): the replies came from the old primary. Retried.
+                raise rex.ConnectionError(f"the primary moved away from {where(conn)}")
             reusable = True
             return replies
         except BaseException:

@@ -243,8 +243,29 @@ class PrimaryWatch:
         if known is None and (recorded is None or tuple(recorded) == address):
             return  # the first look, and the pool agrees (or has not connected yet)
         if known == address and (recorded is None or tuple(recorded) == address):
+            await self._sweep(address)
             return
         await self._moved(known or recorded, address)
+
+    async def _sweep(self, primary: tuple[str, int]) -> None:
+        """Close any connection of the pool that is open to another server than *primary*.
+
+        A connection that was being opened while the primary moved may have reached the
+        old one (the hub's pub/sub connection, above all: it would listen there for
+        releases that now happen elsewhere). redis-py keeps a pool's connections in two
+        private lists; if they are renamed, the sweep finds nothing and the other
+        defences remain (see the module docstring).
+        """
+        pool = self._pool
+        conns = [
+            *getattr(pool, "_available_connections", ()),
+            *getattr(pool, "_in_use_connections", ()),
+        ]
+        for conn in conns:
+            where = (getattr(conn, "host", None), getattr(conn, "port", None))
+            if where != primary and conn.is_connected:
+                logger.warning("closing a connection to %s:%s, no longer the primary", *where)
+                await conn.disconnect()
 
     async def _moved(self, old: object, new: tuple[str, int]) -> None:
         self.failovers += 1

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.sentinel import Sentinel
 
 import aiolock
 from aiolock._errors import LockBackendError
@@ -67,6 +68,35 @@ async def test_a_replica_given_as_the_primary_is_named(group: SentinelGroup, pre
             await locks.lock("a").acquire(timeout=1)
         assert "from_sentinel" in str(caught.value)
         await locks.redis.aclose()
+
+
+async def test_a_client_made_by_master_for_is_followed_and_swept(
+    group: SentinelGroup, prefix: str
+) -> None:
+    """A connection of the pool open to another node than the primary is closed.
+
+    (One opened while the primary moved could have reached the old primary; here one
+    is pointed at a replica by hand.)
+    """
+    sentinel = Sentinel(group.addresses, socket_timeout=2.0)  # type: ignore[no-untyped-call]
+    redis = sentinel.master_for(SERVICE)
+    try:
+        async with aiolock.LockManager(redis, prefix=prefix) as locks:
+            async with locks.lock("a"):
+                pass
+            replica_port = next(n.port for n in group.nodes if n.port != group.primary_port())
+            stray = await redis.connection_pool.get_connection()
+            await stray.disconnect()
+            await stray.connect_to(("127.0.0.1", replica_port))
+            assert stray.is_connected
+            await _eventually(lambda: not stray.is_connected, 5, "the stray connection closed")
+            assert locks.statistics().failovers == 0
+            async with locks.lock("a", timeout=1):
+                pass
+    finally:
+        await redis.aclose()
+        for client in sentinel.sentinels:
+            await client.aclose()
 
 
 def test_from_sentinel_checks_its_arguments() -> None:
