@@ -157,6 +157,12 @@ def translate(
             f"({text}). Give aiolock a client of the primary; with Sentinel, use "
             "LockManager.from_sentinel() or Sentinel.master_for(), which follow failovers"
         )
+    if text.startswith("NOREPLICAS"):
+        return LockBackendError(
+            f"Redis refused {what}: the primary accepts no writes while fewer replicas than "
+            f"its min-replicas-to-write are in sync ({text}). Check the replicas' link to "
+            "the primary (INFO replication), or lower min-replicas-to-write"
+        )
     if "WRONGTYPE" in text and key is not None:
         return LockKeyTypeError(
             f"a Redis key of lock {key!r} holds a value of another type, so it cannot be "

@@ -97,7 +97,7 @@ class _Stopped:
         os.kill(self.pid, signal.SIGCONT)  # type: ignore[arg-type]
 
 
-KINDS = ["lock", "fair", "write", "semaphore"]
+KINDS = ["lock", "fair", "write", "semaphore", "multi"]
 
 
 def _handle(locks: aiolock.LockManager, kind: str, name: str) -> Any:
@@ -107,6 +107,8 @@ def _handle(locks: aiolock.LockManager, kind: str, name: str) -> Any:
         return locks.fair_lock(name)
     if kind == "write":
         return locks.rw_lock(name).write()
+    if kind == "multi":
+        return locks.multi_lock([f"{name}1", f"{name}2"])
     return locks.semaphore(name, 2)
 
 
@@ -123,7 +125,21 @@ async def test_each_acquisition_is_acknowledged_by_the_replica(
             assert await replica.dbsize() > 0
             keys = await replica.keys(f"{prefix}:*")
             assert keys
-        assert await _waits(primary) == before + 1
+        # one WAIT per grant (a multi-lock takes two)
+        assert await _waits(primary) == before + (2 if kind == "multi" else 1)
+
+
+async def test_min_replicas_to_write_refusal_is_named(
+    pair: Pair, prefix: str, primary: Redis
+) -> None:
+    await primary.config_set("min-replicas-to-write", 2)
+    try:
+        async with _manager(pair, prefix) as locks:
+            with pytest.raises(aiolock.LockBackendError, match="min-replicas-to-write"):
+                await locks.lock("a").acquire(timeout=1)
+        assert await primary.exists(f"{prefix}:{{a}}") == 0
+    finally:
+        await primary.config_set("min-replicas-to-write", 0)
 
 
 async def test_a_replica_that_does_not_acknowledge_undoes_the_acquisition(
