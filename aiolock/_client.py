@@ -227,6 +227,8 @@ class Client:
         if isinstance(capacity, int) and capacity >= 2:
             max_in_flight = min(max_in_flight, capacity - 1)
         self.max_in_flight = max_in_flight
+        #: a Sentinel primary's pool: connections may point at a replaced primary
+        self._follows_primary = bool(getattr(redis.connection_pool, "is_master", False))
         self._in_flight = 0
         self._queue: deque[_Request] = deque()
         self._flushes: set[asyncio.Task[None]] = set()
@@ -434,7 +436,7 @@ class Client:
         reusable = False
         try:
             replies = await self._on(conn, packed, count, deadline)
-            if not _current(self.redis.connection_pool, conn):
+            if self._follows_primary and not _current(self.redis.connection_pool, conn):
                 # A Sentinel failover was detected while this ran (or the connection
                 # opened just before): the replies came from the old primary. Retried.
                 raise rex.ConnectionError(f"the primary moved away from {where(conn)}")
@@ -508,7 +510,7 @@ class Client:
         pool = self.redis.connection_pool
         while kept and self._idle:
             conn = self._idle.pop()
-            if _usable(conn) and _current(pool, conn):
+            if _usable(conn) and (not self._follows_primary or _current(pool, conn)):
                 return conn
             # The server or the network closed it while it sat idle (redis-py's pool
             # checks for this on checkout; we must too). Writing to it would fail, on

@@ -225,17 +225,18 @@ class SentinelGroup:
 
     def signal(self, port: int, sig: signal.Signals) -> None:
         """Send *sig* (SIGSTOP, SIGCONT, SIGKILL) to the data node on *port*, by pid."""
-        pid = self.node(port).pid
-        if pid is None:
+        process = self.node(port).process
+        # poll() first: never signal a pid that may have been reused by another process
+        if process is None or process.poll() is not None:
             raise RedisServerError(f"node {port} is not running")
-        os.kill(pid, sig)
+        os.kill(process.pid, sig)
 
     def stop(self) -> None:
         for sentinel in self.sentinels:
             sentinel.stop()
         for node in self.nodes:
-            if node.pid is not None:
-                os.kill(node.pid, signal.SIGCONT)  # a stopped process cannot exit
+            if node.process is not None and node.process.poll() is None:
+                os.kill(node.process.pid, signal.SIGCONT)  # a stopped process cannot exit
             node.stop()
         self._tmp.cleanup()
 

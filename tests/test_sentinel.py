@@ -274,12 +274,13 @@ def _shas() -> list[str]:
     return [ACQUIRE.sha, RELEASE.sha]
 
 
-async def test_a_stopped_primary_is_failed_over(prefix: str) -> None:
-    """SIGSTOP of the primary: connections hang instead of failing; sentinels fail over.
+@pytest.mark.parametrize("how", [signal.SIGSTOP, signal.SIGKILL], ids=["SIGSTOP", "SIGKILL"])
+async def test_a_stopped_or_killed_primary_is_failed_over(prefix: str, how: signal.Signals) -> None:
+    """The primary stopped (connections hang) or killed (connections refused).
 
-    Waiting tasks go on once the new primary is known; a holder whose grant replicated
-    keeps its lock, confirmed on the new primary within its lease; when
-    the old primary comes back (SIGCONT) as a primary for a while, nothing of ours runs
+    Waiting tasks go on once the sentinels have promoted a replica; a holder whose grant
+    replicated keeps its lock, confirmed on the new primary within its lease; when a
+    stopped primary comes back (SIGCONT), as a primary for a while, nothing of ours runs
     scripts on it.
     """
     with SentinelGroup(replicas=1, sentinels=3) as group:
@@ -312,7 +313,7 @@ async def test_a_stopped_primary_is_failed_over(prefix: str) -> None:
             await asyncio.to_thread(_replicated, group, old, f"{prefix}:{{k}}")
 
             started = time.monotonic()
-            group.signal(old, signal.SIGSTOP)
+            group.signal(old, how)
             try:
                 probe_task = asyncio.create_task(probe())
                 await asyncio.to_thread(group.wait_for_new_primary, old, 20.0)
@@ -326,10 +327,17 @@ async def test_a_stopped_primary_is_failed_over(prefix: str) -> None:
                 holders.leave.set()
                 await asyncio.wait_for(waiter, timeout=10)  # woken on the new primary
             finally:
-                group.signal(old, signal.SIGCONT)
+                if how is signal.SIGSTOP:
+                    group.signal(old, signal.SIGCONT)
             await asyncio.wait_for(asyncio.gather(*holders.tasks), timeout=10)
             outcome = holders.outcome["k"][0]
             assert outcome == "released"
+            print(
+                f"\n{how.name} of the primary: first acquisition on the new primary after "
+                f"{first_acquisition:.2f} s; the holder (grant replicated) was {outcome}"
+            )
+            if how is signal.SIGKILL:
+                return
             # The old primary is back and still answers as a primary for a while; our
             # probes keep running, and none of them reaches it.
             assert group.role(old) == "master"
@@ -337,10 +345,6 @@ async def test_a_stopped_primary_is_failed_over(prefix: str) -> None:
             await asyncio.sleep(1.0)
             assert probe_ok[-1] > time.monotonic() - 0.9  # the probe still acquires
             assert await _evalsha_calls(old_node) == before
-            print(
-                f"\nstopped primary: first acquisition on the new primary after "
-                f"{first_acquisition:.2f} s; the holder (grant replicated) was {outcome}"
-            )
         finally:
             stop_probe.set()
             holders.leave.set()
