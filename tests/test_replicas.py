@@ -287,3 +287,15 @@ def test_replicas_zero_or_none_is_off() -> None:
     for replicas in (None, 0):
         manager = aiolock.LockManager(Redis(), replicas=replicas)
         assert manager._runtime.replicas is None
+
+
+async def test_wait_unknown_to_the_server_says_how_to_turn_it_off(prefix: str) -> None:
+    # A hosted service that does not offer WAIT answers "unknown command".
+    with RedisServer(["--rename-command", "WAIT", ""]) as server:
+        async with aiolock.LockManager.from_url(server.url, prefix=prefix, replicas=1) as locks:
+            with pytest.raises(aiolock.ReplicaAckError, match="refused WAIT") as caught:
+                await locks.lock("a").acquire()
+            assert "unknown command" in str(caught.value)
+            assert "replicas=0" in str(caught.value)
+            assert await locks.redis.exists(f"{prefix}:{{a}}") == 0
+            assert locks.statistics().held == 0
