@@ -155,9 +155,12 @@ class PrimaryWatch:
 
     async def _poll(self) -> None:
         while True:
-            address = await self._discover()
-            if address is not None:
-                await self._seen(address)
+            try:
+                address = await self._discover()
+                if address is not None:
+                    await self._seen(address)
+            except Exception as exc:  # never let the watch fail the manager
+                logger.warning("following the Sentinel primary failed, will retry: %r", exc)
             with anyio.move_on_after(self.INTERVAL):
                 await self._check.wait()
             self._check = anyio.Event()
@@ -228,8 +231,8 @@ class PrimaryWatch:
                         continue
                     if as_text(message.get("data")).split(" ", 1)[0] == self._service:
                         self._check.set()
-            except (rex.RedisError, OSError) as exc:
-                logger.debug("sentinel pub/sub connection failed: %s", exc)
+            except Exception as exc:  # RedisError, OSError, redis-py's RuntimeError...
+                logger.debug("sentinel pub/sub connection failed: %r", exc)
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -237,49 +240,65 @@ class PrimaryWatch:
             backoff = min(backoff * 2, 5.0)
 
     async def _seen(self, address: tuple[str, int]) -> None:
-        known = self.primary
-        self.primary = address
-        recorded = self._pool.master_address
-        if known is None and (recorded is None or tuple(recorded) == address):
-            return  # the first look, and the pool agrees (or has not connected yet)
-        if known == address and (recorded is None or tuple(recorded) == address):
+        """The sentinels name *address* as the primary: act if that is a move."""
+        known, self.primary = self.primary, address
+        recorded = self._pool.master_address  # what the pool last connected to
+        if known is not None and known != address:
+            await self._moved(known, address)
+        elif recorded is not None and tuple(recorded) != address:
+            # The pool's connections went to another node (opened before this watch
+            # started, or from an answer of a sentinel that was behind).
+            await self._moved(tuple(recorded), address)
+        else:
             await self._sweep(address)
-            return
-        await self._moved(known or recorded, address)
 
     async def _sweep(self, primary: tuple[str, int]) -> None:
         """Close any connection of the pool that is open to another server than *primary*.
 
         A connection that was being opened while the primary moved may have reached the
         old one (the hub's pub/sub connection, above all: it would listen there for
-        releases that now happen elsewhere). redis-py keeps a pool's connections in two
-        private lists; if they are renamed, the sweep finds nothing and the other
-        defences remain (see the module docstring).
+        releases that now happen elsewhere).
+        """
+        await self._close_connections(keep=primary, why="no longer the primary")
+
+    async def _close_connections(self, keep: tuple[str, int], why: str) -> None:
+        """Close the pool's connections, idle or in use, except those open to *keep*.
+
+        Closed without waiting for the peer: a stopped server never finishes a close
+        (redis-py's pool.disconnect() waits, and raises on a timeout). redis-py keeps a
+        pool's connections in two private lists; if they are renamed, its
+        pool.disconnect() is used instead, bounded in time.
         """
         pool = self._pool
-        conns = [
-            *getattr(pool, "_available_connections", ()),
-            *getattr(pool, "_in_use_connections", ()),
-        ]
-        for conn in conns:
+        available = getattr(pool, "_available_connections", None)
+        in_use = getattr(pool, "_in_use_connections", None)
+        if available is None or in_use is None:  # pragma: no cover - other redis-py
+            with anyio.move_on_after(2.0):
+                await pool.disconnect(inuse_connections=True)
+            return
+        for conn in [*available, *in_use]:
             where = (getattr(conn, "host", None), getattr(conn, "port", None))
-            if where != primary and conn.is_connected:
-                logger.warning("closing a connection to %s:%s, no longer the primary", *where)
-                await conn.disconnect()
+            if where == keep or not conn.is_connected:
+                continue
+            logger.info("closing a connection to %s:%s: %s", *where, why)
+            try:
+                await conn.disconnect(nowait=True)
+            except Exception as exc:  # it is being dropped anyway
+                logger.debug("closing a connection to %s:%s: %r", *where, exc)
 
-    async def _moved(self, old: object, new: tuple[str, int]) -> None:
+    async def _moved(self, old: tuple[Any, ...], new: tuple[str, int]) -> None:
         self.failovers += 1
         logger.warning(
-            "Sentinel service %r: the primary moved from %s to %s:%s; reconnecting, and "
+            "Sentinel service %r: the primary moved from %s:%s to %s:%s; reconnecting, and "
             "checking every hold on the new primary",
             self._service,
-            "%s:%s" % tuple(old) if isinstance(old, tuple) else old,  # noqa: UP031
+            *old[:2],
             *new,
         )
         # From here on, a kept connection to any other address is stale.
         self._pool.master_address = new
         # Every connection of the pool, in use or not, the hub's pub/sub one included.
-        await self._pool.disconnect(inuse_connections=True)
+        await self._close_connections(keep=new, why="the primary moved")
         await self._confirm_holds()
 
     async def _confirm_holds(self) -> None:
