@@ -337,6 +337,14 @@ async def test_a_stopped_or_killed_primary_is_failed_over(prefix: str, how: sign
                 f"{first_acquisition:.2f} s; the holder (grant replicated) was {outcome}"
             )
             if how is signal.SIGKILL:
+                # With every sentinel gone, the watch cannot ask anybody: locks go on
+                # working on the primary it knows, and the managers stay open.
+                for sentinel in group.sentinels:
+                    sentinel.stop()
+                await asyncio.sleep(1.5)  # more than one round of the watch
+                async with a.lock("after", timeout=2), b.lock("after2", timeout=2):
+                    pass
+                assert a.is_open and b.is_open
                 return
             # The old primary is back and still answers as a primary for a while; our
             # probes keep running, and none of them reaches it.
