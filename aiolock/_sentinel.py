@@ -8,10 +8,11 @@ the old and the new primary both answer as primary for about 10 s, so a kept con
 scripts on the old primary without any error, while other clients, freshly connected,
 take the same locks on the new one.
 
-So a manager on a Sentinel-managed client runs a :class:`PrimaryWatch`: it asks the
-sentinels for the primary every :attr:`PrimaryWatch.INTERVAL` seconds and, at once,
-whenever a sentinel announces ``+switch-master`` on its pub/sub channel. When the
-primary has moved, it
+So a manager on a Sentinel-managed client runs a :class:`PrimaryWatch`: it asks every
+sentinel for the primary every :attr:`PrimaryWatch.INTERVAL` seconds and at once
+whenever a sentinel announces ``+switch-master`` on its pub/sub channel, and follows the
+newest configuration reported (see :meth:`PrimaryWatch._discover`). When the primary has
+moved, it
 
 1. records the new address in the pool (kept connections to the old one are then
    dropped when next used; see ``_client._current``) and closes every connection of the
@@ -22,6 +23,9 @@ primary has moved, it
    primary does not have (its grant never replicated, or it was taken on the old
    primary after the switch) is lost, and its holder is told (``LockLostError``, body
    cancelled), as for any loss.
+
+Between moves, every round also closes any connection of the pool open to a node that is
+not the primary (one being opened as the primary moved may have reached the old one).
 
 What remains (see ``docs/sentinel.md``): between the switch and its detection (up to
 :attr:`PrimaryWatch.INTERVAL`, usually a pub/sub message away) this manager may still
@@ -137,9 +141,8 @@ class PrimaryWatch:
         self._check = anyio.Event()
         #: the primary as last seen by this watch
         self.primary: tuple[str, int] | None = None
-        #: failovers acted on, and holds found lost on the new primary
+        #: moves of the primary acted on
         self.failovers = 0
-        self.lost = 0
 
     async def run(self) -> None:
         try:
@@ -155,6 +158,9 @@ class PrimaryWatch:
 
     async def _poll(self) -> None:
         while True:
+            # A fresh event before asking: a +switch-master that arrives while the
+            # sentinels are being asked makes the next round start at once.
+            self._check = anyio.Event()
             try:
                 address = await self._discover()
                 if address is not None:
@@ -163,7 +169,6 @@ class PrimaryWatch:
                 logger.warning("following the Sentinel primary failed, will retry: %r", exc)
             with anyio.move_on_after(self.INTERVAL):
                 await self._check.wait()
-            self._check = anyio.Event()
 
     async def _discover(self) -> tuple[str, int] | None:
         """The primary in the newest configuration any sentinel reports, or None.
@@ -303,11 +308,9 @@ class PrimaryWatch:
 
     async def _confirm_holds(self) -> None:
         engine = self._engine
-        lost_before = sum(engine.lost.values())
         give_up = time.monotonic() + self.CONFIRM_FOR
         while not await engine.watchdog.renew_all():
             if time.monotonic() > give_up:
                 logger.warning("could not check the holds on the new primary; the watchdog retries")
                 break
             await anyio.sleep(0.1)
-        self.lost += sum(engine.lost.values()) - lost_before
