@@ -14,7 +14,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
 from types import TracebackType
 
 from aiolock.testing import RedisServer, RedisServerError, find_redis_server, free_port
@@ -254,7 +253,3 @@ class SentinelGroup:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def ports(nodes: Sequence[RedisServer]) -> list[int]:
-    return [n.port for n in nodes]
