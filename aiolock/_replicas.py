@@ -65,31 +65,33 @@ def check_replica_options(
     on_replica_shortfall: object,
     command_timeout: float | None,
 ) -> ReplicaPolicy | None:
-    """Validate the manager's ``replicas=`` options; ``None`` when WAIT is off."""
-    if replicas is None:
-        return None
-    if isinstance(replicas, bool) or not isinstance(replicas, int):
-        raise TypeError(f"replicas must be an int (or None), not {type(replicas).__name__}")
-    if not 0 <= replicas <= 100:
-        raise ValueError(
-            f"replicas must be between 0 and 100 (replicas that must acknowledge each "
-            f"acquisition; 0 or None turns WAIT off), got {replicas}"
-        )
+    """Validate the manager's ``replicas=`` options; ``None`` when WAIT is off.
+
+    Every option is checked, also when WAIT is off, so that a typo fails at the call.
+    """
+    if replicas is not None:
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise TypeError(f"replicas must be an int (or None), not {type(replicas).__name__}")
+        if not 0 <= replicas <= 100:
+            raise ValueError(
+                f"replicas must be between 0 and 100 (replicas that must acknowledge each "
+                f"acquisition; 0 or None turns WAIT off), got {replicas}"
+            )
     timeout = check_lease(replica_timeout, "replica_timeout")
-    if command_timeout is not None and timeout >= command_timeout:
-        raise ValueError(
-            f"replica_timeout ({timeout} s) must be shorter than command_timeout "
-            f"({command_timeout} s): WAIT blocks the acquire's round trip for up to "
-            "replica_timeout, which would then time out before WAIT answers"
-        )
     if on_replica_shortfall not in _SHORTFALL_CHOICES:
         raise ValueError(
             f"on_replica_shortfall must be 'raise' (undo the acquisition and raise "
             f"ReplicaAckError) or 'warn' (keep it and log a warning), got "
             f"{on_replica_shortfall!r}"
         )
-    if replicas == 0:
+    if not replicas:
         return None
+    if command_timeout is not None and timeout >= command_timeout:
+        raise ValueError(
+            f"replica_timeout ({timeout} s) must be shorter than command_timeout "
+            f"({command_timeout} s): WAIT blocks the acquire's round trip for up to "
+            "replica_timeout, which would then time out before WAIT answers"
+        )
     return ReplicaPolicy(replicas, timeout, on_replica_shortfall)  # type: ignore[arg-type]
 
 

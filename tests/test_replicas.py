@@ -269,6 +269,8 @@ async def test_reentry_and_concurrent_acquisitions(pair: Pair, prefix: str, prim
         ({"replicas": 1, "replica_timeout": 0}, ValueError, "replica_timeout"),
         ({"replicas": 1, "replica_timeout": "1"}, TypeError, "replica_timeout"),
         ({"replicas": 1, "on_replica_shortfall": "ignore"}, ValueError, "'raise'"),
+        ({"on_replica_shortfall": "ignore"}, ValueError, "'raise'"),
+        ({"replica_timeout": -1}, ValueError, "replica_timeout"),
         (
             {"replicas": 1, "replica_timeout": 2.0, "command_timeout": 1.0},
             ValueError,
