@@ -82,7 +82,7 @@ def _usable(conn: AbstractConnection) -> bool:
 
 
 def _current(pool: Any, conn: AbstractConnection) -> bool:
-    """False for a kept connection to a Sentinel primary that a failover has replaced.
+    """False for a connection to a Sentinel primary that a failover has replaced.
 
     Both the old and the new primary answer as primary for a while after a failover
     (about 10 s measured): a kept connection to the old one would keep running lock
@@ -91,9 +91,9 @@ def _current(pool: Any, conn: AbstractConnection) -> bool:
     """
     if not getattr(pool, "is_master", False) or not hasattr(pool, "master_address"):
         return True  # not a Sentinel primary pool
-    address = pool.master_address
-    where = (getattr(conn, "host", None), getattr(conn, "port", None))
-    return address is not None and tuple(address) == where
+    primary = pool.master_address
+    peer = (getattr(conn, "host", None), getattr(conn, "port", None))
+    return primary is not None and tuple(primary) == peer
 
 
 def as_text(value: object) -> str:
