@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import pytest
@@ -97,6 +97,42 @@ async def test_a_client_made_by_master_for_is_followed_and_swept(
         await redis.aclose()
         for client in sentinel.sentinels:
             await client.aclose()
+
+
+async def test_closing_leaves_no_connection_behind(group: SentinelGroup, prefix: str) -> None:
+    """A manager from from_sentinel() closes its sentinel and data connections."""
+    watchers = [_node(port) for _, port in group.addresses]
+    primary = _node(group.primary_port())
+
+    async def ours() -> list[int]:
+        # Connections from this test process's managers, told apart by their name.
+        counts = []
+        for node in [*watchers, primary]:
+            clients = await node.client_list()
+            counts.append(sum(1 for c in clients if c.get("name") == prefix))
+        return counts
+
+    try:
+        locks = aiolock.LockManager.from_sentinel(
+            group.addresses,
+            SERVICE,
+            prefix=prefix,
+            client_name=prefix,
+            sentinel_kwargs={"client_name": prefix, "socket_timeout": 2.0},
+        )
+        async with locks:
+            async with locks.lock("a"):
+                await asyncio.sleep(0.2)  # the watch has asked and subscribed by now
+            during = await ours()
+            assert all(count >= 1 for count in during), during
+        await _eventually(lambda: _all_zero(ours()), 5, "every connection of the manager closed")
+    finally:
+        for node in [*watchers, primary]:
+            await node.aclose()
+
+
+async def _all_zero(counts: Awaitable[list[int]]) -> bool:
+    return not any(await counts)
 
 
 def test_from_sentinel_checks_its_arguments() -> None:
