@@ -301,3 +301,28 @@ async def test_wait_unknown_to_the_server_says_how_to_turn_it_off(prefix: str) -
             assert "replicas=0" in str(caught.value)
             assert await locks.redis.exists(f"{prefix}:{{a}}") == 0
             assert locks.statistics().held == 0
+
+
+async def test_a_second_manager_on_the_same_client_for_some_locks(
+    pair: Pair, prefix: str, primary: Redis
+) -> None:
+    """The documented way to acknowledge only some locks: a second manager, one client."""
+    redis = Redis.from_url(pair.primary.url)
+    try:
+        async with (
+            aiolock.LockManager(redis, prefix=prefix) as plain,
+            aiolock.LockManager(redis, prefix=prefix, replicas=1, replica_timeout=2.0) as acked,
+        ):
+            async with plain.lock("warm-up"), acked.lock("warm-up2"):
+                pass
+            before = await _waits(primary)
+            async with plain.lock("a"):
+                assert await _waits(primary) == before
+                with pytest.raises(aiolock.LockTimeoutError):
+                    await acked.lock("a").acquire(timeout=0.1)
+            async with acked.lock("a"):
+                assert await _waits(primary) > before
+                with pytest.raises(aiolock.LockTimeoutError):
+                    await plain.lock("a").acquire(timeout=0)
+    finally:
+        await redis.aclose()
