@@ -18,6 +18,7 @@ from ._errors import (
     LockPermissionError,
     LockTimeoutError,
     ManagerNotOpenError,
+    ReplicaAckError,
     WireFormatError,
 )
 from ._fair_lock import FairLock
@@ -50,6 +51,7 @@ __all__ = [
     "Observer",
     "Permit",
     "ReadWriteLock",
+    "ReplicaAckError",
     "Semaphore",
     "WireFormatError",
     "__version__",

@@ -25,6 +25,7 @@ from ._errors import (
     LockKeyTypeError,
     LockPermissionError,
 )
+from ._replicas import ACKNOWLEDGE, Acknowledgement
 from ._scripts import REQUIRED_COMMANDS, Script
 from ._transport import RoundTripTimer, exchange, fast_parser, where
 
@@ -78,6 +79,21 @@ def _usable(conn: AbstractConnection) -> bool:
         and reader is not None
         and not reader.at_eof()
     )
+
+
+def _current(pool: Any, conn: AbstractConnection) -> bool:
+    """False for a connection to a Sentinel primary that a failover has replaced.
+
+    Both the old and the new primary answer as primary for a while after a failover
+    (about 10 s measured): a kept connection to the old one would keep running lock
+    scripts there without any error, on data the new primary never sees. A Sentinel pool
+    records the primary it last resolved (``master_address``; None once reset).
+    """
+    if not getattr(pool, "is_master", False) or not hasattr(pool, "master_address"):
+        return True  # not a Sentinel primary pool
+    primary = pool.master_address
+    peer = (getattr(conn, "host", None), getattr(conn, "port", None))
+    return primary is not None and tuple(primary) == peer
 
 
 def as_text(value: object) -> str:
@@ -134,6 +150,19 @@ def translate(
                 if changes
                 else ""
             )
+        )
+    # (redis-py strips the READONLY code from the text of its ReadOnlyError)
+    if isinstance(exc, rex.ReadOnlyError) or text.startswith("READONLY"):
+        return LockBackendError(
+            f"Redis refused {what}: the server is a read-only replica, not the primary "
+            f"({text}). Give aiolock a client of the primary; with Sentinel, use "
+            "LockManager.from_sentinel() or Sentinel.master_for(), which follow failovers"
+        )
+    if text.startswith("NOREPLICAS"):
+        return LockBackendError(
+            f"Redis refused {what}: the primary accepts no writes while fewer replicas than "
+            f"its min-replicas-to-write are in sync ({text}). Check the replicas' link to "
+            "the primary (INFO replication), or lower min-replicas-to-write"
         )
     if "WRONGTYPE" in text and key is not None:
         return LockKeyTypeError(
@@ -199,6 +228,8 @@ class Client:
         if isinstance(capacity, int) and capacity >= 2:
             max_in_flight = min(max_in_flight, capacity - 1)
         self.max_in_flight = max_in_flight
+        #: a Sentinel primary's pool: connections may point at a replaced primary
+        self._follows_primary = bool(getattr(redis.connection_pool, "is_master", False))
         self._in_flight = 0
         self._queue: deque[_Request] = deque()
         self._flushes: set[asyncio.Task[None]] = set()
@@ -215,6 +246,9 @@ class Client:
         """EVALSHA *script*, loading it first if the server does not know it."""
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         what = f"the {script.name} script"
+        ack = ACKNOWLEDGE.get()
+        if ack is not None:  # replicas=: WAIT must follow on the same connection
+            return await self._acknowledged(command, script, what, keys[0] if keys else None, ack)
         return await self._execute(command, script, what, keys[0] if keys else None)
 
     async def call(self, *args: Arg, key: str | None = None) -> Any:
@@ -263,6 +297,42 @@ class Client:
             raise self._timed_out(what) from exc
         if isinstance(reply, rex.RedisError):
             raise translate(reply, what, key, changes=script is not None) from reply
+        return reply
+
+    async def _acknowledged(
+        self,
+        command: tuple[Arg, ...],
+        script: Script,
+        what: str,
+        key: str | None,
+        ack: Acknowledgement,
+    ) -> Any:
+        """*command* then WAIT, in one round trip (so on one connection), never coalesced.
+
+        A NOSCRIPT reply loads the script and sends both again: WAIT must follow the
+        script call that actually ran.
+        """
+        commands = [command, ack.policy.wait_command]
+        self._in_flight += 1
+        try:
+            for _ in range(2):
+                try:
+                    reply, acked = await self._round_trip(commands)
+                    if not isinstance(reply, rex.NoScriptError):
+                        break
+                    (loaded,) = await self._round_trip([("SCRIPT", "LOAD", script.source)])
+                    if isinstance(loaded, rex.RedisError):
+                        raise loaded
+                except rex.RedisError as exc:
+                    raise translate(exc, what, key) from exc
+                except TimeoutError as exc:
+                    raise self._timed_out(what) from exc
+        finally:
+            self._in_flight -= 1
+            self._kick()
+        if isinstance(reply, rex.RedisError):
+            raise translate(reply, what, key) from reply
+        ack.record(acked)
         return reply
 
     def _kick(self) -> None:
@@ -367,6 +437,10 @@ class Client:
         reusable = False
         try:
             replies = await self._on(conn, packed, count, deadline)
+            if self._follows_primary and not _current(self.redis.connection_pool, conn):
+                # A Sentinel failover was detected while this ran (or the connection
+                # opened just before): the replies came from the old primary. Retried.
+                raise rex.ConnectionError(f"the primary moved away from {where(conn)}")
             reusable = True
             return replies
         except BaseException:
@@ -434,16 +508,16 @@ class Client:
         Up to *max_in_flight* connections are kept between round trips instead of going
         back to redis-py's pool each time; its bookkeeping cost as much as our own logic.
         """
+        pool = self.redis.connection_pool
         while kept and self._idle:
             conn = self._idle.pop()
-            if _usable(conn):
+            if _usable(conn) and (not self._follows_primary or _current(pool, conn)):
                 return conn
             # The server or the network closed it while it sat idle (redis-py's pool
             # checks for this on checkout; we must too). Writing to it would fail, on
             # Python 3.13 even with an AttributeError instead of a connection error.
             await conn.disconnect(nowait=True)
-            await self.redis.connection_pool.release(conn)
-        pool = self.redis.connection_pool
+            await pool.release(conn)
         if deadline is None:
             return await pool.get_connection()  # type: ignore[no-untyped-call,no-any-return]
         # Opening a connection is part of the round trip's command_timeout (the round-trip timer

@@ -56,12 +56,14 @@ from ._errors import (
     LockLostError,
     LockPermissionError,
     ManagerNotOpenError,
+    ReplicaAckError,
 )
 from ._hub import Waiter, WaiterHub
 from ._keys import LockKeys
 from ._kind import Attempt, Busy, Hold, LockKind, Released, ReleaseStatus, Successor
 from ._observe import ObserverSet, failure_reason
 from ._registry import HoldRegistry
+from ._replicas import acknowledged_attempt
 from ._runtime import TOMBSTONE_TTL, Runtime
 from ._watchdog import Watchdog
 
@@ -331,10 +333,14 @@ class Engine:
         if not claim:
             attempt = attempt._replace(claim=False)
         sent_at = time.monotonic()
+        replicas = self.rt.replicas
         try:
-            outcome = await kind.attempt(attempt)
-        except (LockConnectionError, asyncio.CancelledError):
-            await self._undo(kind, attempt)  # it may have run
+            if replicas is None or hold is not None:  # (a re-entry adds no new grant)
+                outcome = await kind.attempt(attempt)
+            else:
+                outcome = await acknowledged_attempt(kind, attempt, replicas)
+        except (LockConnectionError, ReplicaAckError, asyncio.CancelledError):
+            await self._undo(kind, attempt)  # it may have run (or too few replicas have it)
             raise
         if isinstance(outcome, Busy):
             return outcome
@@ -539,7 +545,8 @@ class Engine:
         )
 
     def _reserve_successor(self, hold: Hold) -> _Handoff | None:
-        if not hold.kind.hand_over:
+        # With replicas=, every grant goes through an acknowledged attempt: no hand-over.
+        if not hold.kind.hand_over or self.rt.replicas is not None:
             return None
         waiter = self.hub.successor(hold.kind.channel(hold.keys))
         if waiter is None:

@@ -10,6 +10,7 @@ arguments, which raise the built-in ``ValueError`` / ``TypeError`` at the call::
     ├── LockKeyTypeError       a lock's key holds a value of another Redis type
     ├── ManagerNotOpenError    (also a RuntimeError) the LockManager is not open
     ├── WireFormatError        the chosen wire format cannot express this lock or feature
+    ├── ReplicaAckError        too few replicas acknowledged an acquisition (replicas=)
     └── LockBackendError       Redis failed: unreachable, refused or errored
         ├── LockConnectionError    connecting, sending or reading timed out or failed
         └── LockPermissionError    authentication failed, or an ACL forbids a command
@@ -30,6 +31,7 @@ __all__ = [
     "LockPermissionError",
     "LockTimeoutError",
     "ManagerNotOpenError",
+    "ReplicaAckError",
     "WireFormatError",
 ]
 
@@ -69,6 +71,15 @@ class WireFormatError(LockError):
 
     Raised at the call that asked for it (``fair_lock()``, ``fencing_token``, ...), naming
     the format and what to use instead.
+    """
+
+
+class ReplicaAckError(LockError):
+    """Fewer replicas than ``replicas=`` acknowledged an acquisition within ``replica_timeout``.
+
+    The acquisition was undone before this was raised (the lock is not held), unless the
+    manager was told to keep it (``on_replica_shortfall="warn"``). Also raised when the
+    server refuses ``WAIT`` (some hosted services do), saying how to turn it off.
     """
 
 

@@ -14,7 +14,7 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -33,9 +33,11 @@ from ._kinds.semaphore import check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
+from ._replicas import OnShortfall, check_replica_options
 from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
+from ._sentinel import PrimaryWatch, check_sentinels, is_sentinel_primary, sentinel_client
 from ._wire import WireFormat, WireName, check_wire, wire_format
 
 __all__ = ["LockManager", "ManagerStatistics"]
@@ -56,6 +58,9 @@ _MANAGER_OPTIONS = frozenset(
         "max_in_flight",
         "observers",
         "wire",
+        "replicas",
+        "replica_timeout",
+        "on_replica_shortfall",
     }
 )
 
@@ -81,6 +86,7 @@ class ManagerStatistics:
         lost: holds lost, per kind.
         claims: waiters whose place in Redis this manager keeps alive (fair lock,
             read-write lock writers, semaphore requests).
+        failovers: moves of a Sentinel-managed primary that this manager followed.
     """
 
     #: holds of this manager's tasks (a reentrant hold counts once)
@@ -105,6 +111,8 @@ class ManagerStatistics:
     lost: dict[str, int] = field(default_factory=dict)
     #: queued waiters (fair lock) whose place in Redis this manager keeps alive
     claims: int = 0
+    #: moves of a Sentinel-managed primary that this manager followed
+    failovers: int = 0
 
 
 class LockManager:
@@ -134,6 +142,17 @@ class LockManager:
             layout, the default) or a format shared with other clients; each factory
             method takes ``wire=`` to choose another one for one lock. See
             ``docs/wire-formats.md``.
+        replicas: replicas that must acknowledge each acquisition (``WAIT`` on the same
+            connection, in the same round trip); ``None`` or ``0``: no WAIT. Too few
+            acknowledgements undo the acquisition and raise
+            :class:`~aiolock.ReplicaAckError`. See ``docs/sentinel.md``.
+        replica_timeout: seconds WAIT may block an acquisition (shorter than
+            ``command_timeout`` and the client's ``socket_timeout``).
+        on_replica_shortfall: ``"raise"`` (undo and raise) or ``"warn"`` (keep the
+            acquisition and log a warning).
+
+    A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
+    follow failovers: see ``docs/sentinel.md``.
     """
 
     def __init__(
@@ -148,6 +167,9 @@ class LockManager:
         max_in_flight: int = 3,
         observers: Iterable[Observer] = (),
         wire: WireName = "aiolock",
+        replicas: int | None = None,
+        replica_timeout: float = 1.0,
+        on_replica_shortfall: OnShortfall = "raise",
     ) -> None:
         if not isinstance(redis, Redis):
             raise TypeError(_client_type_message(redis))
@@ -164,8 +186,14 @@ class LockManager:
             raise TypeError(f"max_in_flight must be an int, not {type(max_in_flight).__name__}")
         if not 1 <= max_in_flight <= 1024:
             raise ValueError(f"max_in_flight must be between 1 and 1024, got {max_in_flight}")
+        policy = check_replica_options(
+            replicas, replica_timeout, on_replica_shortfall, command_timeout
+        )
         self._client = Client(redis, command_timeout, max_in_flight)
-        self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl)
+        self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
+        self._owns_sentinels = False
+        #: follows failovers of a Sentinel-managed primary (made when the manager opens)
+        self._primary_watch: PrimaryWatch | None = None
         self._kinds: dict[object, object] = {}
         self._stop = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
@@ -206,6 +234,36 @@ class LockManager:
             ) from None
         manager = cls(redis, **mine)
         manager._owns_client = True
+        return manager
+
+    @classmethod
+    def from_sentinel(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        service_name: str,
+        *,
+        sentinel_kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> LockManager:
+        """A manager on the primary that Redis Sentinel names *service_name*.
+
+        Makes ``Sentinel(sentinels, sentinel_kwargs=..., **rest).master_for(service_name)``,
+        where *rest* is *options* minus the manager's own (as for :meth:`from_url`), and
+        closes it (and its sentinel connections) when the manager closes. The manager
+        follows failovers: see ``docs/sentinel.md``.
+
+        Args:
+            sentinels: ``(host, port)`` of each sentinel, e.g. ``[("10.0.0.1", 26379)]``.
+            service_name: the name the sentinels monitor the primary under.
+            sentinel_kwargs: connection options for the sentinels themselves (e.g. their
+                ``password``); by default, the ``socket_*`` options of *options*.
+        """
+        addresses = check_sentinels(sentinels, service_name)
+        mine = {k: v for k, v in options.items() if k in _MANAGER_OPTIONS}
+        theirs = {k: v for k, v in options.items() if k not in _MANAGER_OPTIONS}
+        redis = sentinel_client(addresses, service_name, sentinel_kwargs, theirs)
+        manager = cls(redis, **mine)
+        manager._owns_client = manager._owns_sentinels = True
         return manager
 
     @property
@@ -450,6 +508,7 @@ class LockManager:
             timeouts=dict(engine.timeouts),
             lost=dict(engine.lost),
             claims=engine.claims,
+            failovers=0 if self._primary_watch is None else self._primary_watch.failovers,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -501,6 +560,10 @@ class LockManager:
             tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
             tg.start_soon(core.cleanup.run, name="aiolock cleanup")
             tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
+            if is_sentinel_primary(self._redis):
+                watch = PrimaryWatch(self._redis, core, owns_sentinels=self._owns_sentinels)
+                self._primary_watch = watch
+                tg.start_soon(watch.run, name="aiolock sentinel watch")
             await self._stop.wait()
             tg.cancel_scope.cancel()
 

@@ -11,6 +11,7 @@ import itertools
 
 from ._client import Client
 from ._keys import KeySpace, ms
+from ._replicas import ReplicaPolicy
 
 __all__ = ["TOMBSTONE_TTL", "Runtime"]
 
@@ -21,10 +22,24 @@ TOMBSTONE_TTL = 10.0
 
 
 class Runtime:
-    __slots__ = ("client", "fence_ms", "ids", "keyspace", "lease", "manager_id", "tombstone_ms")
+    __slots__ = (
+        "client",
+        "fence_ms",
+        "ids",
+        "keyspace",
+        "lease",
+        "manager_id",
+        "replicas",
+        "tombstone_ms",
+    )
 
     def __init__(
-        self, client: Client, keyspace: KeySpace, lease: float, fence_ttl: float | None
+        self,
+        client: Client,
+        keyspace: KeySpace,
+        lease: float,
+        fence_ttl: float | None,
+        replicas: ReplicaPolicy | None = None,
     ) -> None:
         self.client = client
         self.keyspace = keyspace
@@ -39,6 +54,8 @@ class Runtime:
         self.tombstone_ms = ms(TOMBSTONE_TTL)
         #: numbers for attempts and releases, unique within the manager
         self.ids = itertools.count(1)
+        #: replicas that must acknowledge each acquisition (WAIT), or None
+        self.replicas = replicas
 
     def next_id(self) -> int:
         return next(self.ids)

@@ -34,6 +34,7 @@ def test_public_names_are_pinned() -> None:
         "Semaphore",
         "ReadWriteLock",
         "WireFormatError",
+        "ReplicaAckError",
         "__version__",
     }
     for name in aiolock.__all__:
