@@ -26,6 +26,7 @@ from ._errors import (
     LockPermissionError,
 )
 from ._replicas import ACKNOWLEDGE, Acknowledgement
+from ._reply import as_int, as_text
 from ._scripts import REQUIRED_COMMANDS, Script
 from ._transport import RoundTripTimer, exchange, fast_parser, where
 
@@ -94,19 +95,6 @@ def _current(pool: Any, conn: AbstractConnection) -> bool:
     primary = pool.master_address
     peer = (getattr(conn, "host", None), getattr(conn, "port", None))
     return primary is not None and tuple(primary) == peer
-
-
-def as_text(value: object) -> str:
-    """A reply element as str, whether the client decodes responses or not."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def as_int(value: object) -> int:
-    if isinstance(value, (int, str, bytes)):
-        return int(value)
-    raise LockBackendError(f"Redis sent {value!r} where aiolock expected an integer")
 
 
 #: Where Redis points into a script in an error ("script: <sha>, on @user_script:12.";

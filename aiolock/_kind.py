@@ -40,9 +40,9 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ._client import as_int
 from ._errors import LockTimeoutError
 from ._keys import ms
+from ._reply import as_int
 
 if TYPE_CHECKING:
     from anyio import CancelScope
