@@ -8,9 +8,13 @@ neither the engine nor a kind can reach into the manager's lifecycle.
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
-from ._client import Client
 from ._keys import KeySpace, ms
+
+if TYPE_CHECKING:
+    from ._client import Client
+    from ._cluster import ClusterClient
 
 __all__ = ["TOMBSTONE_TTL", "Runtime"]
 
@@ -24,7 +28,11 @@ class Runtime:
     __slots__ = ("client", "fence_ms", "ids", "keyspace", "lease", "manager_id", "tombstone_ms")
 
     def __init__(
-        self, client: Client, keyspace: KeySpace, lease: float, fence_ttl: float | None
+        self,
+        client: Client | ClusterClient,
+        keyspace: KeySpace,
+        lease: float,
+        fence_ttl: float | None,
     ) -> None:
         self.client = client
         self.keyspace = keyspace

@@ -219,19 +219,24 @@ def test_from_url_rejects_a_misspelt_option_at_the_call() -> None:
         aiolock.LockManager.from_url(url, leese=5)
 
 
-async def test_a_cluster_client_is_refused_without_pointing_at_from_url() -> None:
+async def test_a_cluster_client_is_accepted_and_a_sync_one_is_refused_clearly() -> None:
     """Before v2: the TypeError told a RedisCluster user to 'use LockManager.from_url(url)',
-    which cannot help: Redis Cluster is not supported yet."""
+    which cannot help. Redis Cluster is supported now (tests/test_cluster.py): the
+    asyncio RedisCluster is taken without I/O; the synchronous one is refused with a
+    message that names the asyncio cluster client."""
     cluster = RedisCluster(host="127.0.0.1", port=free_port())
     try:
-        with pytest.raises(TypeError) as caught:
-            aiolock.LockManager(cluster)  # type: ignore[arg-type]
-        message = str(caught.value)
-        assert "from_url" not in message, message
-        assert "cluster" in message.lower(), message
-        assert "not supported" in message.lower(), message
+        manager = aiolock.LockManager(cluster)
+        assert manager.redis is cluster
     finally:
         await cluster.aclose()
+    import redis.cluster
+
+    with pytest.raises(TypeError) as caught:
+        aiolock.LockManager(redis.cluster.RedisCluster)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert "redis.asyncio.cluster.RedisCluster" in message, message
+    assert "cluster=True" in message, message
 
 
 @pytest.mark.parametrize("method", ["acquire", "try_acquire"])
