@@ -233,7 +233,9 @@ async def test_a_cluster_client_is_accepted_and_a_sync_one_is_refused_clearly() 
     import redis.cluster
 
     with pytest.raises(TypeError) as caught:
-        aiolock.LockManager(redis.cluster.RedisCluster)  # type: ignore[arg-type]
+        # (made without __init__, which would connect)
+        sync_cluster = object.__new__(redis.cluster.RedisCluster)
+        aiolock.LockManager(sync_cluster)  # type: ignore[arg-type]
     message = str(caught.value)
     assert "redis.asyncio.cluster.RedisCluster" in message, message
     assert "cluster=True" in message, message
