@@ -90,8 +90,9 @@ def is_cluster(redis: object) -> bool:
     return isinstance(redis, RedisCluster)
 
 
-#: the oldest redis-py whose asyncio client aiolock's cluster support was tested with
-MIN_REDIS_PY = "5.3"
+#: the oldest redis-py with sharded pub/sub in its asyncio client (PubSub.ssubscribe came
+#: in 8.0; 8.0.1 fixed its pub/sub reads timing out): what cluster support needs
+MIN_REDIS_PY = "8.0.1"
 
 
 def check_cluster_support() -> None:
@@ -108,9 +109,10 @@ def check_cluster_support() -> None:
         import redis
 
         raise TypeError(
-            f"aiolock's Redis Cluster support needs sharded pub/sub in redis-py's asyncio "
-            f"client ({', '.join(missing)}), which redis-py {redis.__version__} lacks; "
-            f"upgrade redis-py (pip install -U 'redis>={MIN_REDIS_PY}')"
+            f"aiolock's Redis Cluster support needs redis-py >= {MIN_REDIS_PY}, for sharded "
+            f"pub/sub in its asyncio client ({', '.join(missing)}), which redis-py "
+            f"{redis.__version__} lacks; upgrade it (pip install -U 'redis>={MIN_REDIS_PY}'), "
+            "or use a single Redis server"
         )
 
 

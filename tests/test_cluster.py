@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
@@ -25,6 +26,11 @@ from aiolock._kinds.lock import RELEASE
 from aiolock.testing_cluster import LocalCluster
 
 from .helpers import eventually
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(PubSub, "ssubscribe"),
+    reason="Redis Cluster support needs redis-py >= 8.0.1 (asyncio sharded pub/sub)",
+)
 
 
 @pytest.fixture(scope="module")
