@@ -352,3 +352,34 @@ def client_of(manager: aiolock.LockManager) -> ClusterClient:
     client = manager._client
     assert isinstance(client, ClusterClient)
     return client
+
+
+async def test_primary_crash_while_tasks_hold_and_wait(cluster: LocalCluster, prefix: str) -> None:
+    """The primary of a contended lock is killed (SIGKILL, by pid): its replica takes over
+    after cluster-node-timeout (2 s here); the tasks carry on there. Runs last: the cluster
+    is left with one primary without a replica."""
+    name = names_on_each_primary(cluster, "crash-")[0]
+    slot = key_slot(name.encode())
+    async with two_managers(cluster, prefix, lease=3.0) as (a, b):
+        run = Contention([a, b], name)
+        figures: dict[str, float] = {}
+
+        async def crash() -> None:
+            old = cluster.owner_port(slot)
+            server = next(s for s in cluster.servers if s.port == old)
+            count = len(run.acquired_at)
+            killed = time.monotonic()
+            server.stop()  # SIGTERM then SIGKILL, by pid
+            await eventually(
+                lambda: any(t > killed for t in run.acquired_at[count:]),
+                timeout=30,
+                what="an acquisition after the crash",
+            )
+            first = next(t for t in run.acquired_at[count:] if t > killed)
+            figures["first_acquire_after_kill_s"] = first - killed
+
+        await run.run_while(crash)
+        retries = sum(client_of(m).retries for m in (a, b))
+        print(f"\ncrash: {figures} lost={run.lost} errors={len(run.errors)} retries={retries}")
+        assert run.overlaps == 0
+        assert run.errors == [], run.errors
