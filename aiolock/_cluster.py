@@ -272,8 +272,10 @@ class ClusterClient:
                     backoff = min(backoff * 2, _BACKOFF_MAX)
                     await self.refresh()
                     continue
-                if isinstance(exc, LockConnectionError) and isinstance(
-                    cause, (rex.ConnectionError, OSError)
+                if (
+                    isinstance(exc, LockConnectionError)
+                    and isinstance(cause, (rex.ConnectionError, OSError))
+                    and not isinstance(cause, TimeoutError)  # out of time: not retried
                 ):
                     # The node's client already retried once on a fresh connection: the
                     # node is gone or unreachable. If the map says another node owns the

@@ -207,6 +207,29 @@ def test_scripts_publish_sharded_on_a_cluster() -> None:
     assert variant.sha != RELEASE.sha and sharded(RELEASE) is variant
 
 
+async def test_a_cancelled_acquire_leaves_nothing_held(cluster: LocalCluster, prefix: str) -> None:
+    """Cancel acquires at growing delays (before, during and after their round trips):
+    whatever reached Redis is undone, on whichever node owns the name."""
+    names = names_on_each_primary(cluster, "cancel-")
+    async with two_managers(cluster, prefix) as (a, b):
+        for step in range(24):
+            name = names[step % len(names)]
+
+            async def take(n: str = name) -> None:
+                async with a.lock(n):
+                    await asyncio.sleep(0)
+
+            task = asyncio.create_task(take())
+            await asyncio.sleep(step * 0.0002)
+            task.cancel()  # in the acquire, the body, or the (shielded) release
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            # b gets it at once: nothing of the cancelled attempt is left holding it
+            assert await b.lock(name).try_acquire(timeout=2), (step, name)
+            await b.lock(name).release()
+        assert a.statistics().held == 0
+
+
 # -- topology changes while tasks hold and wait ------------------------------------------
 
 
