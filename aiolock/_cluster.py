@@ -23,8 +23,13 @@ the slot moved:
 * a connection error (after the node's client retried once on a fresh connection):
   refresh the map and retry once if the slot has another owner now.
 
-All of these are bounded (:data:`MAX_REDIRECTS` sends per command, with backoff). Every
-command aiolock sends is idempotent or protected by a void marker, so a resend is safe.
+All of these are bounded: :data:`MAX_REDIRECTS` redirects, and :data:`RETRY_WINDOW`
+seconds of retries with backoff. During a migration Redis answers TRYAGAIN to any
+multi-key command whose keys are not all present on the node asked, and aiolock's
+scripts always name a key that does not exist yet (a void marker, a tombstone): so
+acquisitions and releases of locks in a slot being migrated wait for the migration to
+finish (single-key reads and renewals follow ASK). Every command aiolock sends is
+idempotent or protected by a void marker, so a resend is safe.
 
 Scripts publish release messages with ``SPUBLISH`` here (sharded pub/sub, received on
 the node that owns the channel's slot), and count listeners with ``PUBSUB SHARDNUMSUB``:
@@ -51,14 +56,18 @@ from ._scripts import Script
 
 __all__ = [
     "MAX_REDIRECTS",
+    "RETRY_WINDOW",
     "ClusterClient",
     "check_cluster_support",
     "is_cluster",
     "sharded",
 ]
 
-#: the most times one command is sent (redirects, retries after TRYAGAIN, failover)
+#: the most MOVED/ASK redirects one command follows
 MAX_REDIRECTS = 16
+#: seconds one command keeps being retried while the cluster answers TRYAGAIN (a slot
+#: migration in progress), CLUSTERDOWN or MASTERDOWN (a failover in progress)
+RETRY_WINDOW = 5.0
 #: first and largest pause between retries of a command the cluster cannot take yet
 _BACKOFF_START, _BACKOFF_MAX = 0.01, 0.25
 
@@ -121,10 +130,6 @@ def _cause(exc: BaseException) -> BaseException | None:
     return exc.__cause__
 
 
-class _Retry(Exception):
-    """Internal: send the command again (after a refreshed map or a pause)."""
-
-
 class ClusterClient:
     """Runs aiolock's scripts and commands on a ``redis.asyncio.cluster.RedisCluster``.
 
@@ -153,8 +158,10 @@ class ClusterClient:
         self._refreshing: asyncio.Task[None] | None = None
         #: counters of node clients dropped since (so statistics never go backwards)
         self._retired = [0, 0, 0, 0]
-        #: MOVED/ASK replies followed, slot map refreshes, retries after TRYAGAIN etc.
+        #: MOVED/ASK replies followed (ASK also counted alone), slot map refreshes,
+        #: retries after TRYAGAIN etc.
         self.redirects = 0
+        self.asks = 0
         self.refreshes = 0
         self.retries = 0
 
@@ -244,29 +251,41 @@ class ClusterClient:
     ) -> Any:
         slot = key_slot(key.encode("utf-8"))
         backoff = _BACKOFF_START
+        redirects = 0
         reloaded = False
-        last: BaseException | None = None
-        for _ in range(MAX_REDIRECTS):
-            node = await self.owner(slot)
+        retry_until: float | None = None
+        ask: rex.AskError | None = None
+        while True:
             try:
+                if ask is not None:
+                    target, ask = ask, None
+                    return await self._ask(target, command, script, key)
+                node = await self.owner(slot)
                 return await send(self._client(node))
             except LockError as exc:
-                last = exc
                 cause = _cause(exc)
-                if isinstance(cause, rex.AskError):
+                if isinstance(cause, rex.AskError):  # MOVED is a subclass of ASK
+                    redirects += 1
                     self.redirects += 1
-                    try:
-                        return await self._ask(cause, command, script, key)
-                    except _Retry:
-                        pass
-                    continue
-                if isinstance(cause, rex.MovedError):
-                    self.redirects += 1
-                    await self.refresh()
+                    if redirects > MAX_REDIRECTS:
+                        raise self._redirected(command, script, exc) from exc
+                    if isinstance(cause, rex.MovedError):
+                        await self.refresh()
+                    else:
+                        self.asks += 1
+                        ask = cause
                     continue
                 if isinstance(
                     cause, (rex.TryAgainError, rex.ClusterDownError, rex.MasterDownError)
                 ) or _is_loading(cause):
+                    # A migration in progress (a multi-key command whose keys are not
+                    # all on one node yet: Redis answers TRYAGAIN until it completes) or
+                    # a failover: wait, with backoff, for up to RETRY_WINDOW seconds.
+                    now = asyncio.get_running_loop().time()
+                    if retry_until is None:
+                        retry_until = now + RETRY_WINDOW
+                    elif now > retry_until:
+                        raise self._redirected(command, script, exc) from exc
                     self.retries += 1
                     await asyncio.sleep(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, _BACKOFF_MAX)
@@ -289,35 +308,43 @@ class ClusterClient:
                         raise
                     continue
                 raise
-        raise LockConnectionError(
-            f"the Redis Cluster kept redirecting {_what(command, script)} "
-            f"({MAX_REDIRECTS} tries; last: {last}); the cluster may be resharding or "
+
+    def _redirected(
+        self, command: tuple[Arg, ...], script: Script | None, last: LockError
+    ) -> LockConnectionError:
+        return LockConnectionError(
+            f"the Redis Cluster kept redirecting {_what(command, script)} or answering "
+            f"that it cannot take it yet (last: {last}); the cluster may be resharding or "
             "failing over: try again later"
         )
 
     async def _ask(
         self, ask: rex.AskError, command: tuple[Arg, ...], script: Script | None, key: str
     ) -> Any:
-        """Send ASKING + *command* on one connection of the importing node."""
+        """Send ASKING + *command* on one connection of the importing node.
+
+        Error replies are raised as our errors chained to redis-py's, as the node
+        clients raise them, so that the caller's loop handles them alike.
+        """
         node = self.redis.nodes_manager.get_node(host=ask.host, port=ask.port)
         if node is None:
             node = ClusterNode(ask.host, ask.port, **self.redis.nodes_manager.connection_kwargs)
         client = self._client(node)
         what = _what(command, script)
-        if script is not None:
-            # The importing node may never have seen the script: load it first, so that
-            # the EVALSHA after ASKING cannot answer NOSCRIPT (a retry would lose ASKING).
-            (loaded,) = await client._exchange([("SCRIPT", "LOAD", script.source)], [None])
-            if isinstance(loaded, rex.RedisError):
-                raise translate(loaded, what, key) from loaded
+        changes = script is not None
         try:
+            if script is not None:
+                # The importing node may never have seen the script: load it first, so
+                # the EVALSHA after ASKING cannot answer NOSCRIPT (a retry would lose
+                # ASKING).
+                (loaded,) = await client._exchange([("SCRIPT", "LOAD", script.source)], [None])
+                if isinstance(loaded, rex.RedisError):
+                    raise loaded
             _asking, reply = await client._exchange([("ASKING",), command], [None, None])
         except rex.RedisError as exc:
-            raise translate(exc, what, key, changes=script is not None) from exc
-        if isinstance(reply, (rex.AskError, rex.MovedError, rex.TryAgainError)):
-            raise _Retry  # the migration moved on meanwhile: route again
+            raise translate(exc, what, key, changes=changes) from exc
         if isinstance(reply, rex.RedisError):
-            raise translate(reply, what, key, changes=script is not None) from reply
+            raise translate(reply, what, key, changes=changes) from reply
         return reply
 
     def _client(self, node: ClusterNode) -> Client:

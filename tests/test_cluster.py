@@ -294,7 +294,8 @@ async def test_slot_migration_while_tasks_hold_and_wait(cluster: LocalCluster, p
         assert run.lost == 0
         moves = sum(h.moves for h in (hub_of(a), hub_of(b)))
         redirects = sum(client_of(m).redirects for m in (a, b))
-        print(f"\nmigration: cycles={run.cycles} hub moves={moves} redirects={redirects}")
+        asks = sum(client_of(m).asks for m in (a, b))
+        print(f"\nmigration: cycles={run.cycles} moves={moves} redirects={redirects} asks={asks}")
         assert redirects >= 1  # the commands followed the slot
         assert moves >= 1  # a waiter's subscription followed it too
 
@@ -320,6 +321,50 @@ def move_slot(cluster: LocalCluster, slot: int) -> None:
             with cluster.node(port) as other:
                 other.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
     assert cluster.owner_port(slot) == target
+
+
+async def test_a_held_lock_mid_migration_follows_ask_and_tryagain(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """A held lock's slot is MIGRATING/IMPORTING and its keys were moved: single-key reads
+    and the renewal script (all its keys present on the target) follow ASK; the release
+    (whose tombstone key does not exist yet) gets TRYAGAIN, as Redis answers any
+    multi-key command with missing keys in a migrating slot, and is retried until the
+    migration completes."""
+    name = names_on_each_primary(cluster, "ask-")[1]
+    slot = key_slot(name.encode())
+    source = cluster.owner_port(slot)
+    target = next(p for p in cluster.primary_ports() if p != source)
+    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+
+    def finish() -> None:
+        time.sleep(0.3)
+        for port in cluster.primary_ports():
+            with cluster.node(port) as node:
+                node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+
+    async with two_managers(cluster, prefix) as (a, b):
+        lock = a.lock(name, lease=30)  # a fixed lease, so that extend() applies
+        await lock.acquire()
+        with cluster.node(source) as src, cluster.node(target) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+            assert f"{prefix}:{{{name}}}" in keys
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+        finishing = asyncio.create_task(asyncio.to_thread(finish))
+        try:
+            assert await b.lock(name).locked()  # EXISTS: ASK, then ASKING + EXISTS there
+            await lock.extend(30)  # the renewal script: every key is on the target
+            assert client_of(a).asks >= 1 and client_of(b).asks >= 1
+            await lock.release()  # TRYAGAIN until the slot is the target's
+        finally:
+            await finishing
+        assert client_of(a).retries >= 1
+        assert cluster.owner_port(slot) == target
+        assert await b.lock(name).try_acquire(timeout=5)
+        await b.lock(name).release()
+        assert a.statistics().pending_cleanups == 0
 
 
 async def test_primary_failover_while_tasks_hold_and_wait(
