@@ -221,6 +221,8 @@ class ClusterHub(WaiterHub):
             if queue is not None:
                 queue.confirmed = False
                 queue.wake_head()  # a release may have been missed
+        if link.channels:
+            self._dirty.set()  # the pump subscribes them again, wherever they live now
         link.channels.clear()
         link.leaving.clear()
 
