@@ -323,6 +323,39 @@ def move_slot(cluster: LocalCluster, slot: int) -> None:
     assert cluster.owner_port(slot) == target
 
 
+async def test_a_waiter_follows_its_channel_to_the_new_owner_of_the_slot(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """The slot of a held lock with a waiter of another manager moves to another primary.
+    The old owner pushes ``sunsubscribe``; the waiter's manager subscribes again on the new
+    owner, where the release is published: the waiter wakes at once (no lost wake-up,
+    no wait for the 30 s lease)."""
+    name = names_on_each_primary(cluster, "follow-")[2]
+    slot = key_slot(name.encode())
+    async with two_managers(cluster, prefix) as (a, b):
+        woke = asyncio.Event()
+
+        async def waiter() -> None:
+            async with b.lock(name, timeout=20):
+                woke.set()
+
+        async with a.lock(name):
+            task = asyncio.create_task(waiter())
+            await eventually(lambda: b.statistics().hub.subscriptions == 1, what="SSUBSCRIBE")
+            old = cluster.owner_port(slot)
+            await asyncio.to_thread(move_slot, cluster, slot)
+            assert cluster.owner_port(slot) != old
+            await eventually(lambda: hub_of(b).moves >= 1, what="the pushed sunsubscribe")
+            await eventually(
+                lambda: b.statistics().hub.subscriptions == 1, what="SSUBSCRIBE on the new owner"
+            )
+            assert not woke.is_set()
+            released = time.monotonic()
+        await asyncio.wait_for(woke.wait(), 5)
+        assert time.monotonic() - released < 1.0
+        await task
+
+
 async def test_a_held_lock_mid_migration_follows_ask_and_tryagain(
     cluster: LocalCluster, prefix: str
 ) -> None:
