@@ -323,8 +323,11 @@ def move_slot(cluster: LocalCluster, slot: int) -> None:
     assert cluster.owner_port(slot) == target
 
 
+@pytest.mark.parametrize(
+    "options", [{}, {"protocol": 3, "decode_responses": True}], ids=["resp2", "resp3-decoded"]
+)
 async def test_a_waiter_follows_its_channel_to_the_new_owner_of_the_slot(
-    cluster: LocalCluster, prefix: str
+    cluster: LocalCluster, prefix: str, options: dict[str, Any]
 ) -> None:
     """The slot of a held lock with a waiter of another manager moves to another primary.
     The old owner pushes ``sunsubscribe``; the waiter's manager subscribes again on the new
@@ -332,7 +335,7 @@ async def test_a_waiter_follows_its_channel_to_the_new_owner_of_the_slot(
     no wait for the 30 s lease)."""
     name = names_on_each_primary(cluster, "follow-")[2]
     slot = key_slot(name.encode())
-    async with two_managers(cluster, prefix) as (a, b):
+    async with two_managers(cluster, prefix, **options) as (a, b):
         woke = asyncio.Event()
 
         async def waiter() -> None:
