@@ -106,20 +106,12 @@ MIN_REDIS_PY = "8.0.1"
 
 def check_cluster_support() -> None:
     """Fail with the redis-py version needed if this one lacks what cluster support uses."""
-    missing = [
-        what
-        for what, present in (
-            ("PubSub.ssubscribe", hasattr(PubSub, "ssubscribe")),
-            ("RedisCluster.nodes_manager", hasattr(RedisCluster, "get_node_from_key")),
-        )
-        if not present
-    ]
-    if missing:
+    if not hasattr(PubSub, "ssubscribe"):
         import redis
 
         raise TypeError(
             f"aiolock's Redis Cluster support needs redis-py >= {MIN_REDIS_PY}, for sharded "
-            f"pub/sub in its asyncio client ({', '.join(missing)}), which redis-py "
+            f"pub/sub in its asyncio client (PubSub.ssubscribe), which redis-py "
             f"{redis.__version__} lacks; upgrade it (pip install -U 'redis>={MIN_REDIS_PY}'), "
             "or use a single Redis server"
         )
@@ -215,8 +207,10 @@ class ClusterClient:
 
     async def aclose(self) -> None:
         """Wait for the commands in flight and close the per-node clients."""
-        if self._refreshing is not None:
-            self._refreshing.cancel()
+        refreshing = self._refreshing
+        if refreshing is not None and not refreshing.done():
+            refreshing.cancel()
+            await asyncio.wait((refreshing,))
         nodes, self._nodes = self._nodes, {}
         for client in nodes.values():
             await self._retire(client)
@@ -226,7 +220,13 @@ class ClusterClient:
     async def owner(self, slot: int) -> ClusterNode:
         """The primary that owns *slot*, by the current map."""
         await self._ensure_map()
-        return self.redis.nodes_manager.get_node_from_slot(slot)
+        try:
+            return self.redis.nodes_manager.get_node_from_slot(slot)
+        except rex.SlotNotCoveredError as exc:
+            raise LockConnectionError(
+                f"no primary of the Redis Cluster serves slot {slot} now (a failover in "
+                "progress, or slots left unassigned): try again later"
+            ) from exc
 
     def node_redis(self, node: ClusterNode) -> Redis:
         """The plain client of *node* (its pool also serves the hub's pub/sub connections)."""
@@ -276,7 +276,13 @@ class ClusterClient:
                         ask = cause
                     continue
                 if isinstance(
-                    cause, (rex.TryAgainError, rex.ClusterDownError, rex.MasterDownError)
+                    cause,
+                    (
+                        rex.TryAgainError,
+                        rex.ClusterDownError,
+                        rex.MasterDownError,
+                        rex.SlotNotCoveredError,
+                    ),
                 ) or _is_loading(cause):
                     # A migration in progress (a multi-key command whose keys are not
                     # all on one node yet: Redis answers TRYAGAIN until it completes) or
@@ -374,6 +380,11 @@ class ClusterClient:
                 await self.redis.nodes_manager.initialize()
         except rex.RedisError as exc:
             raise translate(exc, "reading the Redis Cluster slot map", changes=False) from exc
+        except rex.RedisClusterException as exc:  # e.g. no startup node could be reached
+            raise LockConnectionError(
+                f"could not read the Redis Cluster slot map: {exc}; check that the nodes "
+                "given to RedisCluster are reachable"
+            ) from exc
         self._initialized = True
         # Forget clients of nodes that left the cluster (their connections would fail).
         live = {node.name for node in self.redis.get_nodes()}

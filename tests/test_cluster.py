@@ -23,6 +23,7 @@ import aiolock
 from aiolock._cluster import ClusterClient, sharded
 from aiolock._cluster_hub import ClusterHub
 from aiolock._kinds.lock import RELEASE
+from aiolock.testing import free_port
 from aiolock.testing_cluster import LocalCluster
 
 from .helpers import eventually
@@ -197,6 +198,15 @@ async def test_keyless_commands_are_refused_and_ping_goes_to_a_primary(
         assert isinstance(client, ClusterClient)
         with pytest.raises(aiolock.LockError, match="names no key"):
             await client.call("INFO")
+
+
+async def test_an_unreachable_cluster_is_a_connection_error_that_says_so() -> None:
+    url = f"redis://127.0.0.1:{free_port()}"  # nothing listens there
+    async with aiolock.LockManager.from_url(url, cluster=True) as locks:
+        with pytest.raises(aiolock.LockConnectionError, match="slot map"):
+            await locks.lock("x").acquire(timeout=0)
+        with pytest.raises(aiolock.LockConnectionError, match="reachable"):
+            await locks.ping()
 
 
 def test_scripts_publish_sharded_on_a_cluster() -> None:
