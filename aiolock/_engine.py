@@ -108,9 +108,9 @@ class Engine:
         #: told of every new hold's wait, acquisition and end (see aiolock._observe)
         self.observers = ObserverSet() if observers is None else observers
         self.watchdog = Watchdog(
-            # on a cluster a renewal script may only touch keys of one slot
             self.registry,
             runtime.lease,
+            # on a cluster a renewal script may only touch keys of one slot
             group_by_slot=runtime.client.cluster,
             observers=self.observers,
         )
