@@ -152,6 +152,13 @@ def translate(
             f"its min-replicas-to-write are in sync ({text}). Check the replicas' link to "
             "the primary (INFO replication), or lower min-replicas-to-write"
         )
+    if isinstance(exc, rex.MovedError):
+        return LockBackendError(
+            f"Redis answered {what} with MOVED ({text}): this server is a Redis Cluster "
+            "node, and a plain redis.asyncio.Redis client talks to one node only. Pass a "
+            "redis.asyncio.cluster.RedisCluster client to LockManager, or use "
+            "LockManager.from_url(url, cluster=True)."
+        )
     if "WRONGTYPE" in text and key is not None:
         return LockKeyTypeError(
             f"a Redis key of lock {key!r} holds a value of another type, so it cannot be "
@@ -204,6 +211,8 @@ class Client:
 
     #: the most commands sent in one pipeline
     MAX_BATCH = 512
+    #: one server: renewal batches may mix slots (see aiolock._cluster for a cluster)
+    cluster = False
 
     def __init__(
         self, redis: Redis, command_timeout: float | None = None, max_in_flight: int = 3

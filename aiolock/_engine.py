@@ -107,12 +107,14 @@ class Engine:
         self.client = runtime.client
         self.hub = hub
         self.registry = HoldRegistry(on_lost=self._on_lost, on_fixed=self._on_fixed)
-        # Redis Cluster is not supported yet (the manager refuses its client): one node
-        # takes renewal batches that span slots.
         #: told of every new hold's wait, acquisition and end (see aiolock._observe)
         self.observers = ObserverSet() if observers is None else observers
         self.watchdog = Watchdog(
-            self.registry, runtime.lease, group_by_slot=False, observers=self.observers
+            self.registry,
+            runtime.lease,
+            # on a cluster a renewal script may only touch keys of one slot
+            group_by_slot=runtime.client.cluster,
+            observers=self.observers,
         )
         self.cleanup = Cleanup()
         #: round trips that failed on a connection error and were ridden out or retried

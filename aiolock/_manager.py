@@ -21,8 +21,11 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from ._client import Client
+from ._cluster import ClusterClient, check_cluster_support, is_cluster
+from ._cluster_hub import ClusterHub
 from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from ._engine import Engine
 from ._errors import LockError, LockPermissionError, ManagerNotOpenError
@@ -157,7 +160,7 @@ class LockManager:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Redis | RedisCluster,
         *,
         prefix: str = "aiolock",
         lease: float = 30.0,
@@ -171,7 +174,10 @@ class LockManager:
         replica_timeout: float = 1.0,
         on_replica_shortfall: OnShortfall = "raise",
     ) -> None:
-        if not isinstance(redis, Redis):
+        cluster = is_cluster(redis)
+        if cluster:
+            check_cluster_support()
+        elif not isinstance(redis, Redis):
             raise TypeError(_client_type_message(redis))
         self._redis = redis
         self._owns_client = False
@@ -189,7 +195,11 @@ class LockManager:
         policy = check_replica_options(
             replicas, replica_timeout, on_replica_shortfall, command_timeout
         )
-        self._client = Client(redis, command_timeout, max_in_flight)
+        self._client: Client | ClusterClient
+        if isinstance(redis, RedisCluster):
+            self._client = ClusterClient(redis, command_timeout, max_in_flight)
+        else:
+            self._client = Client(redis, command_timeout, max_in_flight)
         self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
         self._owns_sentinels = False
         #: follows failovers of a Sentinel-managed primary (made when the manager opens)
@@ -208,18 +218,24 @@ class LockManager:
             self.add_observer(observer)
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> LockManager:
+    def from_url(cls, url: str, *, cluster: bool = False, **options: Any) -> LockManager:
         """A manager with its own client made by ``Redis.from_url(url, ...)``.
 
         The manager's own options (``prefix``, ``lease``, ``command_timeout``,
         ``close_timeout``, ``fence_ttl``, ``max_in_flight``, ``observers``) are taken
         from *options*;
         the rest go to ``Redis.from_url``. The client is closed when the manager closes.
+        With ``cluster=True`` the client is a ``RedisCluster.from_url(url, ...)`` for a
+        Redis Cluster (*url* names any of its nodes; see ``docs/cluster.md``).
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
+        if not isinstance(cluster, bool):
+            raise TypeError(f"cluster must be True or False, not {cluster!r}")
         mine = {k: v for k, v in options.items() if k in _MANAGER_OPTIONS}
         theirs = {k: v for k, v in options.items() if k not in _MANAGER_OPTIONS}
+        if cluster:
+            return cls._from_cluster_url(url, mine, theirs)
         redis = Redis.from_url(url, **theirs)
         try:
             # Builds a connection object without connecting: an unknown option fails
@@ -266,14 +282,32 @@ class LockManager:
         manager._owns_client = manager._owns_sentinels = True
         return manager
 
+    @classmethod
+    def _from_cluster_url(
+        cls, url: str, mine: dict[str, Any], theirs: dict[str, Any]
+    ) -> LockManager:
+        check_cluster_support()
+        try:
+            # Connects nowhere yet; an unknown option fails here, at the call.
+            redis = RedisCluster.from_url(url, **theirs)
+        except TypeError as exc:
+            raise TypeError(
+                f"LockManager.from_url(cluster=True) got an option that "
+                f"redis.asyncio.cluster.RedisCluster.from_url() does not take ({exc}); the "
+                f"manager's options are {', '.join(sorted(_MANAGER_OPTIONS))}"
+            ) from None
+        manager = cls(redis, **mine)
+        manager._owns_client = True
+        return manager
+
     @property
     def prefix(self) -> str:
         """The first part of every key and channel of this manager."""
         return self._keyspace.prefix
 
     @property
-    def redis(self) -> Redis:
-        """The ``redis.asyncio.Redis`` client the manager sends its commands on."""
+    def redis(self) -> Redis | RedisCluster:
+        """The client the manager was given (``Redis``, or ``RedisCluster`` on a cluster)."""
         return self._redis
 
     @property
@@ -542,7 +576,11 @@ class LockManager:
                 f"this LockManager is {self._state}; a manager can be opened once; "
                 "create a new LockManager instead"
             )
-        hub = WaiterHub(self._redis, self._keyspace.manager_id)
+        hub: WaiterHub
+        if isinstance(self._client, ClusterClient):
+            hub = ClusterHub(self._client, self._keyspace.manager_id)
+        else:
+            hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in
@@ -560,7 +598,7 @@ class LockManager:
             tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
             tg.start_soon(core.cleanup.run, name="aiolock cleanup")
             tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
-            if is_sentinel_primary(self._redis):
+            if isinstance(self._redis, Redis) and is_sentinel_primary(self._redis):
                 watch = PrimaryWatch(self._redis, core, owns_sentinels=self._owns_sentinels)
                 self._primary_watch = watch
                 tg.start_soon(watch.run, name="aiolock sentinel watch")
@@ -669,9 +707,10 @@ def _client_type_message(redis: object) -> str:
     name = type(redis).__name__
     if "Cluster" in name:
         return (
-            f"redis must be a redis.asyncio.Redis client, not {name}: Redis Cluster is not "
-            "supported yet (every lock keeps its keys in one slot, but waiting and renewal "
-            "need a client per node); use a single Redis server or a Sentinel-managed primary"
+            f"redis must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
+            f"client, not {type(redis).__module__}.{name}; for a Redis Cluster pass "
+            "redis.asyncio.cluster.RedisCluster(...), or use "
+            "LockManager.from_url(url, cluster=True)"
         )
     if "Redis" in name and not type(redis).__module__.startswith("redis.asyncio"):
         return (

@@ -8,10 +8,14 @@ neither the engine nor a kind can reach into the manager's lifecycle.
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
-from ._client import Client
 from ._keys import KeySpace, ms
 from ._replicas import ReplicaPolicy
+
+if TYPE_CHECKING:
+    from ._client import Client
+    from ._cluster import ClusterClient
 
 __all__ = ["TOMBSTONE_TTL", "Runtime"]
 
@@ -35,7 +39,7 @@ class Runtime:
 
     def __init__(
         self,
-        client: Client,
+        client: Client | ClusterClient,
         keyspace: KeySpace,
         lease: float,
         fence_ttl: float | None,

@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import redis.asyncio
 import redis.exceptions
 from fastapi import Depends, FastAPI, HTTPException, Request
+from redis.asyncio import Redis as redis_asyncio_client
 
 import aiolock
 from aiolock.contrib.fastapi import get_lock_manager, lock_dependency, lock_lifespan
@@ -111,7 +112,9 @@ def _aiolock_app(redis_url: str) -> FastAPI:
         locks: Annotated[aiolock.LockManager, Depends(get_lock_manager)],
         request: Request,
     ) -> dict[str, Any]:
-        balance = await critical_section(locks.redis, request.state.checker, order_id)
+        redis = locks.redis
+        assert isinstance(redis, redis_asyncio_client), "the service runs on one Redis server"
+        balance = await critical_section(redis, request.state.checker, order_id)
         return {"order": order_id, "balance": balance, "token": lock.fencing_token}
 
     @app.get("/health")

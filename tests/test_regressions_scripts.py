@@ -219,19 +219,32 @@ def test_from_url_rejects_a_misspelt_option_at_the_call() -> None:
         aiolock.LockManager.from_url(url, leese=5)
 
 
-async def test_a_cluster_client_is_refused_without_pointing_at_from_url() -> None:
+async def test_a_cluster_client_is_accepted_and_a_sync_one_is_refused_clearly() -> None:
     """Before v2: the TypeError told a RedisCluster user to 'use LockManager.from_url(url)',
-    which cannot help: Redis Cluster is not supported yet."""
+    which cannot help. Redis Cluster is supported now (tests/test_cluster.py): the
+    asyncio RedisCluster is taken without I/O; the synchronous one is refused with a
+    message that names the asyncio cluster client."""
+    from redis.asyncio.client import PubSub
+
     cluster = RedisCluster(host="127.0.0.1", port=free_port())
     try:
-        with pytest.raises(TypeError) as caught:
-            aiolock.LockManager(cluster)  # type: ignore[arg-type]
-        message = str(caught.value)
-        assert "from_url" not in message, message
-        assert "cluster" in message.lower(), message
-        assert "not supported" in message.lower(), message
+        if hasattr(PubSub, "ssubscribe"):
+            manager = aiolock.LockManager(cluster)
+            assert manager.redis is cluster
+        else:  # redis-py < 8: no sharded pub/sub in asyncio; the error says what is needed
+            with pytest.raises(TypeError, match=r"redis-py >= 8\.0\.1"):
+                aiolock.LockManager(cluster)
     finally:
         await cluster.aclose()
+    import redis.cluster
+
+    with pytest.raises(TypeError) as caught:
+        # (made without __init__, which would connect)
+        sync_cluster = object.__new__(redis.cluster.RedisCluster)
+        aiolock.LockManager(sync_cluster)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert "redis.asyncio.cluster.RedisCluster" in message, message
+    assert "cluster=True" in message, message
 
 
 @pytest.mark.parametrize("method", ["acquire", "try_acquire"])

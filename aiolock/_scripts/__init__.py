@@ -49,4 +49,8 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # called from the scripts of the semaphore and the read-write lock
     "hdel", "hmget", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zscore",
     "zcard", "zremrangebyscore",
+    # on Redis Cluster: the scripts' sharded variant (aiolock._cluster.sharded), the
+    # hub's sharded subscriptions, the slot map and migrations
+    "spublish", "pubsub|shardnumsub", "ssubscribe", "sunsubscribe", "cluster|slots",
+    "asking",
 )  # fmt: skip

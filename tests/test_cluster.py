@@ -1,0 +1,512 @@
+"""Redis Cluster: every kind on a real 3-primary, 3-replica cluster that this module starts.
+
+The cluster (:class:`aiolock.testing_cluster.LocalCluster`) is started once for the module
+on free loopback ports and stopped by pid. The tests that change the topology (a slot
+migration, a primary failover) come last and leave the cluster serving all slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.crc import key_slot
+
+import aiolock
+from aiolock._cluster import ClusterClient, sharded
+from aiolock._cluster_hub import ClusterHub
+from aiolock._kinds.lock import RELEASE
+from aiolock.testing import free_port
+from aiolock.testing_cluster import LocalCluster
+
+from .helpers import eventually
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(PubSub, "ssubscribe"),
+    reason="Redis Cluster support needs redis-py >= 8.0.1 (asyncio sharded pub/sub)",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(primaries=3, replicas=1) as running:
+        yield running
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+@contextlib.asynccontextmanager
+async def two_managers(
+    cluster: LocalCluster, prefix: str, **options: Any
+) -> AsyncIterator[tuple[aiolock.LockManager, aiolock.LockManager]]:
+    async with (
+        aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix, **options) as a,
+        aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix, **options) as b,
+    ):
+        yield a, b
+
+
+def names_on_each_primary(cluster: LocalCluster, stem: str) -> list[str]:
+    """One lock name per primary: its slot (the name is the hash tag) lives there."""
+    found: dict[int, str] = {}
+    for i in range(10_000):
+        name = f"{stem}{i}"
+        found.setdefault(cluster.owner_port(key_slot(name.encode())), name)
+        if len(found) == cluster.primaries:
+            return list(found.values())
+    raise AssertionError("no names found on every primary")
+
+
+def evalsha_calls(cluster: LocalCluster) -> int:
+    """EVALSHA calls over all nodes (INFO commandstats): what the managers sent."""
+    total = 0
+    for port in cluster.primary_ports():
+        with cluster.node(port) as node:
+            stats = node.info("commandstats")
+        total += int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return total
+
+
+# -- each kind, across two managers, on names owned by different primaries ---------------
+
+Maker = Callable[[aiolock.LockManager, str], Any]
+KINDS: dict[str, Maker] = {
+    "lock": lambda m, n: m.lock(n),
+    "fair_lock": lambda m, n: m.fair_lock(n),
+    "rw_write": lambda m, n: m.rw_lock(n).write(),
+    "rw_read_blocks_write": lambda m, n: m.rw_lock(n).read(),
+    "semaphore": lambda m, n: m.semaphore(n, 1),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_each_kind_excludes_and_wakes_by_sharded_pubsub(
+    cluster: LocalCluster, prefix: str, kind: str
+) -> None:
+    make = KINDS[kind]
+    # the waiter of a read hold is a writer (readers share)
+    waiter_make: Maker = (lambda m, n: m.rw_lock(n).write()) if kind.startswith("rw_read") else make
+    tasks: list[asyncio.Task[float]] = []
+    async with two_managers(cluster, prefix) as (a, b):
+        for i, name in enumerate(names_on_each_primary(cluster, f"{kind}-")):
+            entered = asyncio.Event()
+
+            async def waiter(n: str = name, entered: asyncio.Event = entered) -> float:
+                entered.set()
+                async with waiter_make(b, n):
+                    return time.monotonic()
+
+            async with make(a, name):
+                task = asyncio.create_task(waiter())
+                tasks.append(task)
+                await entered.wait()
+                await eventually(lambda: b.statistics().hub.subscriptions == 1, what="SSUBSCRIBE")
+                if i == 0:  # once per kind (it takes time)
+                    await asyncio.sleep(0.2)  # the retry after the confirmation is done
+                    before = evalsha_calls(cluster)
+                    await asyncio.sleep(0.5)
+                    # The waiter sleeps on pub/sub: no attempts while it waits (no
+                    # polling; slack for a waiter registration refreshed meanwhile, as
+                    # the kinds with claims do soon after registering).
+                    assert evalsha_calls(cluster) - before <= 2
+                assert not task.done(), f"{kind} {name!r}: the second manager got in"
+                released_at = time.monotonic()
+            woke_at = await asyncio.wait_for(task, 5)
+            # The lease is 30 s: only the release message can wake it this fast.
+            assert woke_at - released_at < 1.0
+        stats = b.statistics()
+        assert stats.hub.messages >= cluster.primaries, stats
+        assert stats.acquired, stats
+
+
+async def test_multi_lock_spans_slots_on_three_primaries(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    names = names_on_each_primary(cluster, "multi-")
+    async with two_managers(cluster, prefix) as (a, b):
+        got, done = asyncio.Event(), asyncio.Event()
+
+        async def hold_all() -> None:
+            async with a.multi_lock(names, timeout=5):
+                got.set()
+                await done.wait()
+
+        async with b.lock(names[1]):
+            assert not await a.multi_lock(names).try_acquire(timeout=0.1)
+            task = asyncio.create_task(hold_all())
+            await asyncio.sleep(0.1)
+            assert not got.is_set()
+        await asyncio.wait_for(got.wait(), 5)
+        assert (await b.multi_lock(names).locked()) == dict.fromkeys(names, True)
+        for name in names:
+            assert not await b.lock(name).try_acquire(timeout=0)
+        done.set()
+        await task
+        assert (await b.multi_lock(names).locked()) == dict.fromkeys(names, False)
+
+
+async def test_renewal_batches_are_grouped_per_slot(cluster: LocalCluster, prefix: str) -> None:
+    """Short leases on locks in many slots on three nodes stay held: each batch is
+    one slot (a cross-slot batch would fail with CROSSSLOT and the holds be lost)."""
+    names = [f"renew-{i}" for i in range(12)]
+    slots = {key_slot(n.encode()) for n in names}
+    async with aiolock.LockManager.from_url(
+        cluster.url, cluster=True, prefix=prefix, lease=0.6
+    ) as locks:
+        async with locks.multi_lock(names):
+            await asyncio.sleep(1.5)  # > 2 leases
+            assert (await locks.multi_lock(names).locked()) == dict.fromkeys(names, True)
+        stats = locks.statistics()
+        assert stats.lost == {}, stats
+        assert stats.renewal_round_trips >= 2 * len(slots), stats
+
+
+async def test_a_plain_client_on_a_cluster_node_says_to_use_redis_cluster(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    names = names_on_each_primary(cluster, "plain-")
+    redis = Redis(host="127.0.0.1", port=cluster.primary_ports()[0])
+    try:
+        async with aiolock.LockManager(redis, prefix=prefix) as locks:
+            with pytest.raises(aiolock.LockBackendError) as caught:
+                for name in names:  # at least one lives on another node: MOVED
+                    async with locks.lock(name, timeout=0):
+                        pass
+        message = str(caught.value)
+        assert "MOVED" in message and "RedisCluster" in message, message
+        assert "cluster=True" in message, message
+    finally:
+        await redis.aclose()
+
+
+async def test_keyless_commands_are_refused_and_ping_goes_to_a_primary(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    async with aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix) as locks:
+        assert await locks.ping() > 0
+        client = locks._client
+        assert isinstance(client, ClusterClient)
+        with pytest.raises(aiolock.LockError, match="names no key"):
+            await client.call("INFO")
+
+
+async def test_an_unreachable_cluster_is_a_connection_error_that_says_so() -> None:
+    url = f"redis://127.0.0.1:{free_port()}"  # nothing listens there
+    async with aiolock.LockManager.from_url(url, cluster=True) as locks:
+        with pytest.raises(aiolock.LockConnectionError, match="slot map"):
+            await locks.lock("x").acquire(timeout=0)
+        with pytest.raises(aiolock.LockConnectionError, match="reachable"):
+            await locks.ping()
+
+
+def test_scripts_publish_sharded_on_a_cluster() -> None:
+    variant = sharded(RELEASE)
+    assert "redis.call('spublish'," in variant.source
+    assert "'pubsub', 'shardnumsub'" in variant.source
+    assert "redis.call('publish'," not in variant.source
+    assert variant.sha != RELEASE.sha and sharded(RELEASE) is variant
+
+
+async def test_a_cancelled_acquire_leaves_nothing_held(cluster: LocalCluster, prefix: str) -> None:
+    """Cancel acquires at growing delays (before, during and after their round trips):
+    whatever reached Redis is undone, on whichever node owns the name."""
+    names = names_on_each_primary(cluster, "cancel-")
+    async with two_managers(cluster, prefix) as (a, b):
+        for step in range(24):
+            name = names[step % len(names)]
+
+            async def take(n: str = name) -> None:
+                async with a.lock(n):
+                    await asyncio.sleep(0)
+
+            task = asyncio.create_task(take())
+            await asyncio.sleep(step * 0.0002)
+            task.cancel()  # in the acquire, the body, or the (shielded) release
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            # b gets it at once: nothing of the cancelled attempt is left holding it
+            assert await b.lock(name).try_acquire(timeout=2), (step, name)
+            await b.lock(name).release()
+        assert a.statistics().held == 0
+
+
+# -- topology changes while tasks hold and wait ------------------------------------------
+
+
+EXCLUSIVE: dict[str, Maker] = {
+    "lock": lambda m, n: m.lock(n, timeout=20),
+    "fair_lock": lambda m, n: m.fair_lock(n, timeout=20),
+    "rw_write": lambda m, n: m.rw_lock(n, timeout=20).write(),
+    "semaphore_1": lambda m, n: m.semaphore(n, 1, timeout=20),
+}
+
+
+class Contention:
+    """Tasks of two managers taking one lock in turn, checking that none overlap."""
+
+    def __init__(
+        self, managers: list[aiolock.LockManager], name: str, make: Maker = EXCLUSIVE["lock"]
+    ) -> None:
+        self.managers = managers
+        self.name = name
+        self.make = make
+        self.inside = 0
+        self.overlaps = 0
+        self.cycles = 0
+        self.lost = 0
+        self.errors: list[BaseException] = []
+        self.acquired_at: list[float] = []
+        self._stop = asyncio.Event()
+
+    async def worker(self, locks: aiolock.LockManager) -> None:
+        while not self._stop.is_set():
+            try:
+                async with self.make(locks, self.name):
+                    self.acquired_at.append(time.monotonic())
+                    self.inside += 1
+                    if self.inside > 1:
+                        self.overlaps += 1
+                    await asyncio.sleep(0.01)
+                    self.inside -= 1
+                    self.cycles += 1
+            except aiolock.LockLostError:
+                self.inside = max(0, self.inside - 1)
+                self.lost += 1
+            except aiolock.LockError as exc:  # reported, not fatal: the figures say how many
+                self.errors.append(exc)
+                await asyncio.sleep(0.05)
+
+    async def run_while(self, change: Callable[[], Awaitable[None]], per_manager: int = 3) -> None:
+        tasks = [
+            asyncio.create_task(self.worker(m)) for m in self.managers for _ in range(per_manager)
+        ]
+        try:
+            await eventually(lambda: self.cycles >= 10, timeout=10, what="warm-up cycles")
+            await change()
+            settled = self.cycles
+            await eventually(lambda: self.cycles >= settled + 20, timeout=20, what="progress")
+        finally:
+            self._stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+@pytest.mark.parametrize("kind", list(EXCLUSIVE))
+async def test_slot_migration_while_tasks_hold_and_wait(
+    cluster: LocalCluster, prefix: str, kind: str
+) -> None:
+    name = names_on_each_primary(cluster, f"migrate-{kind}-")[0]
+    slot = key_slot(name.encode())
+    async with two_managers(cluster, prefix) as (a, b):
+        run = Contention([a, b], name, EXCLUSIVE[kind])
+
+        async def migrate() -> None:
+            await asyncio.to_thread(move_slot, cluster, slot)
+
+        await run.run_while(migrate)
+        assert run.overlaps == 0
+        assert run.errors == [], run.errors
+        assert run.lost == 0
+        moves = sum(h.moves for h in (hub_of(a), hub_of(b)))
+        redirects = sum(client_of(m).redirects for m in (a, b))
+        print(f"\nmigration {kind}: {run.cycles} cycles, {moves} moves, {redirects} redirects")
+        assert redirects >= 1  # the commands followed the slot
+        assert moves >= 1  # a waiter's subscription followed it too
+
+
+def move_slot(cluster: LocalCluster, slot: int) -> None:
+    """Migrate *slot* to another primary: SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE."""
+    source = cluster.owner_port(slot)
+    target = next(p for p in cluster.primary_ports() if p != source)
+    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    with cluster.node(source) as src, cluster.node(target) as dst:
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        for _ in range(1000):
+            keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+            time.sleep(0.05)  # let the tasks run against a half-migrated slot
+        dst.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    for port in cluster.primary_ports():
+        if port not in (source, target):
+            with cluster.node(port) as other:
+                other.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    assert cluster.owner_port(slot) == target
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"protocol": 3, "decode_responses": True}], ids=["resp2", "resp3-decoded"]
+)
+async def test_a_waiter_follows_its_channel_to_the_new_owner_of_the_slot(
+    cluster: LocalCluster, prefix: str, options: dict[str, Any]
+) -> None:
+    """The slot of a held lock with a waiter of another manager moves to another primary.
+    The old owner pushes ``sunsubscribe``; the waiter's manager subscribes again on the new
+    owner, where the release is published: the waiter wakes at once (no lost wake-up,
+    no wait for the 30 s lease)."""
+    name = names_on_each_primary(cluster, "follow-")[2]
+    slot = key_slot(name.encode())
+    async with two_managers(cluster, prefix, **options) as (a, b):
+        woke = asyncio.Event()
+
+        async def waiter() -> None:
+            async with b.lock(name, timeout=20):
+                woke.set()
+
+        async with a.lock(name):
+            task = asyncio.create_task(waiter())
+            await eventually(lambda: b.statistics().hub.subscriptions == 1, what="SSUBSCRIBE")
+            old = cluster.owner_port(slot)
+            await asyncio.to_thread(move_slot, cluster, slot)
+            assert cluster.owner_port(slot) != old
+            await eventually(lambda: hub_of(b).moves >= 1, what="the pushed sunsubscribe")
+            await eventually(
+                lambda: b.statistics().hub.subscriptions == 1, what="SSUBSCRIBE on the new owner"
+            )
+            assert not woke.is_set()
+            released = time.monotonic()
+        await asyncio.wait_for(woke.wait(), 5)
+        assert time.monotonic() - released < 1.0
+        await task
+
+
+async def test_a_held_lock_mid_migration_follows_ask_and_tryagain(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """A held lock's slot is MIGRATING/IMPORTING and its keys were moved: single-key reads
+    and the renewal script (all its keys present on the target) follow ASK; the release
+    (whose tombstone key does not exist yet) gets TRYAGAIN, as Redis answers any
+    multi-key command with missing keys in a migrating slot, and is retried until the
+    migration completes."""
+    name = names_on_each_primary(cluster, "ask-")[1]
+    slot = key_slot(name.encode())
+    source = cluster.owner_port(slot)
+    target = next(p for p in cluster.primary_ports() if p != source)
+    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+
+    def finish() -> None:
+        time.sleep(0.3)
+        for port in cluster.primary_ports():
+            with cluster.node(port) as node:
+                node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+
+    async with two_managers(cluster, prefix) as (a, b):
+        lock = a.lock(name, lease=30)  # a fixed lease, so that extend() applies
+        await lock.acquire()
+        with cluster.node(source) as src, cluster.node(target) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+            assert f"{prefix}:{{{name}}}" in keys
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+        finishing = asyncio.create_task(asyncio.to_thread(finish))
+        try:
+            assert await b.lock(name).locked()  # EXISTS: ASK, then ASKING + EXISTS there
+            await lock.extend(30)  # the renewal script: every key is on the target
+            assert client_of(a).asks >= 1 and client_of(b).asks >= 1
+            await lock.release()  # TRYAGAIN until the slot is the target's
+        finally:
+            await finishing
+        assert client_of(a).retries >= 1
+        assert cluster.owner_port(slot) == target
+        assert await b.lock(name).try_acquire(timeout=5)
+        await b.lock(name).release()
+        assert a.statistics().pending_cleanups == 0
+
+
+async def test_primary_failover_while_tasks_hold_and_wait(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    name = names_on_each_primary(cluster, "failover-")[0]
+    slot = key_slot(name.encode())
+    async with two_managers(cluster, prefix, lease=3.0) as (a, b):
+        run = Contention([a, b], name)
+        figures: dict[str, float] = {}
+
+        async def failover() -> None:
+            old = cluster.owner_port(slot)
+            replica = replica_of(cluster, old)
+            started = time.monotonic()
+            with cluster.node(replica) as node:
+                node.execute_command("CLUSTER FAILOVER")
+            await eventually(
+                lambda: cluster.owner_port(slot) == replica, timeout=15, what="failover"
+            )
+            promoted = time.monotonic()
+            count = len(run.acquired_at)
+            await eventually(lambda: len(run.acquired_at) > count, timeout=15, what="acquire")
+            first = next(t for t in run.acquired_at[count:] if t >= promoted)
+            figures["promoted_s"] = promoted - started
+            figures["first_acquire_after_promotion_s"] = first - promoted
+            figures["first_acquire_after_failover_s"] = first - started
+
+        await run.run_while(failover)
+        print(f"\nfailover: {figures} lost={run.lost} errors={len(run.errors)} cycles={run.cycles}")
+        assert run.overlaps == 0
+        assert figures["first_acquire_after_failover_s"] < 15
+    cluster.wait_ok()
+
+
+def replica_of(cluster: LocalCluster, primary: int) -> int:
+    primary_id = cluster.node_id(primary)
+    for server in cluster.servers:
+        with cluster.node(server.port) as node:
+            info = node.info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == primary:
+                return server.port
+    raise AssertionError(f"no replica of {primary} ({primary_id})")
+
+
+def hub_of(manager: aiolock.LockManager) -> ClusterHub:
+    engine = manager._engine
+    assert engine is not None and isinstance(engine.hub, ClusterHub)
+    return engine.hub
+
+
+def client_of(manager: aiolock.LockManager) -> ClusterClient:
+    client = manager._client
+    assert isinstance(client, ClusterClient)
+    return client
+
+
+async def test_primary_crash_while_tasks_hold_and_wait(cluster: LocalCluster, prefix: str) -> None:
+    """The primary of a contended lock is killed (SIGKILL, by pid): its replica takes over
+    after cluster-node-timeout (2 s here); the tasks carry on there. Runs last: the cluster
+    is left with one primary without a replica."""
+    name = names_on_each_primary(cluster, "crash-")[0]
+    slot = key_slot(name.encode())
+    async with two_managers(cluster, prefix, lease=3.0) as (a, b):
+        run = Contention([a, b], name)
+        figures: dict[str, float] = {}
+
+        async def crash() -> None:
+            old = cluster.owner_port(slot)
+            server = next(s for s in cluster.servers if s.port == old)
+            count = len(run.acquired_at)
+            killed = time.monotonic()
+            server.stop()  # SIGTERM then SIGKILL, by pid
+            await eventually(
+                lambda: any(t > killed for t in run.acquired_at[count:]),
+                timeout=30,
+                what="an acquisition after the crash",
+            )
+            first = next(t for t in run.acquired_at[count:] if t > killed)
+            figures["first_acquire_after_kill_s"] = first - killed
+
+        await run.run_while(crash)
+        retries = sum(client_of(m).retries for m in (a, b))
+        print(f"\ncrash: {figures} lost={run.lost} errors={len(run.errors)} retries={retries}")
+        assert run.overlaps == 0
+        assert run.errors == [], run.errors
