@@ -510,3 +510,24 @@ async def test_primary_crash_while_tasks_hold_and_wait(cluster: LocalCluster, pr
         print(f"\ncrash: {figures} lost={run.lost} errors={len(run.errors)} retries={retries}")
         assert run.overlaps == 0
         assert run.errors == [], run.errors
+
+
+async def test_replicas_are_acknowledged_by_the_node_that_took_the_write(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """replicas= on a cluster: WAIT goes on the owning primary's connection (each primary
+    here has one replica), for names on every primary; asking for more replicas than a
+    primary has is a ReplicaAckError, and the acquisition is undone."""
+    names = names_on_each_primary(cluster, "ack")
+    async with two_managers(cluster, prefix, replicas=1, replica_timeout=2.0) as (a, b):
+        for name in names:
+            async with a.lock(name, timeout=5):
+                with pytest.raises(aiolock.LockTimeoutError):
+                    await b.lock(name).acquire(timeout=0)
+    async with two_managers(cluster, prefix, replicas=2, replica_timeout=0.2) as (a, _):
+        with pytest.raises(aiolock.ReplicaAckError, match="only 1 of the 2 replicas"):
+            await a.lock(names[0]).acquire(timeout=0)
+        assert a.statistics().held == 0
+        async with two_managers(cluster, prefix) as (plain, _):
+            async with plain.lock(names[0], timeout=0):  # undone: free for another manager
+                pass
