@@ -59,6 +59,7 @@ __all__ = [
     "ReleaseStatus",
     "Released",
     "Successor",
+    "busy_for",
     "decode_attempt",
     "decode_release",
 ]
@@ -239,7 +240,19 @@ def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
         return Granted(0, as_int(value))
     if code == BAD_KEY:
         raise bad_key(reply)
-    return Busy(max(as_int(value), 0) / 1000 if code == BUSY else 0.0)
+    return busy_for(as_int(value)) if code == BUSY else Busy(0.0)
+
+
+def busy_for(pttl: int) -> Busy:
+    """:class:`Busy` for a holder whose lease ends in *pttl* ms (PTTL's answer).
+
+    PTTL says 0 when under a millisecond is left: that is "try again in a moment", not
+    "unknown" (which makes a waiter sleep a whole lease unless woken, and a crashed holder
+    never wakes it). Negative answers (no expiry, no key) are unknown.
+    """
+    if pttl < 0:
+        return Busy(0.0)
+    return Busy(max(pttl, 1) / 1000)
 
 
 def decode_release(reply: Any, bad_key: BadKey) -> Released:

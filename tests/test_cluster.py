@@ -528,6 +528,6 @@ async def test_replicas_are_acknowledged_by_the_node_that_took_the_write(
         with pytest.raises(aiolock.ReplicaAckError, match="only 1 of the 2 replicas"):
             await a.lock(names[0]).acquire(timeout=0)
         assert a.statistics().held == 0
-        async with two_managers(cluster, prefix) as (plain, _):
-            async with plain.lock(names[0], timeout=0):  # undone: free for another manager
-                pass
+    # Undone: free for a manager without replicas=.
+    async with two_managers(cluster, prefix) as (plain, _), plain.lock(names[0], timeout=0):
+        pass

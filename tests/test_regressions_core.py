@@ -480,3 +480,19 @@ async def test_async_with_exit_does_not_raise_when_the_release_cannot_reach_redi
     finally:
         _heal(proxy)
         await client.aclose()
+
+
+def test_a_holder_with_under_a_millisecond_left_is_not_an_unknown_ttl() -> None:
+    """PTTL answers 0 when less than 1 ms of the holder's lease is left. Decoded as
+    "unknown", a waiter slept a whole lease (a crashed holder never wakes it); it must try
+    again at once instead. Negative answers (no expiry, no key) stay unknown."""
+    from aiolock._kind import BUSY, Busy, busy_for, decode_attempt
+
+    def never(reply: object) -> Exception:
+        raise AssertionError(f"not a bad-key reply: {reply!r}")
+
+    assert decode_attempt([BUSY, 0], never) == Busy(0.001)
+    assert decode_attempt([BUSY, 2500], never) == Busy(2.5)
+    assert busy_for(0) == Busy(0.001)
+    assert busy_for(-1) == Busy(0.0)
+    assert busy_for(-2) == Busy(0.0)

@@ -39,6 +39,7 @@ from .._kind import (
     Released,
     ReleaseStatus,
     Successor,
+    busy_for,
 )
 from .._runtime import Runtime
 from .._scripts import Script
@@ -158,7 +159,7 @@ class SemaphoreKind(KindBase):
         if code == _BUSY:  # the claim is registered, or its expiry pushed back
             if attempt.claim:
                 self._claimed_at[attempt.field] = sent_at
-            return Busy(max(as_int(value), 0) / 1000)
+            return busy_for(as_int(value))
         if code == _VOIDED:  # only an attempt resent after its own undo sees this
             return Busy(0.0)
         if code == _BAD_KEY:
