@@ -44,7 +44,7 @@ class KindMaker(Protocol):
 
 
 #: The names ``wire=`` accepts (each a key of ``_FORMATS``).
-WireName = Literal["aiolock"]
+WireName = Literal["aiolock", "redisson"]
 
 
 class WireFormat:
@@ -88,7 +88,10 @@ class WireFormat:
         return f"<WireFormat {self.name!r}>"
 
 
-_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat()}
+# Formats shared with other clients subclass WireFormat above, hence imported here.
+from ._wires.redisson import RedissonFormat  # noqa: E402
+
+_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat(), "redisson": RedissonFormat()}
 
 
 def check_wire(value: object, what: str = "wire") -> str:

@@ -49,4 +49,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # called from the scripts of the semaphore and the read-write lock
     "hdel", "hmget", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zscore",
     "zcard", "zremrangebyscore",
+    # called from the scripts of the redisson wire format (RFencedLock's token counter)
+    "incr",
 )  # fmt: skip

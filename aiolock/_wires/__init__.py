@@ -1,0 +1,1 @@
+"""Wire formats shared with other clients: one module per format (see aiolock._wire)."""
