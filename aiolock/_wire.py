@@ -88,10 +88,9 @@ class WireFormat:
         return f"<WireFormat {self.name!r}>"
 
 
-# Formats shared with other clients subclass WireFormat above, hence imported here.
-from ._wires.redisson import RedissonFormat  # noqa: E402
-
-_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat(), "redisson": RedissonFormat()}
+#: Formats shared with other clients subclass WireFormat, so they cannot be imported
+#: here: :mod:`aiolock._wires` adds them (the manager imports it).
+_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat()}
 
 
 def check_wire(value: object, what: str = "wire") -> str:

@@ -157,8 +157,13 @@ class RedissonLockKind(KindBase):
             return Granted(0, as_int(value))
         if code == _BAD_KEY:
             raise key_type_error(keys.lock, value)
-        # _BUSY, or _VOIDED (only an attempt resent after its own undo can see that)
-        return Busy(max(as_int(value), 0) / 1000 if code == _BUSY else 0.0)
+        if code == _BUSY:
+            # PTTL 0 means under a millisecond left, not "unknown" (-1, no expiry): a
+            # waiter that treated it as unknown would sleep a whole lease past a crashed
+            # holder's expiry, since nobody publishes when a lease runs out.
+            ttl = as_int(value)
+            return Busy(max(ttl, 1) / 1000 if ttl >= 0 else 0.0)
+        return Busy(0.0)  # _VOIDED: only an attempt resent after its own undo sees that
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
