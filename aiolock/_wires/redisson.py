@@ -244,8 +244,10 @@ class RedissonFormat(WireFormat):
     def rw_lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> NoReturn:
         raise self.unsupported(
             "read-write lock",
-            "Redisson's RReadWriteLock layout (a mode field, per-hold timeout keys) is not "
-            "implemented in this format yet",
+            "Redisson's RReadWriteLock keeps a mode field, one timeout key per read hold "
+            "(from which every unlock recomputes the lock's expiry) and writer fields per "
+            "thread, and lets a thread read inside its own write hold by its thread id; "
+            "aiolock's read-write lock is not mapped onto that layout",
         )
 
     def semaphore(self, make: KindMaker, keyspace: KeySpace, name: str, limit: int) -> NoReturn:
