@@ -125,6 +125,19 @@ async def test_tokens_come_from_rfencedlocks_counter(
         await fenced.aclose()
 
 
+async def test_a_name_holding_another_type_is_reported_not_overwritten(
+    rlocks: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    name = f"{prefix}-string"
+    await admin.set(name, "not a lock")
+    with pytest.raises(aiolock.LockKeyTypeError):
+        await rlocks.lock(name).acquire(timeout=0)
+    with pytest.raises(aiolock.LockKeyTypeError):
+        await rlocks.lock(name).force_release()
+    assert await admin.get(name) == b"not a lock"
+    await admin.delete(name)
+
+
 # -- exclusion ---------------------------------------------------------------------------
 
 
@@ -177,6 +190,23 @@ async def test_reentrant_counts_interleave(
     await lock.release()
     await lock.release()
     assert await admin.exists(name) == 0
+
+
+async def test_a_multi_lock_takes_redissons_locks_of_every_name(
+    rlocks: aiolock.LockManager, model: RedissonModel, prefix: str, admin: Redis
+) -> None:
+    names = [f"{prefix}-multi-{n}" for n in range(3)]
+    assert await model.try_acquire(names[1], 1) is None
+    multi = rlocks.multi_lock(names)
+    with pytest.raises(aiolock.LockTimeoutError):
+        await multi.acquire(timeout=0.2)
+    assert await admin.exists(names[0], names[2]) == 0  # nothing left half-taken
+    assert await model.unlock(names[1], 1)
+    async with multi:
+        assert await admin.exists(*names) == 3
+        for name in names:
+            assert await model.try_acquire(name, 2) is not None
+    assert await admin.exists(*names) == 0
 
 
 # -- waking each other -------------------------------------------------------------------
@@ -239,6 +269,10 @@ async def test_force_release_wakes_a_redisson_waiter(
 async def test_redisson_waiters_are_not_starved_by_a_busy_aiolock_manager(
     rlocks: aiolock.LockManager, model: RedissonModel, prefix: str
 ) -> None:
+    # Four aiolock tasks take the lock back to back. After each release that the Redisson
+    # client heard, aiolock yields for a moment; the echo of its own anonymous unlock
+    # message must not end that yield, or the Redisson waiter loses nearly every race
+    # (measured without that rule: median wait 0.07-1 s, worst 3-10 s; with it: ~2 ms).
     name = f"{prefix}-starve"
     stop = asyncio.Event()
     rounds = 0
@@ -246,21 +280,27 @@ async def test_redisson_waiters_are_not_starved_by_a_busy_aiolock_manager(
     async def churn() -> None:
         nonlocal rounds
         while not stop.is_set():
-            async with rlocks.lock(name, timeout=10):
+            async with rlocks.lock(name, timeout=30):
                 rounds += 1
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.002)
 
-    tasks = [asyncio.create_task(churn()) for _ in range(3)]
+    tasks = [asyncio.create_task(churn()) for _ in range(4)]
+    waits = []
     try:
         await eventually(lambda: rounds >= 10, what="aiolock tasks churning")
-        started = time.monotonic()
-        assert await model.lock(name, 1, wait=5.0)
-        waited = time.monotonic() - started
-        await model.unlock(name, 1)
+        for _ in range(20):
+            started = time.monotonic()
+            assert await model.lock(name, 1, wait=10.0)
+            waits.append(time.monotonic() - started)
+            await asyncio.sleep(0.002)
+            await model.unlock(name, 1)
+            await asyncio.sleep(0.01)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
-    assert waited < 2.0, f"the Redisson waiter waited {waited:.2f} s"
+    waits.sort()
+    assert waits[len(waits) // 2] < 0.25, f"median wait {waits[len(waits) // 2]:.3f} s"
+    assert waits[-1] < 2.0, f"longest wait {waits[-1]:.3f} s"
     assert model.stats.timed_out == 0  # woken by messages, never by sleeping out a lease
 
 
