@@ -472,3 +472,31 @@ async def test_a_mixed_fleet_with_killed_holders_never_overlaps(
     assert after_kill.keys() == set(names)
     assert all(count > 0 for count in after_kill.values()), after_kill
     assert await admin.exists(*names) == 0
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.003])
+async def test_a_release_cancelled_in_flight_still_frees_the_lock_for_redisson(
+    rlocks: aiolock.LockManager, model: RedissonModel, prefix: str, admin: Redis, delay: float
+) -> None:
+    name = f"{prefix}-relcancel"
+    lock = rlocks.lock(name)
+    acquired = asyncio.Event()
+
+    async def hold_then_release() -> None:
+        await lock.acquire(timeout=5)
+        acquired.set()
+        await asyncio.sleep(0.05)
+        await lock.release()
+
+    for _ in range(5):
+        acquired.clear()
+        task = asyncio.create_task(hold_then_release())
+        await acquired.wait()
+        await asyncio.sleep(0.05 + delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await eventually(lambda: rlocks.statistics().held == 0, what="the hold ended")
+        assert await model.lock(name, 1, wait=5.0)
+        assert await model.unlock(name, 1)
+    assert await admin.exists(name) == 0
