@@ -244,10 +244,11 @@ class RedissonFormat(WireFormat):
     def rw_lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> NoReturn:
         raise self.unsupported(
             "read-write lock",
-            "Redisson's RReadWriteLock keeps a mode field, one timeout key per read hold "
-            "(from which every unlock recomputes the lock's expiry) and writer fields per "
-            "thread, and lets a thread read inside its own write hold by its thread id; "
-            "aiolock's read-write lock is not mapped onto that layout",
+            "aiolock's read-write lock promises that a waiting writer holds off new readers "
+            "(its claim in Redis), and Redisson's RReadWriteLock layout has no place for a "
+            "claim that Redisson readers would honour, so a Redisson reader could starve an "
+            "aiolock writer; its watchdog also renews every reader's timeout keys, a "
+            "crashed reader's included",
         )
 
     def semaphore(self, make: KindMaker, keyspace: KeySpace, name: str, limit: int) -> NoReturn:
