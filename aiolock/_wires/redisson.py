@@ -16,7 +16,8 @@ Facts from Redisson 3.52.0 (``RedissonLock``, ``RedissonBaseLock``, ``LockPubSub
 =======================================  ===============================================
 
 (``{N}`` is written without the braces when ``N`` already contains ``{``: Redisson's own
-``prefixName`` rule, which keeps those keys in the lock's Cluster slot.)
+``prefixName`` rule, which keeps those keys in the lock's Cluster slot, except for a
+name with a ``}`` but no ``{``, as in Redisson itself.)
 
 A Redisson client identifies an owner by ``<its client UUID>:<thread id>``. aiolock's
 owner field is ``<the manager's UUID>:<number>``: the manager's 128-bit id printed as a
@@ -103,7 +104,8 @@ class RedissonKeys(LockKeys):
         #: RFencedLock's token counter
         self.fence = prefix_name("redisson_lock_token", name)
         # aiolock's own keys beside the lock live under the manager's prefix, in the
-        # lock's slot (Redisson's prefixName rule), where no Redisson object is.
+        # lock's slot as far as Redisson's prefixName rule allows, where no Redisson
+        # object is.
         self._own = prefix_name(f"{prefix}:rs", name)
         self.void_prefix = f"{self._own}:void:"
         self.slot = key_slot(name.encode())
