@@ -234,7 +234,9 @@ class Engine:
         # A waiter that registers in Redis keeps one field for its whole wait: it names
         # its registration, and (queued kinds) a release message wakes it by that name.
         field = f"{owner}:{self.rt.next_id()}" if kind.claims else None
-        waiter = hub.join(channel, owner, lease, field, queued=kind.queued)
+        waiter = hub.join(
+            channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
+        )
         acquired = False
         claimed = False
         try:
@@ -302,7 +304,9 @@ class Engine:
                 if not acquired:
                     # Withdraw the registration now (and pass on a grant that came too
                     # late), rather than when it expires.
-                    await self._undo(kind, self._new_attempt(keys, owner, field, lease, permits))
+                    await self._undo(
+                        kind, self._new_attempt(keys, owner, field, lease, permits, kind=kind)
+                    )
             if not acquired and waiter.handed is not None:
                 # The lock was handed over just as this task gave up: pass it on, without
                 # ever registering it under this task.
@@ -331,7 +335,7 @@ class Engine:
         lease_s = self.rt.lease if lease is None else lease
         if hold is not None:
             field, permits = hold.field, hold.permits
-        attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold)
+        attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold, kind=kind)
         if not claim:
             attempt = attempt._replace(claim=False)
         sent_at = time.monotonic()
@@ -377,15 +381,19 @@ class Engine:
         lease: float | None,
         permits: int,
         hold: Hold | None = None,
+        *,
+        kind: LockKind | None = None,
     ) -> Attempt:
         rt = self.rt
         number = rt.next_id()
+        if field is None:  # a new hold's field: the kind's naming, unique per acquisition
+            field = f"{owner}:{number}" if kind is None else kind.hold_field(owner, number)
         # The void marker's id is unique across clients: a marker left by another
         # process's cancelled attempt must never void this one.
         return Attempt(
             keys=keys,
             owner=owner,
-            field=f"{owner}:{number}" if field is None else field,
+            field=field,
             before=0 if hold is None else hold.count,
             lease=rt.lease if lease is None else lease,
             void=keys.void(f"{rt.manager_id}:{number}"),
@@ -555,7 +563,7 @@ class Engine:
             return None
         waiter.reserved = True
         lease = self.rt.lease if waiter.lease is None else waiter.lease
-        field = f"{waiter.owner}:{self.rt.next_id()}"
+        field = hold.kind.hold_field(waiter.owner, self.rt.next_id())
         return _Handoff(waiter, Successor(field, lease), waiter.lease is None, time.monotonic())
 
     async def _deliver(self, hold: Hold, handoff: _Handoff, token: int) -> None:

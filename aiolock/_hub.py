@@ -144,12 +144,14 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("channel", "confirmed", "listen", "queued", "waiters")
+    __slots__ = ("anonymous", "channel", "confirmed", "listen", "queued", "waiters")
 
-    def __init__(self, channel: str, queued: bool = False) -> None:
+    def __init__(self, channel: str, queued: bool = False, anonymous: bool = False) -> None:
         self.channel = channel
         #: the kind keeps its waiters' order in Redis (see the module docstring)
         self.queued = queued
+        #: messages do not say who released (a foreign wire format): see _dispatch
+        self.anonymous = anonymous
         self.waiters: deque[Waiter] = deque()
         #: a waiter found the lock busy: the queue needs the release channel
         self.listen = False
@@ -232,15 +234,17 @@ class WaiterHub:
         field: str | None = None,
         *,
         queued: bool = False,
+        anonymous: bool = False,
     ) -> Waiter:
         """Queue a new waiter at the tail of *channel*'s queue (no I/O yet).
 
         *field* names its registration in Redis, if its kind has one; *queued* says that
-        the kind keeps the waiters' order there (see the module docstring).
+        the kind keeps the waiters' order there (see the module docstring); *anonymous*
+        that its release messages do not name the releasing client.
         """
         queue = self._queues.get(channel)
         if queue is None:
-            queue = self._queues[channel] = ChannelQueue(channel, queued=queued)
+            queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = Waiter(queue, owner, lease, field)
         queue.waiters.append(waiter)
         return waiter
@@ -450,8 +454,11 @@ class WaiterHub:
             # Our own releases already woke the local head directly.
             elif data != self._manager_id:
                 self._messages += 1
-                # Another client released: the clients we yielded to had their turn.
-                self._yields.pop(channel, None)
+                # Another client released: the clients we yielded to had their turn. An
+                # anonymous message may be our own release echoed back, so it ends no
+                # yield (the window's timer wakes the head when it is over).
+                if queue is None or not queue.anonymous:
+                    self._yields.pop(channel, None)
                 if queue is not None:
                     queue.wake_head()
         elif kind == "subscribe" and queue is not None:

@@ -285,6 +285,15 @@ class LockKind(Protocol):
     #: why this kind's holds have no fencing token ("" if they have one): the message of
     #: the WireFormatError that ``fencing_token`` raises
     fencing_unavailable: str
+    #: its release messages do not name the releasing client (a foreign client's wire
+    #: format): this manager cannot tell its own releases from others', so a message
+    #: wakes the local head but never ends a yield to other clients (see aiolock._hub)
+    anonymous_messages: bool
+
+    def hold_field(self, owner: str, number: int) -> str:
+        """The field a new hold of *owner* is recorded under; *number* is unique in the
+        manager, so the field is unique per acquisition."""
+        ...
 
     def resource(self, keys: LockKeys) -> str:
         """The registry's name for holds of this kind on *keys* (see :attr:`Hold.resource`)."""
@@ -352,6 +361,10 @@ class KindBase:
     queued = False
     claim_ttl = 10.0
     fencing_unavailable = ""
+    anonymous_messages = False
+
+    def hold_field(self, owner: str, number: int) -> str:
+        return f"{owner}:{number}"
 
     def resource(self, keys: LockKeys) -> str:
         return keys.lock

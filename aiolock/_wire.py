@@ -44,7 +44,7 @@ class KindMaker(Protocol):
 
 
 #: The names ``wire=`` accepts (each a key of ``_FORMATS``).
-WireName = Literal["aiolock"]
+WireName = Literal["aiolock", "redisson"]
 
 
 class WireFormat:
@@ -88,6 +88,8 @@ class WireFormat:
         return f"<WireFormat {self.name!r}>"
 
 
+#: Formats shared with other clients subclass WireFormat, so they cannot be imported
+#: here: :mod:`aiolock._wires` adds them (the manager imports it).
 _FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat()}
 
 

@@ -53,4 +53,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # hub's sharded subscriptions, the slot map and migrations
     "spublish", "pubsub|shardnumsub", "ssubscribe", "sunsubscribe", "cluster|slots",
     "asking",
+    # called from the scripts of the redisson wire format (RFencedLock's token counter)
+    "incr",
 )  # fmt: skip

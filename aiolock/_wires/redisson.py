@@ -1,0 +1,262 @@
+"""The ``redisson`` wire format: aiolock's locks kept as Redisson's ``RLock`` keeps them.
+
+Facts from Redisson 3.52.0 (``RedissonLock``, ``RedissonBaseLock``, ``LockPubSub``,
+``RedissonFencedLock``, ``renewal/LockTask``); the full contract is ``docs/wire-redisson.md``.
+
+=======================================  ===============================================
+``N`` (the raw lock name, no prefix)     hash: ``<client uuid>:<number>`` -> hold count;
+                                         PEXPIRE'd to the lease, renewed while held
+``redisson_lock__channel:{N}``           channel: ``0`` (Redisson's unlock message) per
+                                         release that frees the lock
+``redisson_lock_token:{N}``              RFencedLock's token counter (INCR per new
+                                         acquisition), only with ``fence_ttl=None``
+``P:rs:{N}:void:<attempt id>``           aiolock's void marker of an attempt cancelled
+                                         in flight (Redisson never reads it)
+``P:rs:{N}:rel:<release id>``            aiolock's tombstone of a final release
+=======================================  ===============================================
+
+(``{N}`` is written without the braces when ``N`` already contains ``{``: Redisson's own
+``prefixName`` rule, which keeps those keys in the lock's Cluster slot, except for a
+name with a ``}`` but no ``{``, as in Redisson itself.)
+
+A Redisson client identifies an owner by ``<its client UUID>:<thread id>``. aiolock's
+owner field is ``<the manager's UUID>:<number>``: the manager's 128-bit id printed as a
+version-4 UUID, and a number unique per acquisition (stronger than a thread id: a late
+command about an ended hold never touches a later one of the same task). Redisson only
+compares fields for equality, so each side sees the other as one more owner.
+
+The reply codes of each script are named here, next to their decoding.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from redis.crc import key_slot
+
+from .._client import as_int, key_type_error
+from .._keys import LockKeys, ms
+from .._kind import (
+    Attempt,
+    Busy,
+    Granted,
+    Hold,
+    KindBase,
+    Released,
+    ReleaseStatus,
+    Successor,
+)
+from .._runtime import Runtime
+from .._scripts import Script
+from .._wire import KindMaker, WireFormat
+
+if TYPE_CHECKING:
+    from .._keys import KeySpace
+    from .._kind import LockKind
+
+__all__ = ["RedissonFormat", "RedissonKeys", "RedissonLockKind", "redisson_field_id"]
+
+ACQUIRE = Script("redisson/acquire")
+RELEASE = Script("redisson/release")
+UNDO = Script("redisson/undo")
+FORCE_RELEASE = Script("redisson/force_release")
+#: Redisson's watchdog renews exactly this way (HEXISTS the field, then PEXPIRE), so the
+#: lock's own batched renewal script serves unchanged.
+RENEW = Script("lock/renew")
+
+#: Redisson's ``LockPubSub.UNLOCK_MESSAGE``: the message its waiters wake on.
+UNLOCK_MESSAGE = "0"
+
+# acquire.lua
+_ACQUIRED, _REENTERED, _BUSY, _VOIDED, _BAD_KEY = 1, 2, 0, 3, -1
+# release.lua
+_RELEASE_CODES = {
+    1: ReleaseStatus.STILL_HELD,
+    2: ReleaseStatus.RELEASED,
+    4: ReleaseStatus.HANDED_OVER,
+    0: ReleaseStatus.NOT_HELD,
+}
+
+
+def prefix_name(prefix: str, name: str) -> str:
+    """Redisson's ``prefixName``: ``prefix:{name}``, or ``prefix:name`` if *name* has a ``{``."""
+    return f"{prefix}:{name}" if "{" in name else f"{prefix}:{{{name}}}"
+
+
+def redisson_field_id(manager_id: str) -> str:
+    """The client UUID of a manager's owner fields: its 128-bit hex id as a UUID string."""
+    return str(uuid.UUID(hex=manager_id, version=4))
+
+
+class RedissonKeys(LockKeys):
+    """The keys and channel of one name in Redisson's layout (see the module docstring)."""
+
+    __slots__ = ("_own",)
+
+    def __init__(self, prefix: str, name: str) -> None:
+        # Not LockKeys.__init__: every key here is computed differently.
+        self.name = name
+        self.kind = "redisson"
+        self.lock = name
+        self.channel = prefix_name("redisson_lock__channel", name)
+        #: RFencedLock's token counter
+        self.fence = prefix_name("redisson_lock_token", name)
+        # aiolock's own keys beside the lock live under the manager's prefix, in the
+        # lock's slot as far as Redisson's prefixName rule allows, where no Redisson
+        # object is.
+        self._own = prefix_name(f"{prefix}:rs", name)
+        self.void_prefix = f"{self._own}:void:"
+        self.slot = key_slot(name.encode())
+
+    def tombstone(self, release_id: str) -> str:
+        return f"{self._own}:rel:{release_id}"
+
+    def part(self, suffix: str) -> str:
+        return f"{self._own}:{suffix}"
+
+
+class RedissonLockKind(KindBase):
+    """A reentrant lock whose every command is one Redisson's RLock understands."""
+
+    name = "lock"
+    reentrant = True
+    hand_over = True
+    # Redisson publishes the same "0" for every release, ours included.
+    anonymous_messages = True
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._client = runtime.client
+        self._uuid = redisson_field_id(runtime.manager_id)
+        # RFencedLock's counter must never go back, so it is only ever written when the
+        # manager keeps fencing state forever (fence_ttl=None), which is what it costs:
+        # one key per name, never expiring.
+        self._fenced = runtime.fence_ms == "-1"
+        if not self._fenced:
+            self.fencing_unavailable = (
+                "the 'redisson' wire format takes fencing tokens from RFencedLock's counter "
+                "(redisson_lock_token:{name}), which must be kept forever; this manager "
+                "keeps fencing state for a limited time (fence_ttl), so its redisson locks "
+                "have no tokens. Open the manager with fence_ttl=None to draw them"
+            )
+
+    def hold_field(self, owner: str, number: int) -> str:
+        return f"{self._uuid}:{number}"
+
+    async def attempt(self, attempt: Attempt) -> Granted | Busy:
+        keys = attempt.keys
+        code, value = await self._client.run(
+            ACQUIRE,
+            (keys.lock, attempt.void, keys.fence),
+            (attempt.field, ms(attempt.lease), attempt.before, 1 if self._fenced else 0),
+        )
+        code = as_int(code)
+        if code == _ACQUIRED:
+            return Granted(as_int(value), 1)
+        if code == _REENTERED:
+            return Granted(0, as_int(value))
+        if code == _BAD_KEY:
+            raise key_type_error(keys.lock, value)
+        if code == _BUSY:
+            # PTTL 0 means under a millisecond left, not "unknown" (-1, no expiry): a
+            # waiter that treated it as unknown would sleep a whole lease past a crashed
+            # holder's expiry, since nobody publishes when a lease runs out.
+            ttl = as_int(value)
+            return Busy(max(ttl, 1) / 1000 if ttl >= 0 else 0.0)
+        return Busy(0.0)  # _VOIDED: only an attempt resent after its own undo sees that
+
+    async def undo(self, attempt: Attempt) -> bool:
+        keys = attempt.keys
+        undone = await self._client.run(
+            UNDO,
+            (keys.lock, attempt.void),
+            (attempt.field, attempt.before, attempt.void_ms, keys.channel),
+        )
+        return as_int(undone) == 1
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        # hand_over_freely is not used: a hand-over publishes nothing, and a Redisson
+        # waiter has no other way to hear of a release; so the script hands over only
+        # while nobody else listens on the channel.
+        keys = hold.keys
+        code, value = await self._client.run(
+            RELEASE,
+            (keys.lock, keys.tombstone(release_id), keys.fence),
+            (
+                hold.field,
+                count,
+                self._rt.tombstone_ms,
+                successor.field if successor else "",
+                ms(successor.lease) if successor else 0,
+                1 if self._fenced else 0,
+                1 if listening else 0,
+                keys.channel,
+            ),
+        )
+        status = _RELEASE_CODES.get(as_int(code))
+        if status is None:  # -1: the key holds another type
+            raise key_type_error(keys.lock, value)
+        return Released(status, as_int(value))
+
+    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
+        lease_ms = ms(lease)
+        args: list[Any] = []
+        for hold in holds:
+            args += (hold.field, lease_ms if hold.renew else 0)
+        replies = await self._client.run(RENEW, [hold.keys.lock for hold in holds], args)
+        return [as_int(reply) == 1 for reply in replies]
+
+    async def extend(self, hold: Hold, lease: float) -> bool:
+        (held,) = await self._client.run(RENEW, (hold.keys.lock,), (hold.field, ms(lease)))
+        return as_int(held) == 1
+
+    async def force_release(self, keys: LockKeys) -> bool:
+        code, value = await self._client.run(FORCE_RELEASE, (keys.lock,), (keys.channel,))
+        if as_int(code) == -1:
+            raise key_type_error(keys.lock, value)
+        return as_int(code) == 1
+
+
+class RedissonFormat(WireFormat):
+    """Locks (and multi-locks) in Redisson's RLock layout; the other kinds are refused."""
+
+    name = "redisson"
+
+    def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
+        return make(RedissonLockKind), RedissonKeys(keyspace.prefix, name)
+
+    def fair_lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> NoReturn:
+        raise self.unsupported(
+            "fair lock",
+            "Redisson's RFairLock orders its waiters by thread timeouts that each Redisson "
+            "client refreshes on its own schedule (redisson_lock_queue and "
+            "redisson_lock_timeout), which aiolock does not reproduce faithfully",
+        )
+
+    def rw_lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> NoReturn:
+        raise self.unsupported(
+            "read-write lock",
+            "aiolock's read-write lock promises that a waiting writer holds off new readers "
+            "(its claim in Redis), and Redisson's RReadWriteLock layout has no place for a "
+            "claim that Redisson readers would honour, so a Redisson reader could starve an "
+            "aiolock writer; its watchdog also renews every reader's timeout keys, a "
+            "crashed reader's included",
+        )
+
+    def semaphore(self, make: KindMaker, keyspace: KeySpace, name: str, limit: int) -> NoReturn:
+        raise self.unsupported(
+            "semaphore",
+            "Redisson's RSemaphore is a bare counter of free permits with no lease, so a "
+            "holder that crashes never gives its permits back; aiolock's semaphore "
+            "promises that a crashed holder's permits return when its lease ends",
+        )
