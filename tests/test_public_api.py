@@ -33,6 +33,9 @@ def test_public_names_are_pinned() -> None:
         "Permit",
         "Semaphore",
         "ReadWriteLock",
+        "RedlockLock",
+        "RedlockManager",
+        "RedlockStatistics",
         "__version__",
     }
     for name in aiolock.__all__:

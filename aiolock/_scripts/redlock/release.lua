@@ -1,0 +1,17 @@
+-- aiolock redlock: release a Redlock hold on one master, and announce it.
+--
+-- KEYS[1]  lock key on this master: a string holding the holder's token
+-- ARGV[1]  token of the hold being released
+-- ARGV[2]  message to publish (the releasing manager's id)
+-- The release channel is KEYS[1] .. ':released'.
+--
+-- Returns 1 if this master had the key for the token (now deleted, the release published
+-- to the waiters subscribed here), 0 if not (expired, never set here, another token, or
+-- a resend of a release that already ran: releasing twice is harmless).
+
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('del', KEYS[1])
+  redis.call('publish', KEYS[1] .. ':released', ARGV[2])
+  return 1
+end
+return 0
