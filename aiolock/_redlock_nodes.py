@@ -42,12 +42,15 @@ STRAGGLER_GRACE = 0.005
 
 
 def _address(redis: Redis) -> tuple[object, ...]:
-    """Where a client's connections go: (host, port, db), or (unix path, db)."""
+    """The server a client's connections go to: (host, port), or ("unix", path).
+
+    The database number is left out on purpose: two databases of one server are one
+    master, and would fail together.
+    """
     kwargs = redis.connection_pool.connection_kwargs
-    db = kwargs.get("db", 0)
     if "path" in kwargs:
-        return ("unix", kwargs["path"], db)
-    return (str(kwargs.get("host", "localhost")).lower(), int(kwargs.get("port", 6379)), db)
+        return ("unix", kwargs["path"])
+    return (str(kwargs.get("host", "localhost")).lower(), int(kwargs.get("port", 6379)))
 
 
 def check_clients(clients: object) -> list[Redis]:
