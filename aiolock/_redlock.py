@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from redis.asyncio import Redis
@@ -76,6 +76,11 @@ KEY_TAG = "redlock"
 #: A waiter whose subscription is not yet confirmed on a majority of masters retries at
 #: least this often (a release published before the subscription would be missed).
 READY_WAIT = 0.05
+#: After a release that other clients heard, this manager's tasks wait this long (or for
+#: a release message) before they try for the same lock again.
+YIELD_WINDOW = 0.02
+#: A waiter that got no answer from a majority (masters down) retries after this long.
+UNREACHABLE_RETRY = 0.25
 #: Fixed part of the clock drift allowance, added to ``lease * drift_factor``.
 DRIFT_FLOOR = 0.002
 
@@ -88,6 +93,15 @@ FENCING_MESSAGE = (
     "LockManager(redis).lock(), whose tokens come from one server, or a store with its "
     "own compare-and-set"
 )
+
+
+class Busy(NamedTuple):
+    """A round that did not win a majority."""
+
+    #: seconds until the holder's lease would end (the longest a waiter sleeps)
+    ttl: float
+    #: this round won some votes but not a majority: contenders split the votes
+    split: bool
 
 
 class RedlockHold:
@@ -203,12 +217,17 @@ class RedlockManager:
         self.retry_delay = check_timeout(retry_delay, "retry_delay") or 0.0
         self.close_timeout = check_lease(close_timeout, "close_timeout")
         self._signals = Signals(len(redis))
-        self._nodes = [Node(i, r, self._signals, self.node_timeout) for i, r in enumerate(redis)]
+        manager_id = self._keyspace.manager_id
+        self._nodes = [
+            Node(i, r, self._signals, self.node_timeout, manager_id) for i, r in enumerate(redis)
+        ]
         self.quorum = len(self._nodes) // 2 + 1
         self._cleanup = Cleanup()
         self._holds: dict[tuple[str, str], RedlockHold] = {}
         self._lost: dict[tuple[str, str], RedlockHold] = {}
         self._gates: dict[str, tuple[asyncio.Lock, int]] = {}
+        #: channel -> monotonic time until which local tasks let other clients go first
+        self._yields: dict[str, float] = {}
         self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
             weakref.WeakKeyDictionary()
         )
@@ -424,7 +443,8 @@ class RedlockManager:
     ) -> RedlockHold:
         signals = self._signals
         channel = keys.channel
-        event: asyncio.Event | None = None
+        # Yielding to other clients: listen at once, so their release ends the yield.
+        event = signals.listen(channel) if channel in self._yields else None
         try:
             while True:
                 if signals.closed:
@@ -433,6 +453,7 @@ class RedlockManager:
                     )
                 if event is not None:
                     event.clear()  # a release from here on wakes the wait below
+                await self._yield_to_others(channel, event)
                 outcome = await self._attempt(keys, owner, lease)
                 if isinstance(outcome, RedlockHold):
                     return outcome
@@ -441,19 +462,40 @@ class RedlockManager:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise self._timeout_error(keys, timeout)
+                if outcome.split:
+                    # Nobody won a majority (several contenders split the votes, and
+                    # each undid its round): retry after a random pause, so that the
+                    # contenders do not collide again.
+                    pause = random.uniform(0, self.retry_delay)
+                    await anyio.sleep(pause if remaining is None else min(pause, remaining))
+                    continue
                 # Subscribed on a majority, a release is heard: any majority that holds
                 # the lock shares a master with it. Until then, retry soon.
-                fallback = outcome if signals.confirmed_by(channel) >= self.quorum else READY_WAIT
+                fallback = (
+                    outcome.ttl if signals.confirmed_by(channel) >= self.quorum else READY_WAIT
+                )
                 wait = fallback if remaining is None else min(fallback, remaining)
                 with anyio.move_on_after(wait):
                     await event.wait()
-                pause = random.uniform(0, self.retry_delay)
-                if remaining is not None:
-                    pause = min(pause, max(0.0, deadline - time.monotonic()))  # type: ignore[operator]
-                await anyio.sleep(pause)
         finally:
             if event is not None:
                 signals.unlisten(channel)
+
+    async def _yield_to_others(self, channel: str, event: asyncio.Event | None) -> None:
+        """Wait out the yield window after a release other clients heard (bounded by it)."""
+        until = self._yields.get(channel)
+        if until is None:
+            return
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._yields[channel]
+            return
+        with anyio.move_on_after(left):
+            if event is None:
+                await anyio.sleep(left)
+            else:
+                await event.wait()  # another client's release: their turn has come
+        self._yields.pop(channel, None)
 
     def _timeout_error(self, keys: LockKeys, timeout: float | None) -> LockTimeoutError:
         return LockTimeoutError(
@@ -463,10 +505,8 @@ class RedlockManager:
             "statistics().failed_rounds and the log for unreachable masters"
         )
 
-    async def _attempt(
-        self, keys: LockKeys, owner: str, lease: float | None
-    ) -> RedlockHold | float:
-        """One round over every master: a new hold, or seconds to wait before the next."""
+    async def _attempt(self, keys: LockKeys, owner: str, lease: float | None) -> RedlockHold | Busy:
+        """One round over every master: a new hold, or how long to wait before the next."""
         renew = lease is None
         lease_s = self.lease if lease is None else lease
         self._ids += 1
@@ -506,7 +546,10 @@ class RedlockManager:
                 raise key_type_error(keys.lock, r[1])  # type: ignore[index]
         ttls = [as_int(r[1]) / 1000 for r in results if _code(r) == _BUSY]  # type: ignore[index]
         live = [t for t in ttls if t > 0]
-        return max(min(live), 0.005) if live else self.lease
+        split = bool(granted)
+        if live:
+            return Busy(max(min(live), 0.005), split)
+        return Busy(self.lease if ttls else UNREACHABLE_RETRY, split)
 
     def _adopt(self, hold: RedlockHold) -> None:
         self._counts["acquired"] += 1
@@ -615,16 +658,31 @@ class RedlockManager:
     async def _send_release(self, hold: RedlockHold) -> int:
         """Release *hold* on every master; return how many answered that they lacked it."""
         gone = 0
+        heard = 0
         manager_id = self._keyspace.manager_id
+        channel = hold.keys.channel
 
         async def on(node: Node) -> None:
-            nonlocal gone
-            reply = await node.client.run(RELEASE, (hold.keys.lock,), (hold.token, manager_id))
-            if as_int(reply) == 0:
+            nonlocal gone, heard
+            reply = as_int(
+                await node.client.run(RELEASE, (hold.keys.lock,), (hold.token, manager_id))
+            )
+            if reply == 0:
                 gone += 1
+            else:
+                mine = 1 if self._signals.listening(channel) else 0
+                heard = max(heard, reply - 1 - mine)
 
         left = max(hold.valid_until - time.monotonic(), 0.0) + self._drift(hold.lease)
         await self._on_all(self._nodes, on, f"release of redlock {hold.keys.name!r}", left)
+        if len(self._yields) > 1000:  # forget windows long over
+            now = time.monotonic()
+            self._yields = {c: t for c, t in self._yields.items() if t > now}
+        if heard > 0:
+            # Other clients wait for it: this manager's tasks keep off it for a moment, or
+            # a task that releases and asks again would win every time (its round starts
+            # before their release message has even arrived).
+            self._yields[channel] = time.monotonic() + YIELD_WINDOW
         return gone
 
     def _forget(self, hold: RedlockHold) -> None:

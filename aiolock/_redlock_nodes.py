@@ -149,7 +149,7 @@ class Signals:
 
     def __init__(self, nodes: int) -> None:
         self._nodes = nodes
-        #: channel -> (tasks waiting on it, event, masters that confirmed the subscription)
+        #: channel -> tasks waiting on it; their event; masters subscribed to it
         self._wanted: dict[str, int] = {}
         self._events: dict[str, asyncio.Event] = {}
         self._confirmed: dict[str, set[int]] = {}
@@ -170,11 +170,13 @@ class Signals:
             return
         self._wanted.pop(channel, None)
         self._events.pop(channel, None)
-        self._confirmed.pop(channel, None)
         self.changed.set()
 
     def wanted(self) -> set[str]:
         return set(self._wanted)
+
+    def listening(self, channel: str) -> bool:
+        return channel in self._wanted
 
     def event(self, channel: str) -> asyncio.Event:
         event = self._events.get(channel)
@@ -191,15 +193,25 @@ class Signals:
         if event is not None:
             event.set()
 
+    # A confirmation lasts as long as the master's subscription, not the waiter's: a
+    # waiter that stops and starts listening again before the listener unsubscribed
+    # finds the subscription still there, and no new confirmation will come for it.
+
     def confirm(self, node: int, channel: str) -> None:
-        if channel in self._wanted:
-            self._confirmed.setdefault(channel, set()).add(node)
-            self.wake(channel)  # the waiter may now try again without missing a release
+        self._confirmed.setdefault(channel, set()).add(node)
+        self.wake(channel)  # the waiter may now try again without missing a release
+
+    def unconfirm(self, node: int, channel: str) -> None:
+        nodes = self._confirmed.get(channel)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self._confirmed[channel]
 
     def unconfirm_all(self, node: int) -> None:
         """*node*'s pub/sub connection dropped: a release may have been missed there."""
-        for channel, nodes in self._confirmed.items():
-            nodes.discard(node)
+        for channel in list(self._confirmed):
+            self.unconfirm(node, channel)
             self.wake(channel)
 
     def close(self) -> None:
@@ -214,8 +226,9 @@ class Listener:
     #: seconds of silence after which the connection is pinged, and then dropped
     PING_INTERVAL = 1.0
 
-    def __init__(self, index: int, redis: Redis, signals: Signals) -> None:
+    def __init__(self, index: int, redis: Redis, signals: Signals, manager_id: str) -> None:
         self.index = index
+        self._manager_id = manager_id
         self._redis = redis
         self._signals = signals
         self._pubsub: PubSub | None = None
@@ -291,10 +304,15 @@ class Listener:
         kind = as_text(message.get("type"))
         channel = as_text(message.get("channel"))
         if kind == "message":
-            self._signals.messages += 1
-            self._signals.wake(channel)
+            # This manager's own releases woke its local waiter already (and must not end
+            # the moment it yields to other clients).
+            if as_text(message.get("data")) != self._manager_id:
+                self._signals.messages += 1
+                self._signals.wake(channel)
         elif kind == "subscribe":
             self._signals.confirm(self.index, channel)
+        elif kind == "unsubscribe":
+            self._signals.unconfirm(self.index, channel)
 
     async def _reconnect(self, backoff: float) -> None:
         self.reconnects += 1
@@ -317,11 +335,13 @@ class Listener:
 class Node:
     """One independent master: its command client and its release listener."""
 
-    def __init__(self, index: int, redis: Redis, signals: Signals, command_timeout: float) -> None:
+    def __init__(
+        self, index: int, redis: Redis, signals: Signals, command_timeout: float, manager_id: str
+    ) -> None:
         self.index = index
         self.redis = redis
         self.client = Client(redis, command_timeout)
-        self.listener = Listener(index, redis, signals)
+        self.listener = Listener(index, redis, signals, manager_id)
         host = _address(redis)
         self.address = ":".join(str(part) for part in host)
 

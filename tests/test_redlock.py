@@ -509,3 +509,25 @@ async def test_closing_fails_waiters_and_cancels_bodies(servers: list[RedisServe
         await asyncio.wait_for(task, 5)
     assert body_ended.is_set()
     assert await values(masters, locks.lock("y").key) == [None] * 3
+
+
+async def test_a_task_that_releases_and_asks_again_lets_other_clients_in(
+    servers: list[RedisServer],
+) -> None:
+    masters = servers[:3]
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    counts = {"a": 0, "b": 0}
+
+    async def hammer(manager: RedlockManager, label: str, stop: float) -> None:
+        lock = manager.lock("fair", timeout=10)
+        while time.monotonic() < stop:
+            async with lock:
+                counts[label] += 1
+
+    async with redlock(masters, prefix) as a, redlock(masters, prefix) as b:
+        stop = time.monotonic() + 1.5
+        await asyncio.gather(hammer(a, "a", stop), hammer(b, "b", stop))
+    total = counts["a"] + counts["b"]
+    assert total >= 20, counts
+    # Without the yield window, the releasing client would win nearly every round.
+    assert min(counts.values()) >= total / 5, counts

@@ -5,13 +5,13 @@
 -- ARGV[2]  message to publish (the releasing manager's id)
 -- The release channel is KEYS[1] .. ':released'.
 --
--- Returns 1 if this master had the key for the token (now deleted, the release published
--- to the waiters subscribed here), 0 if not (expired, never set here, another token, or
--- a resend of a release that already ran: releasing twice is harmless).
+-- Returns 1 + n if this master had the key for the token (now deleted, and the release
+-- published to the n clients subscribed here, the releasing manager included if it
+-- listens), 0 if not (expired, never set here, another token, or a resend of a release
+-- that already ran: releasing twice is harmless).
 
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('publish', KEYS[1] .. ':released', ARGV[2])
-  return 1
+  return 1 + redis.call('publish', KEYS[1] .. ':released', ARGV[2])
 end
 return 0
