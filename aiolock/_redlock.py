@@ -79,6 +79,8 @@ READY_WAIT = 0.05
 #: After a release that other clients heard, this manager's tasks wait this long (or for
 #: a release message) before they try for the same lock again.
 YIELD_WINDOW = 0.02
+#: Seconds a name's subscription outlives the last local task that wanted it.
+LINGER = 1.0
 #: A waiter that got no answer from a majority (masters down) retries after this long.
 UNREACHABLE_RETRY = 0.25
 #: Fixed part of the clock drift allowance, added to ``lease * drift_factor``.
@@ -104,11 +106,29 @@ class Busy(NamedTuple):
     split: bool
 
 
+class Gate:
+    """This manager's tasks that want one Redlock name: one of them contends at a time.
+
+    First come, first served (an asyncio.Lock); the task that wins keeps the gate until
+    its hold ends. The gate listens for releases of the name while any task uses it.
+    """
+
+    __slots__ = ("channel", "listening", "lock", "users")
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.lock = asyncio.Lock()
+        #: tasks waiting at the gate, contending, or holding through it
+        self.users = 0
+        self.listening = False
+
+
 class RedlockHold:
     """One task's hold of one Redlock name (re-entries count up locally)."""
 
     __slots__ = (
         "count",
+        "gate",
         "keys",
         "lease",
         "lost",
@@ -139,6 +159,8 @@ class RedlockHold:
         self.lost_reason = ""
         self.scopes: list[anyio.CancelScope] = []
         self.timer: asyncio.TimerHandle | None = None
+        #: the local gate it keeps while held (None for a single-round acquisition)
+        self.gate: Gate | None = None
 
     def __repr__(self) -> str:
         left = self.valid_until - time.monotonic()
@@ -217,15 +239,16 @@ class RedlockManager:
         self.retry_delay = check_timeout(retry_delay, "retry_delay") or 0.0
         self.close_timeout = check_lease(close_timeout, "close_timeout")
         self._signals = Signals(len(redis))
-        manager_id = self._keyspace.manager_id
         self._nodes = [
-            Node(i, r, self._signals, self.node_timeout, manager_id) for i, r in enumerate(redis)
+            Node(i, r, self._signals, self.node_timeout, self._keyspace.manager_id)
+            for i, r in enumerate(redis)
         ]
         self.quorum = len(self._nodes) // 2 + 1
         self._cleanup = Cleanup()
         self._holds: dict[tuple[str, str], RedlockHold] = {}
         self._lost: dict[tuple[str, str], RedlockHold] = {}
-        self._gates: dict[str, tuple[asyncio.Lock, int]] = {}
+        #: lock key -> the local queue of its tasks (see Gate)
+        self._gates: dict[str, Gate] = {}
         #: channel -> monotonic time until which local tasks let other clients go first
         self._yields: dict[str, float] = {}
         self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
@@ -405,33 +428,48 @@ class RedlockManager:
                 return outcome
             raise self._timeout_error(keys, timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        gate = self._enter_gate(keys.lock)
+        gate = self._gates.get(keys.lock)
+        if gate is None:
+            gate = self._gates[keys.lock] = Gate(keys.channel)
+        gate.users += 1
         try:
             remaining = None if deadline is None else deadline - time.monotonic()
             with anyio.move_on_after(remaining) as scope:
-                await gate.acquire()
+                await gate.lock.acquire()
             if scope.cancelled_caught:
                 raise self._timeout_error(keys, timeout)
             try:
-                return await self._wait(keys, owner, lease, deadline, timeout)
-            finally:
-                gate.release()
-        finally:
-            self._leave_gate(keys.lock)
+                hold = await self._wait(keys, owner, lease, deadline, timeout, gate)
+            except BaseException:
+                gate.lock.release()
+                raise
+        except BaseException:
+            self._leave_gate(keys.lock, gate)
+            raise
+        # The hold keeps the gate until it ends: the next local task starts its rounds
+        # once this one released, instead of spending a round on a lock its sibling holds.
+        hold.gate = gate
+        return hold
 
-    def _enter_gate(self, lock: str) -> asyncio.Lock:
-        gate, users = self._gates.get(lock, (None, 0))
-        if gate is None:
-            gate = asyncio.Lock()
-        self._gates[lock] = (gate, users + 1)
-        return gate
+    def _leave_gate(self, lock: str, gate: Gate) -> None:
+        gate.users -= 1
+        if gate.users > 0:
+            return
+        if not gate.listening:
+            self._drop_gate(lock, gate)
+            return
+        # Keep listening a little longer: a task that releases and asks again (the
+        # common loop) must hear the other clients' releases from its first moment.
+        loop = asyncio.get_running_loop()
+        loop.call_later(LINGER, self._drop_gate, lock, gate)
 
-    def _leave_gate(self, lock: str) -> None:
-        gate, users = self._gates[lock]
-        if users <= 1:
-            del self._gates[lock]
-        else:
-            self._gates[lock] = (gate, users - 1)
+    def _drop_gate(self, lock: str, gate: Gate) -> None:
+        if gate.users > 0 or self._gates.get(lock) is not gate:
+            return  # in use again (or already dropped)
+        del self._gates[lock]
+        if gate.listening:
+            gate.listening = False
+            self._signals.unlisten(gate.channel)
 
     async def _wait(
         self,
@@ -440,62 +478,71 @@ class RedlockManager:
         lease: float | None,
         deadline: float | None,
         timeout: float | None,
+        gate: Gate,
     ) -> RedlockHold:
         signals = self._signals
         channel = keys.channel
-        # Yielding to other clients: listen at once, so their release ends the yield.
-        event = signals.listen(channel) if channel in self._yields else None
-        try:
-            while True:
-                if signals.closed:
-                    raise ManagerNotOpenError(
-                        "the RedlockManager was closed while this task waited for a lock"
-                    )
-                if event is not None:
-                    event.clear()  # a release from here on wakes the wait below
-                await self._yield_to_others(channel, event)
-                outcome = await self._attempt(keys, owner, lease)
-                if isinstance(outcome, RedlockHold):
-                    return outcome
-                if event is None:
-                    event = signals.listen(channel)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise self._timeout_error(keys, timeout)
-                if outcome.split:
-                    # Nobody won a majority (several contenders split the votes, and
-                    # each undid its round): retry after a random pause, so that the
-                    # contenders do not collide again.
-                    pause = random.uniform(0, self.retry_delay)
-                    await anyio.sleep(pause if remaining is None else min(pause, remaining))
-                    continue
-                # Subscribed on a majority, a release is heard: any majority that holds
-                # the lock shares a master with it. Until then, retry soon.
-                fallback = (
-                    outcome.ttl if signals.confirmed_by(channel) >= self.quorum else READY_WAIT
+        event: asyncio.Event | None = None
+        # The gate listens from this manager's first failed round on the name until its
+        # last local task is done with it: one subscription for a run of local waiters.
+        if gate.listening or channel in self._yields:  # (a yield ends on their release)
+            event = self._listen(gate)
+        while True:
+            if signals.closed:
+                raise ManagerNotOpenError(
+                    "the RedlockManager was closed while this task waited for a lock"
                 )
-                wait = fallback if remaining is None else min(fallback, remaining)
-                with anyio.move_on_after(wait):
-                    await event.wait()
-        finally:
             if event is not None:
-                signals.unlisten(channel)
+                event.clear()  # a release from here on wakes the wait below
+            await self._yield_to_others(channel, event)
+            outcome = await self._attempt(keys, owner, lease)
+            if isinstance(outcome, RedlockHold):
+                return outcome
+            if event is None:
+                event = self._listen(gate)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise self._timeout_error(keys, timeout)
+            if outcome.split:
+                # Nobody won a majority (several contenders split the votes, and
+                # each undid its round): retry after a random pause, so that the
+                # contenders do not collide again.
+                pause = random.uniform(0, self.retry_delay)
+                await anyio.sleep(pause if remaining is None else min(pause, remaining))
+                continue
+            # Subscribed on a majority, a release is heard: any majority that holds
+            # the lock shares a master with it. Until then, retry soon.
+            fallback = outcome.ttl if signals.confirmed_by(channel) >= self.quorum else READY_WAIT
+            wait = fallback if remaining is None else min(fallback, remaining)
+            with anyio.move_on_after(wait):
+                await event.wait()
+
+    def _listen(self, gate: Gate) -> asyncio.Event:
+        if not gate.listening:
+            gate.listening = True
+            self._signals.listen(gate.channel)
+        return self._signals.event(gate.channel)
 
     async def _yield_to_others(self, channel: str, event: asyncio.Event | None) -> None:
-        """Wait out the yield window after a release other clients heard (bounded by it)."""
+        """Wait out the yield window after a release other clients heard: until it ends,
+        or until another client's release message shows that they had their turn."""
         until = self._yields.get(channel)
         if until is None:
             return
-        left = until - time.monotonic()
-        if left <= 0:
-            del self._yields[channel]
-            return
-        with anyio.move_on_after(left):
+        heard = self._signals.heard(channel)
+        while True:
+            left = until - time.monotonic()
+            if left <= 0 or self._signals.heard(channel) != heard or self._signals.closed:
+                break
             if event is None:
                 await anyio.sleep(left)
-            else:
-                await event.wait()  # another client's release: their turn has come
+                break
+            event.clear()  # other wakes (a confirmation) do not end the yield
+            with anyio.move_on_after(left):
+                await event.wait()
         self._yields.pop(channel, None)
+        if event is not None:
+            event.set()  # whatever was cleared here: the attempt after the yield goes ahead
 
     def _timeout_error(self, keys: LockKeys, timeout: float | None) -> LockTimeoutError:
         return LockTimeoutError(
@@ -584,12 +631,9 @@ class RedlockManager:
         if not targets:
             return
         void_ms = ms(max(2 * lease, MIN_VOID_TTL))
-        manager_id = self._keyspace.manager_id
 
         async def on(node: Node) -> None:
-            undone = await node.client.run(
-                UNDO, (keys.lock, keys.void(token)), (token, void_ms, manager_id)
-            )
+            undone = await node.client.run(UNDO, (keys.lock, keys.void(token)), (token, void_ms))
             if as_int(undone) == 1:
                 self._signals.wake(keys.channel)  # our own task may be next
 
@@ -643,8 +687,13 @@ class RedlockManager:
         if hold.count > 1:
             hold.count -= 1
             return
-        self._forget(hold)
-        gone = await self._send_release(hold)
+        self._forget(hold, keep_gate=True)
+        try:
+            gone = await self._send_release(hold)
+        finally:
+            # Only now may the next local task try: before, its round would find the
+            # lock still held on the masters the release has not reached yet.
+            self._open_gate(hold)
         self._signals.wake(keys.channel)  # the next local waiter tries at once
         if gone > len(self._nodes) - self.quorum:
             self._counts["lost"] += 1
@@ -659,18 +708,15 @@ class RedlockManager:
         """Release *hold* on every master; return how many answered that they lacked it."""
         gone = 0
         heard = 0
-        manager_id = self._keyspace.manager_id
         channel = hold.keys.channel
 
         async def on(node: Node) -> None:
             nonlocal gone, heard
-            reply = as_int(
-                await node.client.run(RELEASE, (hold.keys.lock,), (hold.token, manager_id))
-            )
+            reply = as_int(await node.client.run(RELEASE, (hold.keys.lock,), (hold.token,)))
             if reply == 0:
                 gone += 1
             else:
-                mine = 1 if self._signals.listening(channel) else 0
+                mine = 1 if node.listener.subscribed(channel) else 0
                 heard = max(heard, reply - 1 - mine)
 
         left = max(hold.valid_until - time.monotonic(), 0.0) + self._drift(hold.lease)
@@ -685,12 +731,20 @@ class RedlockManager:
             self._yields[channel] = time.monotonic() + YIELD_WINDOW
         return gone
 
-    def _forget(self, hold: RedlockHold) -> None:
+    def _forget(self, hold: RedlockHold, *, keep_gate: bool = False) -> None:
         if self._holds.get((hold.keys.lock, hold.owner)) is hold:
             del self._holds[(hold.keys.lock, hold.owner)]
+        if not keep_gate:
+            self._open_gate(hold)
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
+
+    def _open_gate(self, hold: RedlockHold) -> None:
+        gate, hold.gate = hold.gate, None
+        if gate is not None:
+            gate.lock.release()  # the next local task may try now
+            self._leave_gate(hold.keys.lock, gate)
 
     def _lose(self, hold: RedlockHold, reason: str, *, release: bool = True) -> None:
         """Mark *hold* lost: cancel its bodies, remember it for release(), free the masters."""

@@ -153,6 +153,10 @@ class Signals:
         self._wanted: dict[str, int] = {}
         self._events: dict[str, asyncio.Event] = {}
         self._confirmed: dict[str, set[int]] = {}
+        #: channel -> release messages heard from other clients (any master)
+        self._heard: dict[str, int] = {}
+        #: channel -> the token of the last release heard (its duplicates are ignored)
+        self._last: dict[str, str] = {}
         self.changed = asyncio.Event()
         self.messages = 0
         self.closed = False
@@ -170,6 +174,8 @@ class Signals:
             return
         self._wanted.pop(channel, None)
         self._events.pop(channel, None)
+        self._heard.pop(channel, None)
+        self._last.pop(channel, None)
         self.changed.set()
 
     def wanted(self) -> set[str]:
@@ -192,6 +198,22 @@ class Signals:
         event = self._events.get(channel)
         if event is not None:
             event.set()
+
+    def released(self, channel: str, token: str) -> None:
+        """Another client's release message, from any master: every master that had the
+        hold sends one, but it is one release (the first wakes; the others would only
+        cost the woken waiter another round)."""
+        self.messages += 1
+        if self._last.get(channel) == token:
+            return
+        self._last[channel] = token
+        if channel in self._wanted:
+            self._heard[channel] = self._heard.get(channel, 0) + 1
+        self.wake(channel)
+
+    def heard(self, channel: str) -> int:
+        """Release messages from other clients heard on *channel* while it was wanted."""
+        return self._heard.get(channel, 0)
 
     # A confirmation lasts as long as the master's subscription, not the waiter's: a
     # waiter that stops and starts listening again before the listener unsubscribed
@@ -228,7 +250,8 @@ class Listener:
 
     def __init__(self, index: int, redis: Redis, signals: Signals, manager_id: str) -> None:
         self.index = index
-        self._manager_id = manager_id
+        #: the start of this manager's tokens: its own release messages
+        self._own = f"{manager_id}:"
         self._redis = redis
         self._signals = signals
         self._pubsub: PubSub | None = None
@@ -239,6 +262,10 @@ class Listener:
 
     def kick(self) -> None:
         self._dirty.set()
+
+    def subscribed(self, channel: str) -> bool:
+        """Whether this connection is (or is about to be) subscribed to *channel*."""
+        return channel in self._subscribed
 
     async def run(self) -> None:
         try:
@@ -306,9 +333,9 @@ class Listener:
         if kind == "message":
             # This manager's own releases woke its local waiter already (and must not end
             # the moment it yields to other clients).
-            if as_text(message.get("data")) != self._manager_id:
-                self._signals.messages += 1
-                self._signals.wake(channel)
+            token = as_text(message.get("data"))
+            if not token.startswith(self._own):
+                self._signals.released(channel, token)
         elif kind == "subscribe":
             self._signals.confirm(self.index, channel)
         elif kind == "unsubscribe":

@@ -4,8 +4,7 @@
 -- KEYS[2]  void marker of the acquisition (the acquire script's KEYS[2])
 -- ARGV[1]  token of the acquisition
 -- ARGV[2]  lifetime of the void marker in milliseconds (longer than any delayed acquire)
--- ARGV[3]  message to publish (the manager's id)
--- The release channel is KEYS[1] .. ':released'.
+-- The release channel is KEYS[1] .. ':released'; the message is the token.
 --
 -- Returns 1 if the acquisition had taken this master (the key is deleted and the release
 -- published), else 0, after leaving the void marker so that an acquire still on its way
@@ -13,7 +12,7 @@
 
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('publish', KEYS[1] .. ':released', ARGV[3])
+  redis.call('publish', KEYS[1] .. ':released', ARGV[1])
   return 1
 end
 redis.call('set', KEYS[2], '1', 'px', ARGV[2])
