@@ -239,7 +239,7 @@ async def test_mutual_exclusion_across_processes(servers: list[RedisServer]) -> 
         "prefix": f"t-{uuid.uuid4().hex[:8]}",
         "name": "proc",
         "rounds": 12,
-        "hold": 0.003,
+        "hold": 0.01,
         "max_seconds": 40,
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -249,6 +249,7 @@ async def test_mutual_exclusion_across_processes(servers: list[RedisServer]) -> 
             "-m",
             "tests._redlock_child",
             json.dumps(spec),
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=ROOT,
             env=env,
@@ -256,11 +257,23 @@ async def test_mutual_exclusion_across_processes(servers: list[RedisServer]) -> 
         for _ in range(3)
     ]
     intervals: list[list[float]] = []
+    reports: list[dict[str, Any]] = []
     try:
+        for child in children:
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), 60)
+            assert line == b"READY\n"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(b"GO\n")
+        for child in children:
+            await child.stdin.drain()  # type: ignore[union-attr]
         for child in children:
             out, _ = await asyncio.wait_for(child.communicate(), 60)
             assert child.returncode == 0
-            intervals += json.loads(out.decode().strip().splitlines()[-1])["intervals"]
+            report = json.loads(out.decode().strip().splitlines()[-1])
+            intervals += report["intervals"]
+            reports.append(report)
     finally:
         for child in children:  # only the children this test started, by their pid
             if child.returncode is None:
@@ -271,6 +284,9 @@ async def test_mutual_exclusion_across_processes(servers: list[RedisServer]) -> 
     # The checker: critical sections on one machine-wide monotonic clock, pairwise apart.
     overlaps = [(a, b) for a, b in itertools.pairwise(intervals) if b[0] < a[1]]
     assert overlaps == []
+    # The children did contend: the runs of some of them overlapped in time.
+    spans = sorted((r["intervals"][0][0], r["intervals"][-1][1]) for r in reports)
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
 
 
 # -- masters down ---------------------------------------------------------------------
