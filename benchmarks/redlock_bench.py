@@ -321,7 +321,7 @@ async def run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
                 "solo_p50_ms": median_of(solo_runs, "p50_ms"),
                 "solo_p99_ms": median_of(solo_runs, "p99_ms"),
                 "commands_per_acquisition": median_of(solo_runs, "commands_per_acquisition"),
-                "commands": ", ".join(f"{k} {v:.1f}" for k, v in commands.items()),
+                "commands": ", ".join(f"{k} {v:.1f}" for k, v in commands.items() if v >= 0.05),
                 "contended_cycles_per_s": median_of(cont_runs, "cycles_per_s"),
                 "contended_p99_wait_ms": median_of(cont_runs, "p99_wait_ms"),
                 "failed_rounds": int(median_of(cont_runs, "failed_rounds")),
