@@ -48,6 +48,7 @@ from redis.asyncio import Redis
 from ._cleanup import SHIELD_TIMEOUT, Cleanup, finish_despite_cancel
 from ._client import as_int, key_type_error
 from ._errors import (
+    LockError,
     LockKeyTypeError,
     LockLostError,
     LockNotOwnedError,
@@ -240,6 +241,7 @@ class RedlockManager:
                 f"this RedlockManager is {self._state}; a manager can be opened once"
             )
         self._supervisor = asyncio.create_task(self._supervise(), name="aiolock redlock")
+        self._supervisor.add_done_callback(self._supervisor_done)
         self._state = "open"
         return self
 
@@ -254,7 +256,7 @@ class RedlockManager:
     async def aclose(self) -> None:
         """Release held locks (bounded by close_timeout), fail waiters, stop the tasks."""
         supervisor = self._supervisor
-        if self._state != "open" or supervisor is None:
+        if self._state not in ("open", "failed") or supervisor is None:
             return
         self._state = "closing"
         with anyio.CancelScope(shield=True):
@@ -271,6 +273,18 @@ class RedlockManager:
             for node in self._nodes:
                 await node.client.aclose()
         self._state = "closed"
+
+    def _supervisor_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None or self._state != "open":
+            return
+        logger.error(
+            "aiolock's Redlock background tasks failed; the RedlockManager is unusable",
+            exc_info=task.exception(),
+        )
+        self._state = "failed"
+        self._signals.close()
+        for hold in list(self._holds.values()):
+            self._lose(hold, "the RedlockManager's background tasks failed", release=False)
 
     async def _supervise(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -342,7 +356,14 @@ class RedlockManager:
         if held is not None:
             held.count += 1  # re-entry: the outer hold decides the lease
             return held
-        self._lost.pop((keys.lock, owner), None)  # a new acquisition: the old loss is moot
+        lost = self._lost.pop((keys.lock, owner), None)
+        if lost is not None:
+            # Reported once, here, as the single-server lock does: the task believed it
+            # held the lock and is about to re-enter it.
+            raise LockLostError(
+                f"redlock {keys.name!r} was lost before this task acquired it again "
+                f"({lost.lost_reason}); another owner may have entered the critical section"
+            )
         if timeout == 0:
             outcome = await self._attempt(keys, owner, lease)
             if isinstance(outcome, RedlockHold):
@@ -508,8 +529,10 @@ class RedlockManager:
         maybe = [i for i, r in enumerate(results) if _code(r) not in (_BUSY, _VOIDED, _BAD_KEY)]
         await self._undo(keys, token, lease_s, maybe)
         for r in results:
-            if isinstance(r, LockKeyTypeError):
-                raise r
+            if isinstance(r, LockKeyTypeError) or (
+                isinstance(r, BaseException) and not isinstance(r, LockError)
+            ):
+                raise r  # not a master's failure to answer: a problem to report
             if _code(r) == _BAD_KEY:
                 raise key_type_error(keys.lock, r[1])  # type: ignore[index]
         ttls = [as_int(r[1]) / 1000 for r in results if _code(r) == _BUSY]  # type: ignore[index]
@@ -697,7 +720,12 @@ class RedlockManager:
             holds = list(self._holds.values())
             due = [hold for hold in holds if hold.next_check <= now]
             if due:
-                await self._renew(due)
+                try:
+                    await self._renew(due)
+                except Exception:  # a bug or an unexpected reply: the timers still bound
+                    logger.exception("redlock renewal round failed; retrying shortly")
+                    for hold in due:
+                        hold.next_check = max(hold.next_check, time.monotonic() + 0.05)
                 continue
             self._watch.clear()
             wait = min((hold.next_check for hold in holds), default=now + 3600.0) - now

@@ -547,3 +547,56 @@ async def test_a_task_that_releases_and_asks_again_lets_other_clients_in(
     assert total >= 20, counts
     # Without the yield window, the releasing client would win nearly every round.
     assert min(counts.values()) >= total / 5, counts
+
+
+async def test_a_loss_outside_async_with_is_reported_once(servers: list[RedisServer]) -> None:
+    masters = servers[:3]
+    async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}", lease=1.5) as locks:
+        lock = locks.lock("once")
+        await lock.acquire()
+        for server in masters[1:]:
+            admin = Redis.from_url(server.url)
+            await admin.delete(lock.key)
+            await admin.aclose()
+
+        async def lost() -> bool:
+            return locks.statistics().lost == 1
+
+        assert await until(lost, 3)  # the next renewal (every 0.5 s) finds out
+        assert not await lock.owned()
+        with pytest.raises(aiolock.LockLostError, match="before this task acquired it again"):
+            await lock.acquire()
+        await lock.acquire()  # reported once; then a new acquisition
+        await lock.release()
+        with pytest.raises(aiolock.LockNotOwnedError):
+            await lock.release()
+
+
+async def test_a_key_of_another_type_on_a_majority_is_a_clear_error(
+    servers: list[RedisServer],
+) -> None:
+    masters = servers[:3]
+    async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}") as locks:
+        lock = locks.lock("typed")
+        for server in masters[:2]:
+            admin = Redis.from_url(server.url)
+            await admin.hset(lock.key, "x", "1")
+            await admin.aclose()
+        with pytest.raises(aiolock.LockKeyTypeError, match="holds a hash"):
+            await lock.acquire(timeout=1)
+        # Nothing was left on the master that had granted it.
+        assert await values(masters[2:], lock.key) == [None]
+
+
+async def test_a_task_that_ends_holding_frees_the_masters(servers: list[RedisServer]) -> None:
+    masters = servers[:3]
+    async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}") as locks:
+        lock = locks.lock("orphan")
+        await asyncio.create_task(lock.acquire())  # the task ends holding it
+
+        async def freed() -> bool:
+            return await values(masters, lock.key) == [None] * 3
+
+        assert await until(freed, 3)
+        assert await lock.try_acquire()
+        await lock.release()
