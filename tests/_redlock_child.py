@@ -7,6 +7,8 @@ Redlock ``name``, records ``time.monotonic()`` on entry and exit of the critical
 the intervals of all processes for overlaps without trusting the lock), holds for
 ``hold`` seconds, releases. Prints one JSON line ``{"intervals": [[start, end], ...],
 "loop_seconds": ..., "failed_rounds": ...}``.
+
+With ``hold_forever``: acquires the Redlock, prints ``HELD`` and sleeps until killed.
 Bounded by ``max_seconds``.
 """
 
@@ -28,9 +30,15 @@ async def _run(spec: dict[str, Any]) -> dict[str, Any]:
     intervals: list[list[float]] = []
     try:
         async with aiolock.LockManager.redlock(
-            clients, prefix=spec["prefix"], lease=spec.get("lease", 5.0), node_timeout=0.2
+            clients, prefix=spec["prefix"], lease=spec.get("lease", 5.0), node_timeout=0.1
         ) as locks:
             lock = locks.lock(spec["name"], timeout=spec["max_seconds"])
+            if spec.get("hold_forever"):
+                await lock.acquire()
+                sys.stdout.write("HELD\n")
+                sys.stdout.flush()
+                await asyncio.sleep(spec["max_seconds"])  # until the parent kills it
+                return {}
             # Start together: every child contends from its first round.
             sys.stdout.write("READY\n")
             sys.stdout.flush()

@@ -289,6 +289,46 @@ async def test_mutual_exclusion_across_processes(servers: list[RedisServer]) -> 
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans)), spans
 
 
+async def test_a_killed_holder_is_outwaited_by_its_lease(servers: list[RedisServer]) -> None:
+    """No release message ever comes: the waiter's TTL-bounded fallback takes over."""
+    masters = servers[:3]
+    spec = {
+        "urls": [server.url for server in masters],
+        "prefix": f"t-{uuid.uuid4().hex[:8]}",
+        "name": "killed",
+        "lease": 1.0,
+        "hold_forever": True,
+        "max_seconds": 30,
+    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests._redlock_child",
+        json.dumps(spec),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        assert await asyncio.wait_for(child.stdout.readline(), 60) == b"HELD\n"
+        async with redlock(masters, str(spec["prefix"])) as locks:
+            lock = locks.lock("killed")
+            assert not await lock.try_acquire()
+            child.kill()  # SIGKILL, by its pid: no release, no undo
+            await child.wait()
+            killed_at = time.monotonic()
+            await lock.acquire(timeout=10)
+            waited = time.monotonic() - killed_at
+            await lock.release()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert waited < 1.0 + 1.0  # at most the holder's lease, plus slack for a loaded machine
+
+
 # -- masters down ---------------------------------------------------------------------
 
 
@@ -465,6 +505,23 @@ async def test_cancellation_at_every_await_leaves_nothing_behind(
                 await task
         await other.release()
         assert a.statistics().held == 0
+        assert await values(masters, lock.key) == [None] * 3
+
+
+async def test_anyio_cancel_scopes_leave_nothing_behind(servers: list[RedisServer]) -> None:
+    """An anyio scope re-delivers its cancellation at every await: undo and release
+    must still complete (shielded) and leave no key on any master."""
+    masters = servers[:3]
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    async with redlock(masters, prefix) as a, redlock(masters, prefix) as b:
+        lock, other = a.lock("scope"), b.lock("scope")
+        for step in range(12):
+            with anyio.move_on_after(step * 0.0007):
+                async with lock:
+                    await anyio.sleep(0.001)
+            assert a.statistics().held == 0
+            assert await other.try_acquire(), step
+            await other.release()
         assert await values(masters, lock.key) == [None] * 3
 
 
