@@ -483,8 +483,6 @@ class RedlockManager:
             with anyio.move_on_after(left):
                 await event.wait()
         self._yields.pop(channel, None)
-        if event is not None:
-            event.set()  # whatever was cleared here: the attempt after the yield goes ahead
 
     def _timeout_error(self, keys: LockKeys, timeout: float | None) -> LockTimeoutError:
         return LockTimeoutError(
@@ -529,12 +527,14 @@ class RedlockManager:
         maybe = [i for i, r in enumerate(results) if _code(r) not in (_BUSY, _VOIDED, _BAD_KEY)]
         await self._undo(keys, token, lease_s, maybe)
         for r in results:
-            if isinstance(r, LockKeyTypeError) or (
-                isinstance(r, BaseException) and not isinstance(r, LockError)
-            ):
+            if isinstance(r, BaseException) and not isinstance(r, LockError):
                 raise r  # not a master's failure to answer: a problem to report
-            if _code(r) == _BAD_KEY:
-                raise key_type_error(keys.lock, r[1])  # type: ignore[index]
+        bad = [r for r in results if isinstance(r, LockKeyTypeError) or _code(r) == _BAD_KEY]
+        if len(bad) > n - quorum:  # no majority can ever grant it: say why
+            first: Any = bad[0]
+            if isinstance(first, LockKeyTypeError):
+                raise first
+            raise key_type_error(keys.lock, first[1])
         ttls = [as_int(r[1]) / 1000 for r in results if _code(r) == _BUSY]  # type: ignore[index]
         live = [t for t in ttls if t > 0]
         split = bool(granted)
