@@ -502,8 +502,16 @@ class RedlockManager:
         lease_ms = ms(lease_s)
         n, quorum = len(self._nodes), self.quorum
 
+        # Masters that just failed to answer are skipped (no vote, nothing to undo there),
+        # unless the others are too few for a majority: then every master is asked.
+        now = time.monotonic()
+        force = sum(1 for node in self._nodes if node.up(now)) < quorum
+        sent = frozenset(i for i, node in enumerate(self._nodes) if force or node.up(now))
+
         def call(node: Node) -> Any:
-            return lambda: node.client.run(ACQUIRE, (keys.lock, void), (token, lease_ms))
+            if node.index not in sent:
+                return _skipped
+            return lambda: node.run(ACQUIRE, (keys.lock, void), (token, lease_ms), force=force)
 
         def decided(results: list[Any]) -> bool:
             yes = sum(1 for r in results if _code(r) == _ACQUIRED)
@@ -514,17 +522,21 @@ class RedlockManager:
         try:
             results = await fan_out([call(node) for node in self._nodes], decided)
         except BaseException:
-            await self._undo(keys, token, lease_s, range(n))  # any master may have granted it
+            await self._undo(keys, token, lease_s, sent)  # any of them may have granted it
             raise
         valid_until = start + lease_s - self._drift(lease_s)
         granted = [i for i, r in enumerate(results) if _code(r) == _ACQUIRED]
         if len(granted) >= quorum and time.monotonic() < valid_until:
-            hold = RedlockHold(keys, owner, token, lease_s, renew, valid_until)
+            hold = RedlockHold(keys, owner, token, lease_s, renew, valid_until, sent)
             self._adopt(hold)
             return hold
         self._counts["failed_rounds"] += 1
         # Undo where it may have been granted: granted, failed, or unanswered masters.
-        maybe = [i for i, r in enumerate(results) if _code(r) not in (_BUSY, _VOIDED, _BAD_KEY)]
+        maybe = [
+            i
+            for i, r in enumerate(results)
+            if i in sent and _code(r) not in (_BUSY, _VOIDED, _BAD_KEY)
+        ]
         await self._undo(keys, token, lease_s, maybe)
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, LockError):
@@ -577,7 +589,7 @@ class RedlockManager:
         void_ms = ms(max(2 * lease, MIN_VOID_TTL))
 
         async def on(node: Node) -> None:
-            undone = await node.client.run(UNDO, (keys.lock, keys.void(token)), (token, void_ms))
+            undone = await node.run(UNDO, (keys.lock, keys.void(token)), (token, void_ms))
             if as_int(undone) == 1:
                 self._signals.wake(keys.channel)  # our own task may be next
 
@@ -656,7 +668,7 @@ class RedlockManager:
 
         async def on(node: Node) -> None:
             nonlocal gone, heard
-            reply = as_int(await node.client.run(RELEASE, (hold.keys.lock,), (hold.token,)))
+            reply = as_int(await node.run(RELEASE, (hold.keys.lock,), (hold.token,)))
             if reply == 0:
                 gone += 1
             else:
@@ -664,7 +676,9 @@ class RedlockManager:
                 heard = max(heard, reply - 1 - mine)
 
         left = max(hold.valid_until - time.monotonic(), 0.0) + self._drift(hold.lease)
-        await self._on_all(self._nodes, on, f"release of redlock {hold.keys.name!r}", left)
+        # Only where the acquire was sent: a skipped master never had it.
+        targets = [node for node in self._nodes if node.index in hold.sent]
+        await self._on_all(targets, on, f"release of redlock {hold.keys.name!r}", left)
         if len(self._yields) > 1000:  # forget windows long over
             now = time.monotonic()
             self._yields = {c: t for c, t in self._yields.items() if t > now}
@@ -742,7 +756,7 @@ class RedlockManager:
         n, quorum = len(self._nodes), self.quorum
 
         def call(node: Node) -> Any:
-            return lambda: node.client.run(RENEW, keys, args)
+            return lambda: node.run(RENEW, keys, args)
 
         def decided(results: list[Any]) -> bool:
             return sum(1 for r in results if isinstance(r, list)) >= quorum
@@ -782,8 +796,7 @@ class RedlockManager:
             return 0
         token = hold.token
         calls = [
-            (lambda node=node: node.client.run(RENEW, (keys.lock,), (token, 0)))
-            for node in self._nodes
+            (lambda node=node: node.run(RENEW, (keys.lock,), (token, 0))) for node in self._nodes
         ]
         results = await fan_out(calls, lambda _: False)
         return sum(1 for r in results if isinstance(r, list) and as_int(r[0]) == 1)
@@ -795,6 +808,11 @@ class RedlockManager:
 
     def pop_lost(self, keys: LockKeys) -> RedlockHold | None:
         return self._lost.pop((keys.lock, self._owner()), None)
+
+
+async def _skipped() -> str:
+    """The outcome of a round on a skipped master: no vote, nothing sent."""
+    return "skipped"
 
 
 def _code(reply: object) -> int | None:

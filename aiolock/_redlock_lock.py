@@ -72,15 +72,25 @@ class RedlockHold:
         "owner",
         "renew",
         "scopes",
+        "sent",
         "timer",
         "token",
         "valid_until",
     )
 
     def __init__(
-        self, keys: LockKeys, owner: str, token: str, lease: float, renew: bool, valid: float
+        self,
+        keys: LockKeys,
+        owner: str,
+        token: str,
+        lease: float,
+        renew: bool,
+        valid: float,
+        sent: frozenset[int],
     ) -> None:
         self.keys = keys
+        #: the masters the acquire was sent to (the others were skipped): its release's
+        self.sent = sent
         self.owner = owner
         #: the value of the key on the masters: unique to this acquisition
         self.token = token

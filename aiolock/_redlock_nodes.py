@@ -27,6 +27,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from ._client import Client, as_text
+from ._errors import LockConnectionError
+from ._scripts import Script
 
 __all__ = ["Listener", "Node", "Signals", "check_clients", "fan_out"]
 
@@ -39,6 +41,8 @@ T = TypeVar("T")
 #: master anyway), and a master that stopped answering must not slow every acquisition
 #: down to the per-command time limit.
 STRAGGLER_GRACE = 0.005
+#: Seconds a master that did not answer in time is skipped (see :class:`Node`).
+DOWN_FOR = 1.0
 
 
 def _address(redis: Redis) -> tuple[object, ...]:
@@ -360,7 +364,13 @@ class Listener:
 
 
 class Node:
-    """One independent master: its command client and its release listener."""
+    """One independent master: its command client and its release listener.
+
+    A master that did not answer within the time limit is *skipped* for :data:`DOWN_FOR`
+    seconds: its calls fail at once instead of each costing the time limit again (a
+    stopped server accepts connections and answers nothing). Skipping a vote is always
+    safe; only the rounds that could not reach a majority without it still ask it.
+    """
 
     def __init__(
         self, index: int, redis: Redis, signals: Signals, command_timeout: float, manager_id: str
@@ -371,6 +381,28 @@ class Node:
         self.listener = Listener(index, redis, signals, manager_id)
         host = _address(redis)
         self.address = ":".join(str(part) for part in host)
+        #: monotonic time until which this master is skipped
+        self.down_until = 0.0
+
+    def up(self, now: float) -> bool:
+        return now >= self.down_until
+
+    async def run(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], *, force: bool = False
+    ) -> Any:
+        """Run *script* on this master, unless it is skipped (then fail at once)."""
+        if not force and time.monotonic() < self.down_until:
+            raise LockConnectionError(
+                f"redlock master {self.address} is skipped: it did not answer within "
+                "node_timeout a moment ago (it is asked again shortly)"
+            )
+        try:
+            reply = await self.client.run(script, keys, args)
+        except LockConnectionError:
+            self.down_until = time.monotonic() + DOWN_FOR
+            raise
+        self.down_until = 0.0
+        return reply
 
     def __repr__(self) -> str:
         return f"<redlock master #{self.index} {self.address}>"
