@@ -1,6 +1,7 @@
 """Redlock benchmark: aiolock's Redlock against pottery's AIORedlock, over 3 and 5 masters.
 
-``python -m benchmarks.redlock_bench [--cycles N] [--seconds S] [--repeats R] [--out DIR]``
+``python -m benchmarks.redlock_bench [--cycles N] [--seconds S] [--repeats R]
+[--paused-cycles N] [--out DIR]``
 
 Starts 5 throwaway ``redis-server`` processes (:class:`aiolock.testing.RedisServer`, free
 loopback ports, stopped by pid) and measures, in one run, for each master count (3, 5)
@@ -10,6 +11,8 @@ and each library, interleaved over ``--repeats`` rounds:
   p50/p99 latency of one cycle;
 * **contended**: two clients (managers / sets of clients) x 4 tasks each on one name for
   ``--seconds``: cycles/s, p99 of the wait for the lock, rounds that failed;
+* **one master stopped**: solo cycles while one master is stopped with SIGSTOP (both
+  libraries' clients with a 0.25 s socket timeout);
 * **commands per acquisition**: the delta of ``INFO commandstats`` (``calls``) summed over
   the masters, divided by the acquisitions of the solo run. Commands run inside a Lua
   script with ``redis.call`` count too (Redis counts them in commandstats), and the
@@ -30,6 +33,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
+import signal
 import statistics
 import sys
 import time
@@ -49,6 +55,8 @@ START_MARK = "<!-- redlock-bench:start -->"
 END_MARK = "<!-- redlock-bench:end -->"
 LEASE = 30.0
 TASKS_PER_CLIENT = 4
+#: the most seconds the one-master-paused run of one library may take
+PAUSED_SECONDS = 10.0
 
 
 def log(text: str) -> None:
@@ -239,6 +247,44 @@ async def contended(lib_type: type[Library], urls: Sequence[str], seconds: float
     }
 
 
+async def one_paused(
+    lib_type: type[Library], urls: Sequence[str], server: RedisServer, cycles: int
+) -> dict[str, Any]:
+    """Solo cycles while one master is stopped (SIGSTOP: it accepts, answers nothing).
+
+    Bounded by *cycles* and PAUSED_SECONDS. pottery's clients get a socket timeout equal
+    to aiolock's node_timeout (0.25 s): without one, its acquire never returns.
+    """
+    clients = [Redis.from_url(url, socket_timeout=0.25) for url in urls]
+    lib = lib_type()
+    await lib.open(clients, f"rb-{uuid.uuid4().hex[:8]}")
+    latencies: list[float] = []
+    try:
+        for _ in range(5):
+            await lib.cycle("paused")
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            stop = time.perf_counter() + PAUSED_SECONDS
+            started = time.perf_counter()
+            while len(latencies) < cycles and time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                await lib.cycle("paused")
+                latencies.append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - started
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+    finally:
+        await lib.close()
+        for client in clients:
+            await client.aclose()
+    return {
+        "cycles_per_s": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": _p99(latencies) * 1000,
+    }
+
+
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
@@ -266,8 +312,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "| masters | library | solo cycles/s | solo p50 ms | solo p99 ms | commands per "
         "acquisition | contended cycles/s (2 clients x 4 tasks) | contended p99 wait ms | "
-        "failed rounds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "failed rounds | one master stopped: cycles/s | one master stopped: p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in doc["rows"]:
         lines.append(
@@ -275,7 +321,8 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{row['solo_p50_ms']:.2f} | {row['solo_p99_ms']:.2f} | "
             f"{row['commands_per_acquisition']:.1f} ({row['commands']}) | "
             f"{row['contended_cycles_per_s']:.0f} | {row['contended_p99_wait_ms']:.1f} | "
-            f"{row['failed_rounds']} |"
+            f"{row['failed_rounds']} | {row['paused_cycles_per_s']:.1f} | "
+            f"{row['paused_p99_ms']:.1f} |"
         )
     lines += [
         "",
@@ -283,7 +330,11 @@ def markdown(doc: dict[str, Any]) -> str:
         "critical-section overlaps in the process as a sanity check "
         f"(total overlaps seen: {sum(r['overlaps'] for r in doc['rows'])}). "
         '"failed rounds" are aiolock rounds that did not win a majority (split votes '
-        "between the two managers); pottery does not report them.",
+        'between the two managers); pottery does not report them. "One master stopped": '
+        "solo cycles (at most --paused-cycles, or 10 s) while one master is stopped with "
+        "SIGSTOP (it accepts connections and answers nothing); pottery's clients get "
+        "`socket_timeout=0.25` (aiolock's default node_timeout), without which its acquire "
+        "would wait forever.",
     ]
     return "\n".join(lines)
 
@@ -300,15 +351,23 @@ def write_section(path: Path, section: str) -> None:
     path.write_text(text)
 
 
-async def run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
+async def run(args: argparse.Namespace, servers: list[RedisServer]) -> dict[str, Any]:
+    urls = [server.url for server in servers]
     results: dict[tuple[int, str], dict[str, list[dict[str, Any]]]] = {}
     for repeat in range(args.repeats):
         for masters in (3, 5):
             for lib_type in LIBRARIES:
                 log(f"repeat {repeat + 1}/{args.repeats}: {masters} masters, {lib_type.name}")
-                entry = results.setdefault((masters, lib_type.name), {"solo": [], "cont": []})
+                entry = results.setdefault(
+                    (masters, lib_type.name), {"solo": [], "cont": [], "paused": []}
+                )
                 entry["solo"].append(await solo(lib_type, urls[:masters], args.cycles))
                 entry["cont"].append(await contended(lib_type, urls[:masters], args.seconds))
+                entry["paused"].append(
+                    await one_paused(
+                        lib_type, urls[:masters], servers[masters - 1], args.paused_cycles
+                    )
+                )
     rows = []
     for (masters, library), entry in results.items():
         solo_runs, cont_runs = entry["solo"], entry["cont"]
@@ -325,8 +384,10 @@ async def run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
                 "contended_cycles_per_s": median_of(cont_runs, "cycles_per_s"),
                 "contended_p99_wait_ms": median_of(cont_runs, "p99_wait_ms"),
                 "failed_rounds": int(median_of(cont_runs, "failed_rounds")),
+                "paused_cycles_per_s": median_of(entry["paused"], "cycles_per_s"),
+                "paused_p99_ms": median_of(entry["paused"], "p99_ms"),
                 "overlaps": sum(run["overlaps"] for run in cont_runs),
-                "runs": {"solo": solo_runs, "contended": cont_runs},
+                "runs": {"solo": solo_runs, "contended": cont_runs, "paused": entry["paused"]},
             }
         )
     return {"rows": rows}
@@ -337,19 +398,26 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paused-cycles", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
-    if not (1 <= args.cycles <= 100_000 and 0.1 <= args.seconds <= 60 and 1 <= args.repeats <= 10):
+    if not (
+        1 <= args.cycles <= 100_000
+        and 0.1 <= args.seconds <= 60
+        and 1 <= args.repeats <= 10
+        and 1 <= args.paused_cycles <= 10_000
+    ):
         parser.error("bounded runs only: cycles 1..100000, seconds 0.1..60, repeats 1..10")
     servers = [RedisServer() for _ in range(5)]
     try:
         for server in servers:
             server.start()
-        urls = [server.url for server in servers]
-        info = redis.Redis.from_url(urls[0])
+        info = redis.Redis.from_url(servers[0].url)
         version = info.info("server")["redis_version"]
         info.close()
-        doc = asyncio.run(run(args, urls))
+        # pottery logs every master error with its traceback; the figures say enough.
+        logging.getLogger("pottery").setLevel(logging.CRITICAL)
+        doc = asyncio.run(run(args, servers))
     finally:
         for server in servers:
             server.stop()
