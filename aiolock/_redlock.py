@@ -10,9 +10,11 @@ monotonic clock. The round succeeds when a majority (``N // 2 + 1``) granted it 
 valid until ``start + lease - drift``. Otherwise the round is undone on every master that
 granted it or did not answer (the undo leaves a void marker, so a late acquire does
 nothing), and the task waits: woken by a release message from any master, or when the
-holder's lease would have ended (the TTL-bounded fallback), then retries after a random
-delay of up to ``retry_delay`` so that contenders do not split the votes again. Within
-one manager, one task per name contends at a time (first come, first served).
+holder's lease would have ended (the TTL-bounded fallback); a round that split the votes
+with other contenders is retried after a random delay of up to ``retry_delay``. Within
+one manager, one task per name contends at a time (first come, first served), and keeps
+its place until its hold's release reached the masters. A master that did not answer
+within ``node_timeout`` is skipped for a second (see :class:`~._redlock_nodes.Node`).
 
 Renew. A background loop renews every auto-renewed hold on every master each third of
 the lease (one script call per master for all due holds). A majority of confirmations
@@ -20,9 +22,10 @@ moves the validity forward; a majority of masters that answer "not held" means t
 is lost at once; otherwise renewal is retried until the validity ends, and then the hold
 is lost. A loss cancels the ``async with`` body and raises :class:`LockLostError`.
 
-Release. The release script goes to every master (shielded against cancellation and
-bounded in time); a master that cannot be reached is retried in the background until the
-lease would have ended anyway.
+Release. The release script goes to every master the acquire was sent to (shielded
+against cancellation and bounded in time); a master that cannot be reached is retried in
+the background until the lease would have ended anyway. After a release that other
+clients heard, this manager's tasks yield the name for a moment (YIELD_WINDOW).
 
 There are no fencing tokens: the masters are independent, so no single counter orders
 the acquisitions (see :attr:`RedlockLock.fencing_token`).
@@ -124,7 +127,8 @@ class RedlockManager:
         drift_factor: clock drift allowance, as a fraction of the lease (plus 2 ms),
             subtracted from the validity of every hold.
         node_timeout: seconds one command to one master may take; a master that does
-            not answer in time counts as a vote against. Keep it well below the lease.
+            not answer in time counts as a vote against, and is skipped for a second.
+            Keep it well below the lease.
         retry_delay: the most a waiter sleeps (uniformly at random) before retrying after
             a failed round, so that contenders do not split the votes again.
         close_timeout: seconds closing may spend releasing held locks.
