@@ -186,6 +186,8 @@ class RedlockManager:
         self._watch = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
         self._counts: Counter[str] = Counter()
+        #: calls to slow masters still finishing after their round was decided
+        self._stragglers: set[asyncio.Task[Any]] = set()
 
     # -- public ------------------------------------------------------------------------
 
@@ -272,6 +274,13 @@ class RedlockManager:
                 async with anyio.create_task_group() as tg:
                     for hold in holds:
                         tg.start_soon(self._send_release, hold)
+            if self._stragglers:  # each is bounded by node_timeout
+                await asyncio.wait(set(self._stragglers), timeout=2 * self.node_timeout)
+                left = set(self._stragglers)
+                for task in left:
+                    task.cancel()
+                if left:
+                    await asyncio.wait(left)
             self._stop.set()
             await asyncio.wait((supervisor,))
             for node in self._nodes:
@@ -524,7 +533,9 @@ class RedlockManager:
 
         start = time.monotonic()
         try:
-            results = await fan_out([call(node) for node in self._nodes], decided)
+            results = await fan_out(
+                [call(node) for node in self._nodes], decided, adopt=self._adopt_straggler
+            )
         except BaseException:
             await self._undo(keys, token, lease_s, sent)  # any of them may have granted it
             raise
@@ -557,6 +568,18 @@ class RedlockManager:
         if live:
             return Busy(max(min(live), 0.005), split)
         return Busy(self.lease if ttls else UNREACHABLE_RETRY, split)
+
+    def _adopt_straggler(self, task: asyncio.Task[Any]) -> None:
+        """A call to a master that answered after the round was decided: let it finish
+        (bounded by node_timeout; a grant it makes is released or undone with the rest,
+        which go to every master the round was sent to), awaited when the manager closes."""
+        self._stragglers.add(task)
+        task.add_done_callback(self._straggler_done)
+
+    def _straggler_done(self, task: asyncio.Task[Any]) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure already marked its master skipped
 
     def _adopt(self, hold: RedlockHold) -> None:
         self._counts["acquired"] += 1
@@ -766,7 +789,9 @@ class RedlockManager:
             return sum(1 for r in results if isinstance(r, list)) >= quorum
 
         start = time.monotonic()
-        results = await fan_out([call(node) for node in self._nodes], decided)
+        results = await fan_out(
+            [call(node) for node in self._nodes], decided, adopt=self._adopt_straggler
+        )
         now = time.monotonic()
         for i, hold in enumerate(holds):
             if hold.lost or self._holds.get((hold.keys.lock, hold.owner)) is not hold:

@@ -105,18 +105,22 @@ async def fan_out(
     calls: Sequence[Callable[[], Awaitable[T]]],
     decided: Callable[[list[T | BaseException | None]], bool],
     grace: float = STRAGGLER_GRACE,
+    adopt: Callable[[asyncio.Task[Any]], None] | None = None,
 ) -> list[T | BaseException | None]:
     """Run every call concurrently; return their results once *decided* says so.
 
-    A result is the call's value, its exception, or None if it was cancelled unfinished
-    (the outcome was decided without it; its command may still run on its master). Once
-    *decided* is true, unfinished calls get *grace* seconds more. Every call is bounded
-    by its client's command time limit, so this returns in bounded time. A cancellation
-    of the caller cancels the calls and propagates (the caller then undoes whatever they
-    may have done).
+    A result is the call's value, its exception, or None if it had not finished (the
+    outcome was decided without it; its command may still run on its master). Once
+    *decided* is true, unfinished calls get *grace* seconds more; then they are handed
+    to *adopt* to finish in the background (cancelling them would drop their connection
+    and cost a reconnect on every round to a master that is merely slower than the
+    others), or cancelled if there is no *adopt*. Every call is bounded by its client's
+    command time limit. A cancellation of the caller cancels the calls and propagates
+    (the caller then undoes whatever they may have done).
     """
     tasks = [asyncio.ensure_future(call()) for call in calls]
     results: list[T | BaseException | None] = [None] * len(tasks)
+    finished = False
     try:
         pending = set(tasks)
         cutoff: float | None = None
@@ -132,12 +136,15 @@ async def fan_out(
                     results[i] = task.exception() or task.result()
             if cutoff is None and pending and decided(results):
                 cutoff = time.monotonic() + grace
+        finished = True
     finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
         leftover = [task for task in tasks if not task.done()]
-        if leftover:
+        if finished and adopt is not None:
+            for task in leftover:
+                adopt(task)
+        elif leftover:
+            for task in leftover:
+                task.cancel()
             # Let the cancelled calls unwind (their connections are closed), so no task
             # outlives this call; shielded, as a cancelled caller must wait for it too.
             with anyio.CancelScope(shield=True):
