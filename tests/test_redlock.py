@@ -189,14 +189,19 @@ async def test_another_manager_is_excluded_and_woken_by_the_release(
         assert not await second.try_acquire()
         assert not await second.try_acquire(timeout=0.2)
 
+        patient = b.lock("w", timeout=10)
+
         async def wait_for_it() -> float:
-            async with second:  # (a lock belongs to the task that acquires it)
+            async with patient:  # (a lock belongs to the task that acquires it)
                 return time.monotonic()
 
-        second_timed = b.lock("w", timeout=10)
-        second = second_timed
         waiter = asyncio.create_task(wait_for_it())
         await asyncio.sleep(0.3)  # subscribed by now on the masters
+        rounds = b.statistics().failed_rounds
+        await asyncio.sleep(0.3)
+        # Subscribed on a majority, the waiter sleeps: no polling (it would be a round
+        # every 50 ms before the subscriptions are confirmed).
+        assert b.statistics().failed_rounds == rounds
         assert not waiter.done()
         released_at = time.monotonic()
         await first.release()
