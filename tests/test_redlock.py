@@ -458,20 +458,23 @@ async def test_a_master_restarted_empty_lets_a_second_owner_in(
     """
     masters = servers[:3]
     prefix = f"t-{uuid.uuid4().hex[:8]}"
-    async with redlock(masters, prefix, lease=6.0) as a, redlock(masters, prefix) as b:
+    # A's lease of 9 s is renewed every 3 s: the steps below fit well before that.
+    async with redlock(masters, prefix, lease=9.0) as a, redlock(masters, prefix) as b:
         lock_a, lock_b = a.lock("h"), b.lock("h")
         admin = Redis.from_url(masters[2].url)
-        await admin.set(lock_a.key, "crashed-client", px=300)
+        await admin.set(lock_a.key, "crashed-client", px=1000)
+        leftover_set = time.monotonic()
         await admin.aclose()
         both_inside = False
         with pytest.raises(aiolock.LockLostError, match="only 1 of 3 masters"):
             async with lock_a:
                 assert (await values(masters, lock_a.key))[2] == b"crashed-client"
                 await asyncio.to_thread(masters[1].restart)
-                await asyncio.sleep(0.35)  # the leftover on master 2 expires
+                # The leftover on master 2 expires.
+                await asyncio.sleep(max(0.0, leftover_set + 1.05 - time.monotonic()))
                 assert await lock_b.try_acquire(timeout=1.0)
                 both_inside = True  # A's body is still running: the hazard
-                await asyncio.sleep(5)  # A's renewal (every 2 s) detects the loss
+                await asyncio.sleep(8)  # A's next renewal detects the loss
         assert both_inside
         await lock_b.release()
 
