@@ -676,3 +676,30 @@ async def test_a_task_that_ends_holding_frees_the_masters(servers: list[RedisSer
         assert await until(freed, 3)
         assert await lock.try_acquire()
         await lock.release()
+
+
+async def test_local_tasks_are_served_in_order_and_a_cancelled_one_leaves_no_trace(
+    servers: list[RedisServer],
+) -> None:
+    masters = servers[:3]
+    async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}") as locks:
+        lock = locks.lock("fifo", timeout=10)
+        order: list[int] = []
+        await lock.acquire()
+
+        async def take(label: int) -> None:
+            async with lock:
+                order.append(label)
+
+        tasks = []
+        for label in range(4):
+            tasks.append(asyncio.create_task(take(label)))
+            await asyncio.sleep(0.02)  # each joins the local queue in turn
+        tasks[1].cancel()  # gives up while queued
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks[1]
+        await lock.release()
+        await asyncio.wait_for(asyncio.gather(tasks[0], tasks[2], tasks[3]), 10)
+        assert order == [0, 2, 3]
+        assert locks.statistics().held == 0
+        assert await values(masters, lock.key) == [None] * 3
