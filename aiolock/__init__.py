@@ -27,6 +27,7 @@ from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
 from ._multi import MultiLock
 from ._observe import Observer
+from ._redlock import RedlockLock, RedlockManager, RedlockStatistics
 from ._rwlock import ReadWriteLock
 from ._semaphore import Permit, Semaphore
 
@@ -51,6 +52,9 @@ __all__ = [
     "Observer",
     "Permit",
     "ReadWriteLock",
+    "RedlockLock",
+    "RedlockManager",
+    "RedlockStatistics",
     "ReplicaAckError",
     "Semaphore",
     "WireFormatError",

@@ -36,6 +36,7 @@ from ._kinds.semaphore import check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
+from ._redlock import RedlockManager
 from ._replicas import OnShortfall, check_replica_options
 from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
@@ -300,6 +301,17 @@ class LockManager:
         manager = cls(redis, **mine)
         manager._owns_client = True
         return manager
+
+    @staticmethod
+    def redlock(clients: Sequence[Redis], **options: Any) -> RedlockManager:
+        """A manager of Redlocks over independent masters: one client per master.
+
+        *clients* must be an odd number >= 3 of distinct ``redis.asyncio.Redis`` clients;
+        *options* are :class:`~aiolock.RedlockManager`'s (``prefix``, ``lease``,
+        ``drift_factor``, ``node_timeout``, ``retry_delay``, ``close_timeout``). See
+        ``docs/redlock.md`` for when Redlock is worth it.
+        """
+        return RedlockManager(clients, **options)
 
     @property
     def prefix(self) -> str:

@@ -35,6 +35,9 @@ def test_public_names_are_pinned() -> None:
         "ReadWriteLock",
         "WireFormatError",
         "ReplicaAckError",
+        "RedlockLock",
+        "RedlockManager",
+        "RedlockStatistics",
         "__version__",
     }
     for name in aiolock.__all__:

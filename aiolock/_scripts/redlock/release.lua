@@ -1,0 +1,18 @@
+-- aiolock redlock: release a Redlock hold on one master, and announce it.
+--
+-- KEYS[1]  lock key on this master: a string holding the holder's token
+-- ARGV[1]  token of the hold being released
+-- The release channel is KEYS[1] .. ':released'; the message is the token, which starts
+-- with the releasing manager's id (it ignores its own messages), and names the release
+-- (every master sends one: a waiter counts it once).
+--
+-- Returns 1 + n if this master had the key for the token (now deleted, and the release
+-- published to the n clients subscribed here, the releasing manager included if it
+-- listens), 0 if not (expired, never set here, another token, or a resend of a release
+-- that already ran: releasing twice is harmless).
+
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  redis.call('del', KEYS[1])
+  return 1 + redis.call('publish', KEYS[1] .. ':released', ARGV[1])
+end
+return 0
