@@ -63,7 +63,7 @@ from ._keys import LockKeys
 from ._kind import Attempt, Busy, Hold, LockKind, Released, ReleaseStatus, Successor
 from ._observe import ObserverSet, failure_reason
 from ._registry import HoldRegistry
-from ._replicas import acknowledged_attempt
+from ._replicas import acknowledged_attempt, effective_policy
 from ._runtime import TOMBSTONE_TTL, Runtime
 from ._watchdog import Watchdog
 
@@ -237,6 +237,7 @@ class Engine:
         waiter = hub.join(
             channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
         )
+        waiter.acknowledged = effective_policy(self.rt.replicas) is not None
         acquired = False
         claimed = False
         try:
@@ -339,7 +340,7 @@ class Engine:
         if not claim:
             attempt = attempt._replace(claim=False)
         sent_at = time.monotonic()
-        replicas = self.rt.replicas
+        replicas = effective_policy(self.rt.replicas)
         try:
             if replicas is None or hold is not None:  # (a re-entry adds no new grant)
                 outcome = await kind.attempt(attempt)
@@ -555,11 +556,12 @@ class Engine:
         )
 
     def _reserve_successor(self, hold: Hold) -> _Handoff | None:
-        # With replicas=, every grant goes through an acknowledged attempt: no hand-over.
-        if not hold.kind.hand_over or self.rt.replicas is not None:
+        if not hold.kind.hand_over:
             return None
         waiter = self.hub.successor(hold.kind.channel(hold.keys))
-        if waiter is None:
+        # A waiter under replicas= gets its grant by an acknowledged attempt: a hand-over
+        # is a grant that no WAIT follows.
+        if waiter is None or waiter.acknowledged:
             return None
         waiter.reserved = True
         lease = self.rt.lease if waiter.lease is None else waiter.lease

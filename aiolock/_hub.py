@@ -67,6 +67,7 @@ class Waiter:
 
     __slots__ = (
         "_future",
+        "acknowledged",
         "field",
         "handed",
         "lease",
@@ -94,6 +95,8 @@ class Waiter:
         #: the hold handed over to this waiter
         self.handed: Hold | None = None
         self.left = False
+        #: its grants must be acknowledged by replicas (replicas=): never handed over
+        self.acknowledged = False
 
     def give(self, hold: Hold) -> None:
         self.reserved = False

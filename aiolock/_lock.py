@@ -16,6 +16,7 @@ from ._client import as_int
 from ._errors import LockError, LockLostError, LockNotOwnedError, WireFormatError
 from ._guard import BodyGuard, ManagerLike
 from ._keys import LockKeys, check_lease, check_timeout
+from ._replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
     from ._kind import Hold, LockKind
@@ -58,7 +59,9 @@ class Lock:
     :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_resource", "_timeout")
+    __slots__ = (
+        "_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_resource", "_timeout"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -76,6 +79,8 @@ class Lock:
         self._timeout = timeout
         self._lease = lease
         self._guard = BodyGuard()
+        #: the factory's replicas= (see aiolock._replicas), set by the manager
+        self._replicas: HandlePolicy = INHERIT
 
     @property
     def name(self) -> str:
@@ -132,7 +137,8 @@ class Lock:
     async def _acquire(self, timeout: float | None, lease: float | None) -> Hold:
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
-        return await engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
+        acquire = engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
+        return await under_policy(self._replicas, acquire)
 
     async def release(self) -> None:
         """Release one hold of the current task (the lock is free when the count hits 0).

@@ -37,7 +37,12 @@ from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
 from ._redlock import RedlockManager
-from ._replicas import OnShortfall, check_replica_options
+from ._replicas import (
+    HandlePolicy,
+    OnShortfall,
+    check_handle_replicas,
+    check_replica_options,
+)
 from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
@@ -340,6 +345,8 @@ class LockManager:
         timeout: float | None = None,
         lease: float | None = None,
         wire: WireName | None = None,
+        replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> Lock:
         """A handle on the lock *name*; no I/O until it is acquired.
 
@@ -349,13 +356,18 @@ class LockManager:
             lease: a fixed lease in seconds (not renewed); ``None`` uses the manager's
                 lease and renews it in the background while held.
             wire: this lock's wire format, instead of the manager's.
+            replicas: replicas that must acknowledge this lock's acquisitions, instead of
+                the manager's ``replicas=`` (``0``: none); see ``docs/sentinel.md``.
+            replica_timeout: how long WAIT may block them, instead of the manager's.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
         kind, keys = self._format(wire).lock(self._kind, self._keyspace, name)
-        return Lock(self, kind, keys, timeout=timeout, lease=lease)
+        handle = Lock(self, kind, keys, timeout=timeout, lease=lease)
+        handle._replicas = self._handle_replicas(replicas, replica_timeout)
+        return handle
 
     def multi_lock(
         self,
@@ -364,6 +376,8 @@ class LockManager:
         timeout: float | None = None,
         lease: float | None = None,
         wire: WireName | None = None,
+        replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> MultiLock:
         """A handle on several locks taken as one: all of *names* or none; no I/O yet.
 
@@ -377,6 +391,7 @@ class LockManager:
             timeout: the wait for all of them together (``None``: as long as it takes).
             lease: a fixed lease for each hold; ``None`` renews them in the background.
             wire: the wire format of the names' locks, instead of the manager's.
+            replicas, replica_timeout: as for :meth:`lock`, for each name.
         """
         checked = check_names(names)
         timeout = check_timeout(timeout)
@@ -385,7 +400,9 @@ class LockManager:
         fmt = self._format(wire)
         pairs = [fmt.lock(self._kind, self._keyspace, name) for name in checked]
         kind = pairs[0][0]
-        return MultiLock(self, kind, [keys for _, keys in pairs], timeout=timeout, lease=lease)
+        multi = MultiLock(self, kind, [keys for _, keys in pairs], timeout=timeout, lease=lease)
+        multi._replicas = self._handle_replicas(replicas, replica_timeout)
+        return multi
 
     def semaphore(
         self,
@@ -395,14 +412,16 @@ class LockManager:
         timeout: float | None = None,
         lease: float | None = None,
         wire: WireName | None = None,
+        replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> Semaphore:
         """A handle on the semaphore *name*, which grants at most *limit* permits at once.
 
         The limit is stored in Redis by the first acquire; a handle made with another
         limit gets :class:`LockError` at its next acquire (see :meth:`Semaphore.set_limit`).
         *timeout* and *lease* are the defaults of :meth:`Semaphore.acquire`, as for
-        :meth:`lock`; *wire* its wire format, instead of the manager's. See
-        ``docs/semaphore.md``.
+        :meth:`lock`; *wire* its wire format, instead of the manager's; *replicas* and
+        *replica_timeout* as for :meth:`lock`. See ``docs/semaphore.md``.
         """
         name = check_name(name)
         limit = check_limit(limit)
@@ -410,7 +429,9 @@ class LockManager:
         if lease is not None:
             lease = check_lease(lease)
         kind, keys = self._format(wire).semaphore(self._kind, self._keyspace, name, limit)
-        return Semaphore(self, kind, keys, timeout=timeout, lease=lease)
+        semaphore = Semaphore(self, kind, keys, timeout=timeout, lease=lease)
+        semaphore._replicas = self._handle_replicas(replicas, replica_timeout)
+        return semaphore
 
     def rw_lock(
         self,
@@ -419,6 +440,8 @@ class LockManager:
         timeout: float | None = None,
         lease: float | None = None,
         wire: WireName | None = None,
+        replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> ReadWriteLock:
         """A handle on the read-write lock *name* (many readers or one writer); no I/O yet.
 
@@ -429,13 +452,16 @@ class LockManager:
             timeout: default wait of both sides (``None``: as long as it takes).
             lease: a fixed lease in seconds for both sides; ``None`` renews holds.
             wire: its wire format, instead of the manager's.
+            replicas, replica_timeout: as for :meth:`lock`, for both sides.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
         read, write, keys = self._format(wire).rw_lock(self._kind, self._keyspace, name)
-        return ReadWriteLock(self, read, write, keys, timeout=timeout, lease=lease)
+        rw = ReadWriteLock(self, read, write, keys, timeout=timeout, lease=lease)
+        rw._set_replicas(self._handle_replicas(replicas, replica_timeout))
+        return rw
 
     def fair_lock(
         self,
@@ -444,20 +470,24 @@ class LockManager:
         timeout: float | None = None,
         lease: float | None = None,
         wire: WireName | None = None,
+        replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> FairLock:
         """A handle on the fair lock *name*: granted in the order acquires reached Redis.
 
         The API is :class:`Lock`'s, with the same *timeout* and *lease* defaults. A fair
         lock is a different object from ``lock(name)`` (its keys have their own tag). See
         :class:`FairLock` and ``docs/fair-lock.md``. *wire* chooses its wire format,
-        instead of the manager's.
+        instead of the manager's; *replicas* and *replica_timeout* are as for :meth:`lock`.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
         kind, keys = self._format(wire).fair_lock(self._kind, self._keyspace, name)
-        return FairLock(self, kind, keys, timeout=timeout, lease=lease)
+        fair = FairLock(self, kind, keys, timeout=timeout, lease=lease)
+        fair._replicas = self._handle_replicas(replicas, replica_timeout)
+        return fair
 
     def locked(
         self,
@@ -679,6 +709,12 @@ class LockManager:
         if kind is None:
             kind = self._kinds[factory] = factory(self._runtime)
         return kind  # type: ignore[return-value]
+
+    def _handle_replicas(self, replicas: object, replica_timeout: object) -> HandlePolicy:
+        """A factory's replicas= and replica_timeout=, checked at the call."""
+        return check_handle_replicas(
+            replicas, replica_timeout, self._runtime.replicas, self._client.command_timeout
+        )
 
     def _format(self, wire: str | None) -> WireFormat:
         """The manager's wire format, or the one a factory call asked for."""

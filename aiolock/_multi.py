@@ -33,6 +33,7 @@ from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutErr
 from ._guard import BodyGuard, ManagerLike
 from ._keys import LockKeys, check_name
 from ._lock import _DEFAULT, resolve
+from ._replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -75,7 +76,7 @@ class MultiLock:
     :class:`~aiolock.Lock`.
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_timeout")
+    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
 
     def __init__(
         self,
@@ -93,6 +94,8 @@ class MultiLock:
         self._timeout = timeout
         self._lease = lease
         self._guard = BodyGuard()
+        #: the factory's replicas= (see aiolock._replicas), set by the manager
+        self._replicas: HandlePolicy = INHERIT
 
     @property
     def names(self) -> list[str]:
@@ -144,7 +147,8 @@ class MultiLock:
                 remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 if wait == 0:
                     remaining = 0  # one attempt per name
-                holds.append(await engine.acquire(self._kind, keys, owner, remaining, fixed))
+                acquire = engine.acquire(self._kind, keys, owner, remaining, fixed)
+                holds.append(await under_policy(self._replicas, acquire))
         except LockTimeoutError as exc:
             await _unwind(engine, holds)
             raise LockTimeoutError(

@@ -20,9 +20,10 @@ re-checked).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from redis import exceptions as rex
 
@@ -32,14 +33,21 @@ from ._kind import Attempt, Busy, Granted, LockKind
 
 __all__ = [
     "ACKNOWLEDGE",
+    "INHERIT",
     "Acknowledgement",
+    "HandlePolicy",
     "OnShortfall",
     "ReplicaPolicy",
     "acknowledged_attempt",
+    "check_handle_replicas",
     "check_replica_options",
+    "effective_policy",
+    "under_policy",
 ]
 
 logger = logging.getLogger("aiolock")
+
+T = TypeVar("T")
 
 OnShortfall = Literal["raise", "warn"]
 _SHORTFALL_CHOICES = ("raise", "warn")
@@ -157,3 +165,69 @@ async def acknowledged_attempt(
         "link to the primary (INFO replication), lower replicas=, raise replica_timeout, "
         "or pass on_replica_shortfall='warn' to keep such acquisitions"
     )
+
+
+class _Inherit:
+    """A handle made without ``replicas=``: its acquisitions follow the manager's."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<the manager's replicas=>"
+
+
+INHERIT = _Inherit()
+#: A handle's own ``replicas=`` (a policy, or None: no WAIT), or INHERIT.
+HandlePolicy = ReplicaPolicy | None | _Inherit
+
+#: The policy of the handle whose acquire runs in this task: set by the handle around
+#: its call into the engine, read by the engine where it sends the attempt and where it
+#: decides whether a release may hand the lock to a local waiter (a hand-over is a grant
+#: that no WAIT follows). A context variable, so that no engine signature changes and
+#: concurrent acquires of other handles in other tasks never see it.
+_HANDLE_POLICY: ContextVar[HandlePolicy] = ContextVar("aiolock_handle_replicas", default=INHERIT)
+
+
+def check_handle_replicas(
+    replicas: object,
+    replica_timeout: object,
+    manager: ReplicaPolicy | None,
+    command_timeout: float | None,
+) -> HandlePolicy:
+    """A factory's ``replicas=`` / ``replica_timeout=``: checked at the call.
+
+    Neither given: INHERIT (the manager's). ``replicas=0``: no WAIT for this lock even if
+    the manager has one. ``replica_timeout`` alone changes the manager's timeout for this
+    lock, and needs ``replicas=`` here or on the manager. The manager's
+    ``on_replica_shortfall`` applies.
+    """
+    if replicas is None and replica_timeout is None:
+        return INHERIT
+    if replicas is None and manager is None:
+        raise ValueError(
+            "replica_timeout= needs replicas= (on this lock or on the manager): it is how "
+            "long WAIT may block an acquisition for that many replicas"
+        )
+    count = manager.replicas if replicas is None and manager is not None else replicas
+    timeout = replica_timeout
+    if timeout is None:
+        timeout = manager.timeout if manager is not None else 1.0
+    shortfall = manager.on_shortfall if manager is not None else "raise"
+    return check_replica_options(count, timeout, shortfall, command_timeout)
+
+
+def effective_policy(manager: ReplicaPolicy | None) -> ReplicaPolicy | None:
+    """The policy for an acquisition in this task: its handle's, else the manager's."""
+    policy = _HANDLE_POLICY.get()
+    return manager if isinstance(policy, _Inherit) else policy
+
+
+async def under_policy(policy: HandlePolicy, acquire: Awaitable[T]) -> T:
+    """Await *acquire* (a handle's call into the engine) under the handle's policy."""
+    if isinstance(policy, _Inherit):
+        return await acquire
+    token = _HANDLE_POLICY.set(policy)
+    try:
+        return await acquire
+    finally:
+        _HANDLE_POLICY.reset(token)

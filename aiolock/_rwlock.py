@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ._errors import LockError, LockTimeoutError
 from ._keys import LockKeys, check_lease, check_timeout
 from ._lock import _DEFAULT, Lock
+from ._replicas import INHERIT, HandlePolicy
 
 if TYPE_CHECKING:
     from ._guard import ManagerLike
@@ -117,8 +118,8 @@ class ReadWriteLock:
     makes new readers wait, so readers cannot starve it.
     """
 
-    __slots__ = ("_keys", "_lease", "_manager", "_read", "_read_kind", "_timeout", "_write",
-                 "_write_kind")  # fmt: skip
+    __slots__ = ("_keys", "_lease", "_manager", "_read", "_read_kind", "_replicas", "_timeout",
+                 "_write", "_write_kind")  # fmt: skip
 
     def __init__(
         self,
@@ -136,6 +137,8 @@ class ReadWriteLock:
         self._keys = keys
         self._timeout = timeout
         self._lease = lease
+        #: the factory's replicas= (see aiolock._replicas), given to both sides
+        self._replicas: HandlePolicy = INHERIT
         # The handles with the lock's defaults, made once: ``rw.read()`` is the usual call.
         self._read = self._read_side(timeout, lease)
         self._write = self._write_side(timeout, lease)
@@ -182,9 +185,17 @@ class ReadWriteLock:
         return wait, None if lease is None else check_lease(lease)
 
     def _read_side(self, timeout: float | None, lease: float | None) -> Lock:
-        return _ReadSide(self._manager, self._read_kind, self._write_kind, self._keys,
+        side = _ReadSide(self._manager, self._read_kind, self._write_kind, self._keys,
                          timeout=timeout, lease=lease)  # fmt: skip
+        side._replicas = self._replicas
+        return side
 
     def _write_side(self, timeout: float | None, lease: float | None) -> Lock:
-        return _WriteSide(self._manager, self._write_kind, self._read_kind, self._keys,
+        side = _WriteSide(self._manager, self._write_kind, self._read_kind, self._keys,
                           timeout=timeout, lease=lease)  # fmt: skip
+        side._replicas = self._replicas
+        return side
+
+    def _set_replicas(self, policy: HandlePolicy) -> None:
+        """The factory's replicas=, for both sides (made before it was known)."""
+        self._replicas = self._read._replicas = self._write._replicas = policy

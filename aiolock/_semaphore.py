@@ -17,6 +17,7 @@ from ._guard import BodyGuard, ManagerLike
 from ._keys import check_lease
 from ._kinds.semaphore import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
 from ._lock import _DEFAULT, resolve
+from ._replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
     from ._kind import Hold
@@ -135,7 +136,7 @@ class Semaphore:
     lost); :meth:`acquire` returns a :class:`Permit` for several, released on its own.
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_timeout")
+    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
 
     def __init__(
         self,
@@ -152,6 +153,8 @@ class Semaphore:
         self._timeout = timeout
         self._lease = lease
         self._guard = BodyGuard()
+        #: the factory's replicas= (see aiolock._replicas), set by the manager
+        self._replicas: HandlePolicy = INHERIT
 
     @property
     def name(self) -> str:
@@ -207,7 +210,8 @@ class Semaphore:
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
         owner = self._manager._owner()
-        return await engine.acquire(self._kind, self._keys, owner, wait, fixed, permits)
+        acquire = engine.acquire(self._kind, self._keys, owner, wait, fixed, permits)
+        return await under_policy(self._replicas, acquire)
 
     async def __aenter__(self) -> Permit:
         hold = await self._acquire(1, _DEFAULT, _DEFAULT)

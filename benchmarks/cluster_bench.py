@@ -36,6 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 
 import aiolock
 from aiolock.testing_cluster import LocalCluster
+from benchmarks.sections import write_section
 
 ACQUIRE_TIMEOUT = 20.0
 LEASE = 30.0
@@ -253,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "cluster.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
     text = report(runs, meta)
     (out / "cluster.md").write_text(text)
+    # In RESULTS.md the report is a section: its title one level down.
+    write_section(out / "RESULTS.md", "cluster", "#" + text if text.startswith("# ") else text)
     print(text)
     return 0
 

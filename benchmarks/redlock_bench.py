@@ -50,9 +50,8 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
+from benchmarks.sections import write_section
 
-START_MARK = "<!-- redlock-bench:start -->"
-END_MARK = "<!-- redlock-bench:end -->"
 LEASE = 30.0
 TASKS_PER_CLIENT = 4
 #: the most seconds the one-master-paused run of one library may take
@@ -344,18 +343,6 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Put *section* between the markers of *path*, appending them if absent."""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    text = path.read_text() if path.exists() else ""
-    start, end = text.find(START_MARK), text.find(END_MARK)
-    if start != -1 and end > start:
-        text = text[:start] + block + text[end + len(END_MARK) :]
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 async def run(args: argparse.Namespace, servers: list[RedisServer]) -> dict[str, Any]:
     urls = [server.url for server in servers]
     results: dict[tuple[int, str], dict[str, list[dict[str, Any]]]] = {}
@@ -401,7 +388,7 @@ async def run(args: argparse.Namespace, servers: list[RedisServer]) -> dict[str,
 def rewrite(out: Path) -> None:
     """Write the RESULTS.md section again from ``<out>/redlock.json`` (no measuring)."""
     doc = json.loads((out / "redlock.json").read_text())
-    write_section(out / "RESULTS.md", markdown(doc))
+    write_section(out / "RESULTS.md", "redlock", markdown(doc))
 
 
 def main() -> None:
@@ -448,7 +435,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "redlock.json").write_text(json.dumps(doc, indent=2) + "\n")
     section = markdown(doc)
-    write_section(args.out / "RESULTS.md", section)
+    write_section(args.out / "RESULTS.md", "redlock", section)
     print(section)
     log(f"wrote {args.out / 'redlock.json'} and the redlock section of {args.out / 'RESULTS.md'}")
 

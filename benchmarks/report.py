@@ -12,6 +12,7 @@ from typing import Any
 
 from benchmarks.adapters import ADAPTERS, PEERS
 from benchmarks.config import FLOOR, WORKLOADS
+from benchmarks.sections import kept_sections
 
 Summary = dict[str, dict[str, Any]]
 AIOLOCK = "aiolock"
@@ -861,21 +862,3 @@ def write_all(
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
     text = markdown(meta, summary, runs, goals, images)
     (out / "RESULTS.md").write_text(text + kept_sections(out / "RESULTS.md"))
-
-
-#: Sections other tools write into RESULTS.md between markers (the service benchmark's,
-#: benchmarks/service_bench.py): a new run of this harness keeps them.
-KEPT_MARKERS = (("<!-- service-bench:start -->", "<!-- service-bench:end -->"),)
-
-
-def kept_sections(path: Path) -> str:
-    """The marked sections of the RESULTS.md being replaced, to append to the new one."""
-    if not path.exists():
-        return ""
-    old = path.read_text()
-    kept = ""
-    for start_mark, end_mark in KEPT_MARKERS:
-        start, end = old.find(start_mark), old.find(end_mark)
-        if start != -1 and end > start:
-            kept += "\n" + old[start : end + len(end_mark)] + "\n"
-    return kept

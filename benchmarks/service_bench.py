@@ -47,11 +47,10 @@ import redis.asyncio
 from aiolock.testing import RedisServer, free_port
 
 from .metrics import percentile
+from .sections import write_section
 from .service_app import CHECKER_CONNECTIONS, LIBRARIES, OVERLAPS_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
-START_MARK = "<!-- service-bench:start -->"
-END_MARK = "<!-- service-bench:end -->"
 REQUEST_TIMEOUT = 30.0  # seconds, per request (connect, write, read, pool)
 START_TIMEOUT = 60.0  # seconds for uvicorn's two workers to answer
 STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
@@ -444,18 +443,6 @@ def _load(values: list[float]) -> str:
     return "/".join(f"{value:.2f}" for value in values)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Put *section* between the markers of *path*, appending them if absent."""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    text = path.read_text() if path.exists() else ""
-    start, end = text.find(START_MARK), text.find(END_MARK)
-    if start != -1 and end > start:
-        text = text[:start] + block + text[end + len(END_MARK) :]
-    else:
-        text = (text.rstrip("\n") + "\n\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -530,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             for logfile in Path(tmp).glob(f"uvicorn-{run_['library']}-*.log"):
                 log(f"{logfile.name}:\n{logfile.read_text(errors='replace')[-2000:]}")
     (args.out / "service.json").write_text(json.dumps(doc, indent=1) + "\n")
-    write_section(args.out / "RESULTS.md", markdown(doc))
+    write_section(args.out / "RESULTS.md", "service", markdown(doc))
     log(f"wrote {args.out / 'service.json'} and the service section of {args.out / 'RESULTS.md'}")
     mine = doc["summary"]["aiolock"]
     unsafe = mine["overlaps"] or mine["lost_updates"] or not mine["p50_ms"]  # or no 200 at all

@@ -326,3 +326,109 @@ async def test_a_second_manager_on_the_same_client_for_some_locks(
                     await plain.lock("a").acquire(timeout=0)
     finally:
         await redis.aclose()
+
+
+# -- replicas= per lock ---------------------------------------------------------------
+
+
+def _handle_with(locks: aiolock.LockManager, kind: str, name: str, **options: Any) -> Any:
+    """_handle, with per-lock options given to the factory."""
+    if kind == "lock":
+        return locks.lock(name, **options)
+    if kind == "fair":
+        return locks.fair_lock(name, **options)
+    if kind == "write":
+        return locks.rw_lock(name, **options).write()
+    if kind == "multi":
+        return locks.multi_lock([f"{name}1", f"{name}2"], **options)
+    return locks.semaphore(name, 2, **options)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_replicas_per_lock_on_a_manager_without(
+    pair: Pair, prefix: str, primary: Redis, kind: str
+) -> None:
+    """A lock made with replicas=1 waits for the replica; the manager's other locks do not."""
+    async with _manager(pair, prefix) as locks:
+        async with _handle(locks, kind, "warm-up"):
+            pass
+        before = await _waits(primary)
+        async with _handle_with(locks, kind, "acked", replicas=1, replica_timeout=2.0):
+            pass
+        assert await _waits(primary) == before + (2 if kind == "multi" else 1)
+        async with _handle(locks, kind, "plain"):
+            pass
+        assert await _waits(primary) == before + (2 if kind == "multi" else 1)
+
+
+async def test_replicas_0_per_lock_turns_the_managers_wait_off(
+    pair: Pair, prefix: str, primary: Redis
+) -> None:
+    async with _manager(pair, prefix, replicas=1, replica_timeout=2.0) as locks:
+        async with locks.lock("warm-up"):
+            pass
+        before = await _waits(primary)
+        async with locks.lock("fast", replicas=0):
+            pass
+        async with locks.rw_lock("fast-rw", replicas=0).read():
+            pass
+        assert await _waits(primary) == before
+        async with locks.lock("acked"):
+            pass
+        assert await _waits(primary) == before + 1
+
+
+async def test_a_per_lock_shortfall_undoes_only_that_lock(pair: Pair, prefix: str) -> None:
+    """replicas=2 on one lock with one replica: ReplicaAckError, the lock is free again;
+    a lock of the same manager without the option is unaffected."""
+    async with _manager(pair, prefix) as locks:
+        with pytest.raises(aiolock.ReplicaAckError, match="only 1 of the 2 replicas"):
+            await locks.lock("greedy", replicas=2, replica_timeout=0.2).acquire(timeout=0)
+        assert locks.statistics().held == 0
+        async with locks.lock("greedy", timeout=0):  # undone: free
+            pass
+
+
+async def test_a_waiter_under_replicas_is_never_handed_the_lock(
+    pair: Pair, prefix: str, primary: Redis
+) -> None:
+    """A release hands the lock to a local waiter without a new grant request; a waiter
+    whose lock has replicas= must get its grant by an acknowledged attempt instead."""
+    async with _manager(pair, prefix) as locks:
+        holder = locks.lock("h")
+        await holder.acquire()
+        entered = asyncio.Event()
+
+        async def waiter() -> None:
+            async with locks.lock("h", replicas=1, replica_timeout=2.0, timeout=10):
+                entered.set()
+
+        task = asyncio.create_task(waiter())
+        for _ in range(500):  # waiting, subscribed: it sends nothing until woken
+            stats = locks.statistics().hub
+            if stats.waiters == 1 and stats.subscriptions == 1:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        before = await _waits(primary)
+        await holder.release()
+        await asyncio.wait_for(task, timeout=10)
+        assert entered.is_set()
+        # The grant after the release came from an attempt followed by WAIT; a hand-over
+        # (the release script granting it) would have sent none.
+        assert await _waits(primary) > before
+
+
+def test_per_lock_options_are_checked_at_the_call(pair: Pair, prefix: str) -> None:
+    locks = _manager(pair, prefix)
+    with pytest.raises(ValueError, match="replica_timeout= needs replicas="):
+        locks.lock("x", replica_timeout=1.0)
+    with pytest.raises(TypeError, match="replicas must be an int"):
+        locks.fair_lock("x", replicas="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        locks.semaphore("x", 2, replicas=-1)
+    with pytest.raises(ValueError, match="replica_timeout"):
+        locks.rw_lock("x", replicas=1, replica_timeout=-1)
+    acked = _manager(pair, prefix, command_timeout=1.0)
+    with pytest.raises(ValueError, match="shorter than command_timeout"):
+        acked.multi_lock(["x", "y"], replicas=1, replica_timeout=2.0)

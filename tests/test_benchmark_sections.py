@@ -1,0 +1,30 @@
+"""RESULTS.md sections: each benchmark rewrites its own, the main harness keeps them all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.sections import MARKERS, kept_sections, write_section
+
+
+def test_a_section_is_replaced_in_place_and_the_others_kept(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\nmain harness text\n")
+    write_section(results, "cluster", "## Cluster\nfirst run")
+    write_section(results, "redlock", "## Redlock\nfigures")
+    write_section(results, "cluster", "## Cluster\nsecond run")
+    text = results.read_text()
+    assert text.startswith("# Results\n\nmain harness text\n")
+    assert "first run" not in text
+    assert text.count(MARKERS["cluster"][0]) == 1
+    assert text.index("second run") < text.index("## Redlock")  # stayed where it was
+    kept = kept_sections(results)
+    assert "main harness text" not in kept
+    assert "second run" in kept and "## Redlock" in kept
+
+
+def test_the_committed_results_keep_every_marked_section() -> None:
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "RESULTS.md"
+    kept = kept_sections(results)
+    for start, end in MARKERS.values():
+        assert kept.count(start) == 1 and kept.count(end) == 1, start
