@@ -26,6 +26,7 @@ from ._kinds import (
 )
 from ._kinds.rw import KEY_TAG
 from ._kinds.semaphore import SemaphoreKeys
+from ._kinds.token import TokenLockKind, token_keys
 
 if TYPE_CHECKING:
     from ._keys import KeySpace, LockKeys
@@ -44,7 +45,7 @@ class KindMaker(Protocol):
 
 
 #: The names ``wire=`` accepts (each a key of ``_FORMATS``).
-WireName = Literal["aiolock"]
+WireName = Literal["aiolock", "token"]
 
 
 class WireFormat:
@@ -88,7 +89,42 @@ class WireFormat:
         return f"<WireFormat {self.name!r}>"
 
 
-_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat()}
+class _SharedStringFormat(WireFormat):
+    """A format whose lock is a string at the raw name, shared with other clients: it
+    has locks (and multi-locks of them) only."""
+
+    #: why the layout has no room for the other kinds
+    why = ""
+
+    def fair_lock(
+        self, make: KindMaker, keyspace: KeySpace, name: str
+    ) -> tuple[LockKind, LockKeys]:
+        raise self.unsupported("fair lock", f"{self.why}: no queue of waiters")
+
+    def rw_lock(
+        self, make: KindMaker, keyspace: KeySpace, name: str
+    ) -> tuple[LockKind, LockKind, LockKeys]:
+        raise self.unsupported("read-write lock", f"{self.why}: no room for readers sharing it")
+
+    def semaphore(
+        self, make: KindMaker, keyspace: KeySpace, name: str, limit: int
+    ) -> tuple[SemaphoreKind, SemaphoreKeys]:
+        raise self.unsupported("semaphore", f"{self.why}: no room for several holders")
+
+
+class TokenFormat(_SharedStringFormat):
+    """``SET name <token> NX PX`` + compare-and-delete, as redis-py's ``Lock``.
+
+    The contract: ``docs/wire-token.md``."""
+
+    name = "token"
+    why = "its lock is one string holding one holder's token"
+
+    def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
+        return make(TokenLockKind), token_keys(keyspace.prefix, name)
+
+
+_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat(), "token": TokenFormat()}
 
 
 def check_wire(value: object, what: str = "wire") -> str:

@@ -1,0 +1,131 @@
+"""What the wire formats shared with other clients have in common: keys and polling.
+
+The ``token`` and ``timestamp`` formats keep the lock itself where other clients look for
+it, at the lock name ``N`` itself, with no prefix. Everything only aiolock needs (release
+tombstones, void markers of cancelled attempts, the release channel, and for the
+timestamp lock the record of who wrote the value) lives under the manager's prefix ``P``,
+in ``P:<format>:{H}...`` (see :func:`aux_base`), where ``H`` is the text Redis Cluster
+hashes ``N`` by: the name's own hash tag if it has one, else the whole name. So on a
+cluster every key a script touches lives in the slot of ``N`` (a name with braces but no
+usable hash tag is the one exception; on a single server that makes no difference).
+
+Other clients never publish when they release, so a waiter of these formats cannot sleep
+until a message while such a client holds the lock: it polls, with the backoff of
+:class:`PollBackoff`, and sleeps on pub/sub only while the holder is an aiolock client.
+"""
+
+from __future__ import annotations
+
+from redis.crc import key_slot
+
+from .._keys import LockKeys
+
+__all__ = [
+    "POLL_FIRST",
+    "POLL_MAX",
+    "ForeignKeys",
+    "PollBackoff",
+    "aux_base",
+    "cluster_hash_tag",
+]
+
+#: Seconds between polls of a waiter while another client (which never publishes) holds
+#: the lock: the first retry comes after POLL_FIRST, each next one after twice as long,
+#: up to POLL_MAX. POLL_MAX bounds how long a waiter sleeps through a foreign release
+#: (plus one round trip); in the steady state a waiting name costs 1 / POLL_MAX attempts
+#: per second per process (only the head of a process's queue polls).
+POLL_FIRST = 0.01
+POLL_MAX = 0.1
+
+
+def cluster_hash_tag(name: str) -> str | None:
+    """The hash tag Redis Cluster hashes *name* by, or None if it hashes the whole name."""
+    start = name.find("{")
+    if start >= 0:
+        end = name.find("}", start + 1)
+        if end > start + 1:
+            return name[start + 1 : end]
+    return None
+
+
+class ForeignKeys(LockKeys):
+    """The keys of a lock kept at the raw name ``N``, shared with other clients.
+
+    ``lock`` is ``N`` itself; the auxiliary keys and the channel are aiolock's own, under
+    :func:`aux_base` (see the module docstring).
+    """
+
+    __slots__ = ("base",)
+
+    def __init__(self, prefix: str, name: str, kind: str) -> None:
+        # LockKeys.__init__ puts every key under the prefix; here only the auxiliary keys
+        # are, so the same attributes are set directly.
+        self.base = aux_base(prefix, kind, name)
+        self.name = name
+        self.kind = kind
+        self.lock = name
+        self.fence = f"{self.base}:fence"  # unused: these formats have no fencing tokens
+        self.channel = f"{self.base}:released"
+        self.void_prefix = f"{self.base}:void:"
+        self.slot = key_slot(name.encode())
+
+    def tombstone(self, release_id: str) -> str:
+        return f"{self.base}:rel:{release_id}"
+
+    def part(self, suffix: str) -> str:
+        return f"{self.base}:{suffix}"
+
+
+def aux_base(prefix: str, kind: str, name: str) -> str:
+    """Where aiolock's own keys for the lock at *name* live: ``<base>:<suffix>``.
+
+    * a name without braces (the common case): ``P:<kind>:{N}``;
+    * a name with a Cluster hash tag ``H``: ``P:<kind>:{H}:<length of N>:N``;
+    * a name with braces but no usable hash tag: ``P:<kind>:#<length of N>:N`` (the one
+      case whose auxiliary keys are not in the slot of ``N``).
+
+    Injective, so two names never share an auxiliary key: in the first form ``N`` has no
+    ``}`` and is followed by a suffix that starts with a letter after its ``:``; in the
+    second the tag has no ``}`` (it ends at the first one) and the length fixes where
+    ``N`` ends; the third never has a ``{`` right after ``<kind>:``. (The prefix and the
+    format's tag contain no braces.)
+    """
+    if "{" not in name and "}" not in name:
+        return f"{prefix}:{kind}:{{{name}}}"
+    tag = cluster_hash_tag(name)
+    if tag is not None:
+        return f"{prefix}:{kind}:{{{tag}}}:{len(name)}:{name}"
+    return f"{prefix}:{kind}:#{len(name)}:{name}"
+
+
+class PollBackoff:
+    """Per lock name: how long the local head waits before polling a foreign holder again.
+
+    The interval starts at :data:`POLL_FIRST` for each new holder seen (a short hold is
+    likely to end soon) and doubles up to :data:`POLL_MAX` while the same holder stays.
+    The state is a hint only: it is forgotten when the lock is taken, and wholesale if
+    it grows past a few thousand names.
+    """
+
+    __slots__ = ("_seen",)
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        #: lock name -> (the foreign holder's value, the last interval given)
+        self._seen: dict[str, tuple[str, float]] = {}
+
+    def next(self, name: str, holder: str, ttl: float) -> float:
+        """The wait before the next poll of *name*, held by a foreign *holder* for *ttl* s
+        more (0 or less: unknown or no expiry)."""
+        last = self._seen.get(name)
+        interval = POLL_FIRST if last is None or last[0] != holder else min(last[1] * 2, POLL_MAX)
+        if len(self._seen) >= self.LIMIT and name not in self._seen:
+            self._seen.clear()
+        self._seen[name] = (holder, interval)
+        # No need to poll before the holder's lease ends, but never sleep 0 s (a lease
+        # that ends in under a millisecond is rounded up).
+        return min(interval, ttl) if ttl > 0 else interval
+
+    def forget(self, name: str) -> None:
+        self._seen.pop(name, None)
