@@ -26,6 +26,7 @@ from ._kinds import (
 )
 from ._kinds.rw import KEY_TAG
 from ._kinds.semaphore import SemaphoreKeys
+from ._kinds.timestamp import TimestampLockKind, timestamp_keys
 from ._kinds.token import TokenLockKind, token_keys
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class KindMaker(Protocol):
 
 
 #: The names ``wire=`` accepts (each a key of ``_FORMATS``).
-WireName = Literal["aiolock", "token"]
+WireName = Literal["aiolock", "token", "timestamp"]
 
 
 class WireFormat:
@@ -124,7 +125,23 @@ class TokenFormat(_SharedStringFormat):
         return make(TokenLockKind), token_keys(keyspace.prefix, name)
 
 
-_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat(), "token": TokenFormat()}
+class TimestampFormat(_SharedStringFormat):
+    """The legacy ``SETNX`` / ``GETSET`` lock whose value is an expiry time.
+
+    The contract: ``docs/wire-timestamp.md``."""
+
+    name = "timestamp"
+    why = "its lock is one string holding one holder's expiry time"
+
+    def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
+        return make(TimestampLockKind), timestamp_keys(keyspace.prefix, name)
+
+
+_FORMATS: dict[str, WireFormat] = {
+    "aiolock": WireFormat(),
+    "token": TokenFormat(),
+    "timestamp": TimestampFormat(),
+}
 
 
 def check_wire(value: object, what: str = "wire") -> str:
