@@ -115,6 +115,18 @@ CASES = [
         release=_lock_release,
         probe=lambda m, n: m.fair_lock(n),
     ),
+    # The formats shared with other clients keep the lock at the raw name: the name is
+    # made under the test's prefix, so that tests never share it.
+    *(
+        Case(
+            id=f"{wire} lock",
+            make=lambda m, n, wire=wire: m.lock(f"{m.prefix}:{n}", wire=wire),
+            acquire=_lock_acquire,
+            release=_lock_release,
+            probe=lambda m, n, wire=wire: m.lock(f"{m.prefix}:{n}", wire=wire),
+        )
+        for wire in ("token", "timestamp")
+    ),
 ]
 
 
