@@ -65,6 +65,10 @@ async def _sem_release(_: aiolock.Semaphore, permit: aiolock.Permit) -> None:
     await permit.release()
 
 
+def _raw_lock(wire: Any) -> Callable[[aiolock.LockManager, str], aiolock.Lock]:
+    return lambda m, n: m.lock(f"{m.prefix}:{n}", wire=wire)
+
+
 CASES = [
     Case(
         id="lock",
@@ -120,10 +124,10 @@ CASES = [
     *(
         Case(
             id=f"{wire} lock",
-            make=lambda m, n, wire=wire: m.lock(f"{m.prefix}:{n}", wire=wire),
+            make=_raw_lock(wire),
             acquire=_lock_acquire,
             release=_lock_release,
-            probe=lambda m, n, wire=wire: m.lock(f"{m.prefix}:{n}", wire=wire),
+            probe=_raw_lock(wire),
         )
         for wire in ("token", "timestamp")
     ),
