@@ -132,6 +132,35 @@ async def test_a_value_that_is_not_a_time_counts_as_held(
     await admin.delete(name)
 
 
+async def test_multi_lock_takes_timestamp_locks(
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+) -> None:
+    names = [f"{name}-a", f"{name}-b"]
+    multi = locks.multi_lock(names)
+    with pytest.raises(aiolock.WireFormatError, match="fencing"):
+        _ = multi.fencing_tokens
+    async with multi:
+        for n in names:
+            assert legacy_try(sync_redis, n, 5000) is None
+    value = legacy_try(sync_redis, names[1], 5000)
+    assert value is not None
+    assert not await multi.try_acquire(timeout=0.2)
+    assert sync_redis.exists(names[0]) == 0  # what it took is given back
+    legacy_release(sync_redis, names[1], value)
+
+
+async def test_the_token_and_timestamp_formats_exclude_each_other_on_one_name(
+    locks: aiolock.LockManager, name: str
+) -> None:
+    """Both keep the lock at the raw name: each sees the other's value as a foreign
+    holder's (a token is not a time; a time is not aiolock's token)."""
+    stamped, tokened = locks.lock(name), locks.lock(name, wire="token")
+    async with stamped:
+        assert not await tokened.try_acquire()
+    async with tokened:
+        assert not await stamped.try_acquire()
+
+
 # -- against the legacy client ---------------------------------------------------------------
 
 
