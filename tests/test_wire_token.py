@@ -291,6 +291,39 @@ async def test_a_waiter_behind_aiolock_sleeps_on_pubsub_and_polls_only_behind_re
         await waiter
 
 
+async def test_a_name_with_a_hash_tag_works_end_to_end(
+    redis_url: str, redis: Redis, prefix: str, admin: Redis
+) -> None:
+    """The release channel of a braced name (``P:token:{tag}:<len>:name``) is the one its
+    waiters subscribe to: a waiter in another manager is woken by the release message."""
+    name = f"{{{prefix}}}:order:{{7}}"
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, wire="token") as holder,
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, wire="token") as waiting,
+    ):
+        held = holder.lock(name)
+        await held.acquire()
+        assert await admin.exists(name) == 1
+        waiter = asyncio.create_task(take(waiting.lock(name)))
+        await asyncio.sleep(0.3)
+        released = time.monotonic()
+        await held.release()
+        assert await waiter - released < SLACK
+        assert waiting.statistics().hub.messages >= 1  # woken by the message, not a poll
+
+
+async def test_a_timeout_behind_a_redis_py_holder_is_kept(
+    locks: aiolock.LockManager, redis: Redis, name: str
+) -> None:
+    foreign = redis.lock(name, timeout=5)
+    assert await foreign.acquire(blocking=False)
+    started = time.monotonic()
+    with pytest.raises(aiolock.LockTimeoutError, match="token lock"):
+        await locks.lock(name).acquire(timeout=0.3)
+    assert 0.3 <= time.monotonic() - started <= 0.3 + SLACK
+    await foreign.release()
+
+
 # -- cancellation and loss ---------------------------------------------------------------------
 
 
