@@ -23,8 +23,10 @@ from aiolock._kinds.foreign import POLL_MAX
 from ._wire_fleet_child import legacy_release, legacy_try
 from .wire_fleet import REPO_ROOT, run_fleet
 
-#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound.
+#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound
+#: (more in a fleet, whose six processes compete for the cores).
 SLACK = 0.4
+FLEET_SLACK = 0.6
 
 
 @pytest.fixture
@@ -252,7 +254,7 @@ async def test_a_legacy_waiter_gets_the_lock_when_aiolock_releases(
     released = time.monotonic()
     await lock.release()
     value = await waiter
-    assert time.monotonic() - released <= 0.01 + SLACK  # the legacy client's own sleep
+    assert time.monotonic() - released < 1.5  # its own pace (the renewed hold never expired)
     legacy_release(sync_redis, name, value)
 
 
@@ -325,5 +327,5 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     assert fleet.sections("legacy") == 2 * 14 + 1
     gaps = fleet.foreign_release_gaps()
     assert gaps, "no legacy release happened while aiolock waited"
-    assert max(gaps) <= POLL_MAX + SLACK, sorted(gaps)[-5:]
+    assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
     print(f"\nfleet: {len(gaps)} legacy releases with aiolock waiting, max gap {max(gaps):.3f} s")
