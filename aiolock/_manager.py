@@ -37,6 +37,7 @@ from ._runtime import Runtime
 from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
 from ._wire import WireFormat, WireName, check_wire, wire_format
+from ._wires import TokenFormat  # noqa: F401  (importing it registers the formats)
 
 __all__ = ["LockManager", "ManagerStatistics"]
 

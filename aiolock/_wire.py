@@ -26,8 +26,6 @@ from ._kinds import (
 )
 from ._kinds.rw import KEY_TAG
 from ._kinds.semaphore import SemaphoreKeys
-from ._kinds.timestamp import TimestampLockKind, timestamp_keys
-from ._kinds.token import TokenLockKind, token_keys
 
 if TYPE_CHECKING:
     from ._keys import KeySpace, LockKeys
@@ -90,58 +88,9 @@ class WireFormat:
         return f"<WireFormat {self.name!r}>"
 
 
-class _SharedStringFormat(WireFormat):
-    """A format whose lock is a string at the raw name, shared with other clients: it
-    has locks (and multi-locks of them) only."""
-
-    #: why the layout has no room for the other kinds
-    why = ""
-
-    def fair_lock(
-        self, make: KindMaker, keyspace: KeySpace, name: str
-    ) -> tuple[LockKind, LockKeys]:
-        raise self.unsupported("fair lock", f"{self.why}: no queue of waiters")
-
-    def rw_lock(
-        self, make: KindMaker, keyspace: KeySpace, name: str
-    ) -> tuple[LockKind, LockKind, LockKeys]:
-        raise self.unsupported("read-write lock", f"{self.why}: no room for readers sharing it")
-
-    def semaphore(
-        self, make: KindMaker, keyspace: KeySpace, name: str, limit: int
-    ) -> tuple[SemaphoreKind, SemaphoreKeys]:
-        raise self.unsupported("semaphore", f"{self.why}: no room for several holders")
-
-
-class TokenFormat(_SharedStringFormat):
-    """``SET name <token> NX PX`` + compare-and-delete, as redis-py's ``Lock``.
-
-    The contract: ``docs/wire-token.md``."""
-
-    name = "token"
-    why = "its lock is one string holding one holder's token"
-
-    def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
-        return make(TokenLockKind), token_keys(keyspace.prefix, name)
-
-
-class TimestampFormat(_SharedStringFormat):
-    """The legacy ``SETNX`` / ``GETSET`` lock whose value is an expiry time.
-
-    The contract: ``docs/wire-timestamp.md``."""
-
-    name = "timestamp"
-    why = "its lock is one string holding one holder's expiry time"
-
-    def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
-        return make(TimestampLockKind), timestamp_keys(keyspace.prefix, name)
-
-
-_FORMATS: dict[str, WireFormat] = {
-    "aiolock": WireFormat(),
-    "token": TokenFormat(),
-    "timestamp": TimestampFormat(),
-}
+#: Formats shared with other clients subclass WireFormat, so they cannot be imported
+#: here: :mod:`aiolock._wires` adds them (the manager imports it).
+_FORMATS: dict[str, WireFormat] = {"aiolock": WireFormat()}
 
 
 def check_wire(value: object, what: str = "wire") -> str:
