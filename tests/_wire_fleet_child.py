@@ -10,8 +10,8 @@ One process of a fleet that locks one name with several clients. ``role`` is one
   (sync redis-py, the client's clock, a plain GET-compare-DEL release).
 
 Each holder runs ``rounds`` critical sections of ``hold`` seconds, ``pause`` seconds
-apart on average (or, with ``crash``,
-enters once and then hangs until the test SIGKILLs it). The overlap checker is
+apart on average; with ``crash`` (one task only), it then enters once more and hangs
+there, holding, until the test SIGKILLs it. The overlap checker is
 independent of every lock: on entry a transaction INCRs ``<check>`` and records this
 process in the hash ``<check>:inside``; a count other than 1 is an overlap, pushed on
 ``<check>:overlaps``. On exit a transaction undoes both (the test does it for a process
@@ -103,8 +103,9 @@ def run_sync(spec: dict[str, Any]) -> None:
     check = redis.Redis.from_url(spec["url"])
     name, key, role = spec["name"], spec["check"], spec["role"]
     deadline = time.monotonic() + spec["max_seconds"]
-    rounds = 1 if spec.get("crash") else spec["rounds"]
-    for i in range(rounds):
+    rounds = spec["rounds"]
+    for i in range(rounds + (1 if spec.get("crash") else 0)):
+        crash = i == rounds  # the extra section of a crasher
         if time.monotonic() > deadline:
             break
         who = f"{role}:{PID}:{i}"
@@ -118,7 +119,7 @@ def run_sync(spec: dict[str, Any]) -> None:
             if value is None:
                 break
             enter(check, key, who)
-            if spec.get("crash"):
+            if crash:
                 hang()
             time.sleep(spec["hold"])
             leave(check, key, who)
@@ -128,7 +129,7 @@ def run_sync(spec: dict[str, Any]) -> None:
             if not lock.acquire(blocking_timeout=max(deadline - time.monotonic(), 0.01)):
                 break
             enter(check, key, who)
-            if spec.get("crash"):
+            if crash:
                 hang()
             time.sleep(spec["hold"])
             leave(check, key, who)
@@ -143,21 +144,22 @@ async def run_async(spec: dict[str, Any]) -> None:
     check = redis.Redis.from_url(spec["url"])
     name, key, role = spec["name"], spec["check"], spec["role"]
     deadline = time.monotonic() + spec["max_seconds"]
-    rounds = 1 if spec.get("crash") else spec["rounds"]
+    rounds = spec["rounds"]
+    total = rounds + (1 if spec.get("crash") else 0)
     client = Redis.from_url(spec["url"])
 
-    async def section(who: str) -> None:
+    async def section(who: str, crash: bool) -> None:
         # The checker's calls are blocking: the critical section is short, and a
         # blocked loop only makes this holder slower, never two holders overlap.
         enter(check, key, who)
-        if spec.get("crash"):  # hung but alive: aiolock's watchdog still renews
+        if crash:  # hung but alive: aiolock's watchdog still renews
             await asyncio.sleep(60)
             sys.exit("not killed")
         await asyncio.sleep(spec["hold"])
         leave(check, key, who)
 
     if role == "redispy-async":
-        for i in range(rounds):
+        for i in range(total):
             if time.monotonic() > deadline:
                 break
             who = f"{role}:{PID}:{i}"
@@ -165,7 +167,7 @@ async def run_async(spec: dict[str, Any]) -> None:
             lock = client.lock(name, timeout=spec["lease"], sleep=0.05)
             if not await lock.acquire(blocking_timeout=max(deadline - time.monotonic(), 0.01)):
                 break
-            await section(who)
+            await section(who, i == rounds)
             await lock.release()
             await asyncio.sleep(pause(spec))
     else:
@@ -177,14 +179,14 @@ async def run_async(spec: dict[str, Any]) -> None:
         ) as locks:
 
             async def worker(task: int) -> None:
-                for i in range(rounds):
+                for i in range(total):
                     if time.monotonic() > deadline:
                         return
                     who = f"{role}:{PID}:{task}:{i}"
                     log("wait", who=who)
                     try:
                         async with locks.lock(name, timeout=max(deadline - time.monotonic(), 0)):
-                            await section(who)
+                            await section(who, i == rounds)
                     except aiolock.LockTimeoutError:
                         return
                     await asyncio.sleep(pause(spec))

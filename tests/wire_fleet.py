@@ -1,7 +1,7 @@
 """Mixed fleets on one lock name: aiolock and other clients in many processes.
 
 :func:`run_fleet` starts one :mod:`tests._wire_fleet_child` per spec, SIGKILLs each
-crasher (by its pid) once it is inside its critical section, waits for the others
+crasher (by its pid) once it is inside its last critical section, waits for the others
 (bounded), and returns every process's event log with the checker's verdicts. The
 checks are independent of the locks: the checker's counter in Redis (see the child),
 and the logs' intervals, compared on the system-wide monotonic clock.
@@ -116,7 +116,8 @@ async def run_fleet(url: str, check: str, specs: list[dict[str, Any]], max_secon
             killed_at = None
             async for line in proc.stdout:
                 events.append(json.loads(line))
-                if spec.get("crash") and events[-1]["e"] == "enter" and killed_at is None:
+                entered = sum(1 for event in events if event["e"] == "enter")
+                if spec.get("crash") and entered == spec["rounds"] + 1 and killed_at is None:
                     await asyncio.sleep(0.1)  # hold a moment, then die mid-hold
                     proc.kill()  # SIGKILL, this child's pid
                     await proc.wait()
