@@ -11,7 +11,8 @@ One process of a fleet that locks one name with several clients. ``role`` is one
 
 Each holder runs ``rounds`` critical sections of ``hold`` seconds, ``pause`` seconds
 apart on average; with ``crash`` (one task only), it then enters once more and hangs
-there, holding, until the test SIGKILLs it. The overlap checker is
+there, holding, until the test SIGKILLs it; with ``until_stop`` (aiolock roles), its tasks
+go on until the test sets the key ``<check>:stop``. The overlap checker is
 independent of every lock: on entry a transaction INCRs ``<check>`` and records this
 process in the hash ``<check>:inside``; a count other than 1 is an overlap, pushed on
 ``<check>:overlaps``. On exit a transaction undoes both (the test does it for a process
@@ -24,6 +25,7 @@ once, so the test can read the log of a process it killed. The processes start t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -105,7 +107,7 @@ def run_sync(spec: dict[str, Any]) -> None:
     deadline = time.monotonic() + spec["max_seconds"]
     rounds = spec["rounds"]
     for i in range(rounds + (1 if spec.get("crash") else 0)):
-        crash = i == rounds  # the extra section of a crasher
+        crash = bool(spec.get("crash")) and i == rounds  # the extra section of a crasher
         if time.monotonic() > deadline:
             break
         who = f"{role}:{PID}:{i}"
@@ -144,9 +146,13 @@ async def run_async(spec: dict[str, Any]) -> None:
     check = redis.Redis.from_url(spec["url"])
     name, key, role = spec["name"], spec["check"], spec["role"]
     deadline = time.monotonic() + spec["max_seconds"]
-    rounds = spec["rounds"]
+    rounds = spec.get("rounds", 0)
     total = rounds + (1 if spec.get("crash") else 0)
+    crash_at = rounds if spec.get("crash") else -1  # the extra section of a crasher
     client = Redis.from_url(spec["url"])
+
+    async def stopped() -> bool:
+        return bool(spec.get("until_stop")) and bool(await client.exists(f"{key}:stop"))
 
     async def section(who: str, crash: bool) -> None:
         # The checker's calls are blocking: the critical section is short, and a
@@ -167,7 +173,7 @@ async def run_async(spec: dict[str, Any]) -> None:
             lock = client.lock(name, timeout=spec["lease"], sleep=0.05)
             if not await lock.acquire(blocking_timeout=max(deadline - time.monotonic(), 0.01)):
                 break
-            await section(who, i == rounds)
+            await section(who, i == crash_at)
             await lock.release()
             await asyncio.sleep(pause(spec))
     else:
@@ -179,14 +185,14 @@ async def run_async(spec: dict[str, Any]) -> None:
         ) as locks:
 
             async def worker(task: int) -> None:
-                for i in range(total):
-                    if time.monotonic() > deadline:
+                for i in itertools.count() if spec.get("until_stop") else range(total):
+                    if time.monotonic() > deadline or await stopped():
                         return
                     who = f"{role}:{PID}:{task}:{i}"
                     log("wait", who=who)
                     try:
                         async with locks.lock(name, timeout=max(deadline - time.monotonic(), 0)):
-                            await section(who, i == rounds)
+                            await section(who, i == crash_at)
                     except aiolock.LockTimeoutError:
                         return
                     await asyncio.sleep(pause(spec))

@@ -313,8 +313,10 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     and while aiolock waited, no legacy release left the lock free longer than the poll
     bound."""
     common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
-    specs = [  # two of them crash: after a few sections they hang inside and are killed
-        {**common, "role": "aiolock-timestamp", "tasks": 2, "rounds": 7, "pause": 0.15},
+    # Two processes crash: after a few sections they hang inside and are killed. The
+    # first one contends until the others are done, so that their releases find it waiting.
+    specs = [
+        {**common, "role": "aiolock-timestamp", "tasks": 2, "until_stop": True, "pause": 0.05},
         {**common, "role": "aiolock-timestamp", "rounds": 3, "pause": 0.1, "crash": True},
         {**common, "role": "legacy", "rounds": 4, "pause": 0.03, "crash": True},
         {**common, "role": "legacy", "rounds": 14, "pause": 0.03},
@@ -322,9 +324,9 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     fleet = await run_fleet(redis_url, f"{prefix}:check", specs, max_seconds=20)
     assert fleet.overlaps == []
     assert fleet.log_overlaps() == []
-    assert fleet.sections("aiolock-timestamp") == 2 * 7 + 3 + 1
+    assert fleet.sections("aiolock-timestamp") >= 3 + 1 + 2
     assert fleet.sections("legacy") == 4 + 1 + 14
     gaps = fleet.foreign_release_gaps()
-    assert gaps, "no legacy release happened while aiolock waited"
+    assert len(gaps) >= 3, f"only {len(gaps)} legacy releases happened while aiolock waited"
     assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
     print(f"\nfleet: {len(gaps)} legacy releases with aiolock waiting, max gap {max(gaps):.3f} s")

@@ -443,8 +443,10 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     by the logs, and while aiolock waited, no redis-py release left the lock free longer
     than the poll bound."""
     common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
-    specs = [  # two of them crash: after a few sections they hang inside and are killed
-        {**common, "role": "aiolock-token", "tasks": 2, "rounds": 7, "pause": 0.15},
+    # Two processes crash: after a few sections they hang inside and are killed. The
+    # first one contends until the others are done, so that their releases find it waiting.
+    specs = [
+        {**common, "role": "aiolock-token", "tasks": 2, "until_stop": True, "pause": 0.05},
         {**common, "role": "aiolock-token", "rounds": 3, "pause": 0.1, "crash": True},
         {**common, "role": "redispy-sync", "rounds": 4, "pause": 0.03, "crash": True},
         {**common, "role": "redispy-async", "rounds": 14, "pause": 0.03},
@@ -452,9 +454,9 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     fleet = await run_fleet(redis_url, f"{prefix}:check", specs, max_seconds=20)
     assert fleet.overlaps == []
     assert fleet.log_overlaps() == []
-    assert fleet.sections("aiolock-token") == 2 * 7 + 3 + 1
+    assert fleet.sections("aiolock-token") >= 3 + 1 + 2
     assert fleet.sections("redispy") == 4 + 1 + 14
     gaps = fleet.foreign_release_gaps()
-    assert gaps, "no redis-py release happened while aiolock waited"
+    assert len(gaps) >= 3, f"only {len(gaps)} redis-py releases happened while aiolock waited"
     assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
     print(f"\nfleet: {len(gaps)} foreign releases with aiolock waiting, max gap {max(gaps):.3f} s")

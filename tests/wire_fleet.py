@@ -126,11 +126,25 @@ async def run_fleet(url: str, check: str, specs: list[dict[str, Any]], max_secon
                     if await admin.hdel(f"{check}:inside", str(proc.pid)):
                         await admin.decr(check)
             await proc.wait()
+            if killed_at is None:  # a child that failed would leave the test vacuous
+                assert proc.returncode == 0, f"{spec['role']} child exited {proc.returncode}"
+                assert events and events[-1]["e"] == "done", f"{spec['role']} did not finish"
             fleet.logs.append((spec["role"], events, killed_at))
 
-        await asyncio.wait_for(
-            asyncio.gather(*(collect(spec, proc) for spec, proc in procs)), max_seconds + 15
-        )
+        async def run_all() -> None:
+            # Children with ``until_stop`` keep contending until every other child is done
+            # (so that the others' releases happen while they wait); then the stop key.
+            finite = [collect(spec, proc) for spec, proc in procs if not spec.get("until_stop")]
+            rest = [collect(spec, proc) for spec, proc in procs if spec.get("until_stop")]
+            others = asyncio.gather(*rest)
+            try:
+                await asyncio.gather(*finite)
+                await admin.set(f"{check}:stop", 1, ex=60)
+                await others
+            finally:
+                others.cancel()
+
+        await asyncio.wait_for(run_all(), max_seconds + 15)
         fleet.overlaps = [str(o) for o in await admin.lrange(f"{check}:overlaps", 0, -1)]
         return fleet
     finally:
