@@ -133,10 +133,10 @@ def test_auxiliary_keys_share_the_names_slot_and_never_collide() -> None:
     assert len(bases) == len(names)
     assert aux_base("p", "token", "job") == "p:token:{job}"
     assert aux_base("p", "token", "{a}x") == "p:token:{a}:4:{a}x"
-    assert aux_base("p", "token", "{}x") == "p:token:#3:{}x"
+    assert aux_base("p", "token", "{}x").endswith("#3:{}x")
+    assert cluster_hash_tag("{}x") is None
     for n in names:
-        if cluster_hash_tag(n) is not None or ("{" not in n and "}" not in n):
-            assert key_slot(aux_base("p", "token", n).encode()) == key_slot(n.encode()), n
+        assert key_slot(aux_base("p", "token", n).encode()) == key_slot(n.encode()), n
 
 
 def test_the_poll_backs_off_to_its_bound_and_restarts_for_a_new_holder() -> None:

@@ -5,9 +5,9 @@ it, at the lock name ``N`` itself, with no prefix. Everything only aiolock needs
 tombstones, void markers of cancelled attempts, the release channel, and for the
 timestamp lock the record of who wrote the value) lives under the manager's prefix ``P``,
 in ``P:<format>:{H}...`` (see :func:`aux_base`), where ``H`` is the text Redis Cluster
-hashes ``N`` by: the name's own hash tag if it has one, else the whole name. So on a
-cluster every key a script touches lives in the slot of ``N`` (a name with braces but no
-usable hash tag is the one exception; on a single server that makes no difference).
+hashes ``N`` by: the name's own hash tag if it has one, else the whole name (or, for a
+name with braces but no usable tag, a short tag found to have the same slot). So on a
+cluster every key a script touches lives in the slot of ``N``.
 
 Other clients never publish when they release, so a waiter of these formats cannot sleep
 until a message while such a client holds the lock: it polls, with the backoff of
@@ -15,6 +15,9 @@ until a message while such a client holds the lock: it polls, with the backoff o
 """
 
 from __future__ import annotations
+
+import functools
+import itertools
 
 from redis.crc import key_slot
 
@@ -27,6 +30,7 @@ __all__ = [
     "PollBackoff",
     "aux_base",
     "cluster_hash_tag",
+    "slot_tag",
 ]
 
 #: Seconds between polls of a waiter while another client (which never publishes) holds
@@ -81,21 +85,33 @@ def aux_base(prefix: str, kind: str, name: str) -> str:
 
     * a name without braces (the common case): ``P:<kind>:{N}``;
     * a name with a Cluster hash tag ``H``: ``P:<kind>:{H}:<length of N>:N``;
-    * a name with braces but no usable hash tag: ``P:<kind>:#<length of N>:N`` (the one
-      case whose auxiliary keys are not in the slot of ``N``).
+    * a name with braces but no usable hash tag: ``P:<kind>:{S}#<length of N>:N``, where
+      ``S`` is a short tag of the same slot as ``N`` (see :func:`slot_tag`).
 
-    Injective, so two names never share an auxiliary key: in the first form ``N`` has no
-    ``}`` and is followed by a suffix that starts with a letter after its ``:``; in the
-    second the tag has no ``}`` (it ends at the first one) and the length fixes where
-    ``N`` ends; the third never has a ``{`` right after ``<kind>:``. (The prefix and the
-    format's tag contain no braces.)
+    So every auxiliary key shares the Redis Cluster slot of ``N``. Injective, so two names
+    never share an auxiliary key: in the first form ``N`` has no ``}`` and is followed by
+    a suffix that starts with ``:`` and a letter; in the others the tag has no ``}`` and
+    the length fixes where ``N`` ends, and the character after the tag (``:`` or ``#``)
+    tells them apart. (The prefix and the format's tag contain no braces.)
     """
     if "{" not in name and "}" not in name:
         return f"{prefix}:{kind}:{{{name}}}"
     tag = cluster_hash_tag(name)
     if tag is not None:
         return f"{prefix}:{kind}:{{{tag}}}:{len(name)}:{name}"
-    return f"{prefix}:{kind}:#{len(name)}:{name}"
+    return f"{prefix}:{kind}:{{{slot_tag(key_slot(name.encode()))}}}#{len(name)}:{name}"
+
+
+@functools.lru_cache(maxsize=1024)
+def slot_tag(slot: int) -> str:
+    """The first hex number whose Cluster slot is *slot*: a hash tag that puts a key in
+    the slot of a name that has no usable tag of its own. Found by search (about 16384
+    tries on average, a few ms), so only for such names, and cached."""
+    for number in itertools.count():
+        tag = format(number, "x")
+        if key_slot(tag.encode()) == slot:
+            return tag
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class PollBackoff:
