@@ -139,14 +139,20 @@ def test_auxiliary_keys_share_the_names_slot_and_never_collide() -> None:
         assert key_slot(aux_base("p", "token", n).encode()) == key_slot(n.encode()), n
 
 
-def test_the_poll_backs_off_to_its_bound_and_restarts_for_a_new_holder() -> None:
+def test_the_poll_backs_off_to_its_bound_whoever_holds_and_restarts_for_a_new_wait() -> None:
     backoff = PollBackoff()
-    waits = [backoff.next("n", "holder-1", 0) for _ in range(8)]
+    now, waits = 100.0, []
+    for _ in range(8):
+        waits.append(backoff.next("n", 0, now))
+        now += waits[-1]
     assert waits[0] == POLL_FIRST
     assert waits == sorted(waits)
     assert waits[-1] == POLL_MAX
-    assert backoff.next("n", "holder-2", 0) == POLL_FIRST
-    assert backoff.next("n", "holder-2", 0.005) == 0.005  # never past the holder's lease
+    assert sum(1 for w in waits if w < POLL_MAX) == 4  # 10, 20, 40, 80 ms, then 100 ms
+    assert backoff.next("n", 0.005, now) == 0.005  # never past the holder's lease
+    now += POLL_MAX
+    assert backoff.next("n", 0, now) == POLL_MAX  # the same wait goes on
+    assert backoff.next("n", 0, now + POLL_MAX + PollBackoff.RESTART + 0.01) == POLL_FIRST
 
 
 # -- against redis-py's Lock -----------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 
 from redis.crc import key_slot
 
@@ -36,8 +37,8 @@ __all__ = [
 #: Seconds between polls of a waiter while another client (which never publishes) holds
 #: the lock: the first retry comes after POLL_FIRST, each next one after twice as long,
 #: up to POLL_MAX. POLL_MAX bounds how long a waiter sleeps through a foreign release
-#: (plus one round trip); in the steady state a waiting name costs 1 / POLL_MAX attempts
-#: per second per process (only the head of a process's queue polls).
+#: (plus one round trip); a waiting name costs 4 attempts in the first 0.15 s, then
+#: 1 / POLL_MAX attempts per second per process (only the head of a process's queue polls).
 POLL_FIRST = 0.01
 POLL_MAX = 0.1
 
@@ -117,30 +118,36 @@ def slot_tag(slot: int) -> str:
 class PollBackoff:
     """Per lock name: how long the local head waits before polling a foreign holder again.
 
-    The interval starts at :data:`POLL_FIRST` for each new holder seen (a short hold is
-    likely to end soon) and doubles up to :data:`POLL_MAX` while the same holder stays.
-    The state is a hint only: it is forgotten when the lock is taken, and wholesale if
-    it grows past a few thousand names.
+    A wait's first poll comes after :data:`POLL_FIRST`, each next one after twice as
+    long, up to :data:`POLL_MAX`, whoever holds the lock meanwhile (so clients handing
+    the lock around quickly never make a waiter poll faster). A name not polled for
+    :data:`RESTART` seconds starts over. The state is a hint only: it is forgotten when
+    the lock is taken, and wholesale if it grows past a few thousand names.
     """
 
     __slots__ = ("_seen",)
 
     LIMIT = 4096
+    #: seconds without a poll after which a name's backoff starts over (a new wait)
+    RESTART = 1.0
 
     def __init__(self) -> None:
-        #: lock name -> (the foreign holder's value, the last interval given)
-        self._seen: dict[str, tuple[str, float]] = {}
+        #: lock name -> (when it was last polled, monotonic; the interval given then)
+        self._seen: dict[str, tuple[float, float]] = {}
 
-    def next(self, name: str, holder: str, ttl: float) -> float:
-        """The wait before the next poll of *name*, held by a foreign *holder* for *ttl* s
+    def next(self, name: str, ttl: float, now: float | None = None) -> float:
+        """The wait before the next poll of *name*, held by another client for *ttl* s
         more (0 or less: unknown or no expiry)."""
+        now = time.monotonic() if now is None else now
         last = self._seen.get(name)
-        interval = POLL_FIRST if last is None or last[0] != holder else min(last[1] * 2, POLL_MAX)
+        if last is None or now - last[0] > last[1] + self.RESTART:
+            interval = POLL_FIRST
+        else:
+            interval = min(last[1] * 2, POLL_MAX)
         if len(self._seen) >= self.LIMIT and name not in self._seen:
             self._seen.clear()
-        self._seen[name] = (holder, interval)
-        # No need to poll before the holder's lease ends, but never sleep 0 s (a lease
-        # that ends in under a millisecond is rounded up).
+        self._seen[name] = (now, interval)
+        # No need to poll after the holder's lease has ended.
         return min(interval, ttl) if ttl > 0 else interval
 
     def forget(self, name: str) -> None:

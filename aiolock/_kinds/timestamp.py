@@ -97,9 +97,7 @@ class TimestampLockKind(KindBase):
         ttl = left_ms / 1000 if left_ms > 0 else 0.0
         if announced:  # an aiolock holder of this prefix: its release message wakes us
             return Busy(ttl)
-        # A legacy holder: poll (a holder is known by its value, so a renewal restarts
-        # the backoff).
-        return Busy(self._backoff.next(keys.lock, as_text(reply[3]), ttl))
+        return Busy(self._backoff.next(keys.lock, ttl))  # a legacy holder: poll
 
     async def undo(self, attempt: Attempt) -> bool:
         if attempt.before:  # a re-entry only rewrote the expiry of a hold we keep

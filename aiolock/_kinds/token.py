@@ -112,7 +112,7 @@ class TokenLockKind(KindBase):
         ttl = pttl / 1000 if pttl > 0 else 0.0
         if holder.startswith(self.mark) or not holder:
             return ttl  # 0: the engine waits the manager's lease, or a release message
-        return self._backoff.next(keys.lock, holder, ttl)
+        return self._backoff.next(keys.lock, ttl)
 
     async def undo(self, attempt: Attempt) -> bool:
         if attempt.before:  # a re-entry changes nothing a late run could leave behind

@@ -11,11 +11,10 @@
 -- Returns {1, value} if the caller holds the lock now (acquired, re-entered, or a resend
 -- of an attempt that already ran), having written the expiry 'value' = server time +
 -- ARGV[2]; else
---   {0, ttl, aiolock, value}
---                      held by another: ms until its stored expiry (-1: the value is
---                      not a number), 1 if an aiolock client of this prefix holds it
---                      (it announces its release) else 0, and the stored value; a
---                      re-entry whose hold is gone answers {0, 0, 1} and takes nothing
+--   {0, ttl, aiolock}  held by another: ms until its stored expiry (-1: the value is
+--                      not a number), and 1 if an aiolock client of this prefix holds
+--                      it (it announces its release), else 0; a re-entry whose hold
+--                      is gone answers {0, 0, 1} and takes nothing
 --   {3}                voided: an undo reached Redis before this attempt did
 --   {-1, type}         KEYS[1] holds a value of another Redis type; nothing done
 --
@@ -43,11 +42,11 @@ end
 if held then
   local expiry = tonumber(held)
   if expiry == nil then
-    return {0, -1, 0, held}
+    return {0, -1, 0}
   end
   if expiry >= now then
     local ours = record and string.sub(record, 1, #held + 1) == held .. ' '
-    return {0, expiry - now, ours and 1 or 0, held}
+    return {0, expiry - now, ours and 1 or 0}
   end
 end
 return {1, write(KEYS[1], KEYS[2], ARGV[1], now, ARGV[2])}
