@@ -345,6 +345,11 @@ class LockKind(Protocol):
         """The pub/sub channel on which releases of *keys* are announced."""
         ...
 
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        """The current task's hold count per Redis (*hold*: its hold, if any), or None
+        if it is the hold's field in the kind's hash, which the handle then reads."""
+        ...
+
 
 class KindBase:
     """Defaults for a :class:`LockKind`: an exclusive, non-reentrant kind with no queue.
@@ -381,3 +386,6 @@ class KindBase:
 
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
         raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        return None  # the count is the hold's field in the hash (see Lock.hold_count)

@@ -193,6 +193,9 @@ class Lock:
         """How many times the current task holds the lock, per Redis (0 if not)."""
         engine = self._manager._open_engine()
         hold = engine.registry.get(self._resource, self._manager._owner())
+        counted = await self._kind.hold_count(self._keys, hold)  # formats without a hash
+        if counted is not None:
+            return counted
         if hold is None:
             # Still ask Redis, so that a key of another type is reported as such.
             await engine.client.call("HEXISTS", self._keys.lock, "-", key=self._keys.lock)

@@ -48,7 +48,7 @@ from ._rwlock import ReadWriteLock
 from ._semaphore import Semaphore
 from ._sentinel import PrimaryWatch, check_sentinels, is_sentinel_primary, sentinel_client
 from ._wire import WireFormat, WireName, check_wire, wire_format
-from ._wires import RedissonFormat  # noqa: F401  (importing it registers the formats)
+from ._wires import RedissonFormat, TokenFormat  # noqa: F401  (importing it registers the formats)
 
 __all__ = ["LockManager", "ManagerStatistics"]
 

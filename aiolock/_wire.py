@@ -44,7 +44,7 @@ class KindMaker(Protocol):
 
 
 #: The names ``wire=`` accepts (each a key of ``_FORMATS``).
-WireName = Literal["aiolock", "redisson"]
+WireName = Literal["aiolock", "redisson", "token", "timestamp"]
 
 
 class WireFormat:

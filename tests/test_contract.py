@@ -65,6 +65,10 @@ async def _sem_release(_: aiolock.Semaphore, permit: aiolock.Permit) -> None:
     await permit.release()
 
 
+def _raw_lock(wire: Any) -> Callable[[aiolock.LockManager, str], aiolock.Lock]:
+    return lambda m, n: m.lock(f"{m.prefix}:{n}", wire=wire)
+
+
 CASES = [
     Case(
         id="lock",
@@ -114,6 +118,18 @@ CASES = [
         acquire=_lock_acquire,
         release=_lock_release,
         probe=lambda m, n: m.fair_lock(n),
+    ),
+    # The formats shared with other clients keep the lock at the raw name: the name is
+    # made under the test's prefix, so that tests never share it.
+    *(
+        Case(
+            id=f"{wire} lock",
+            make=_raw_lock(wire),
+            acquire=_lock_acquire,
+            release=_lock_release,
+            probe=_raw_lock(wire),
+        )
+        for wire in ("token", "timestamp")
     ),
 ]
 

@@ -1,14 +1,17 @@
-"""Wire formats shared with other clients: one module per format, registered here.
+"""Wire formats shared with other clients: one module per family, registered here.
 
-Each format subclasses :class:`aiolock._wire.WireFormat`, which is why this package adds
-them to ``_FORMATS`` rather than ``aiolock._wire`` importing them (an import cycle).
-:mod:`aiolock._manager` imports this package, so the formats exist before any
-``wire=`` is checked. Their names must also be in :data:`aiolock._wire.WireName`.
+A format subclasses :class:`aiolock._wire.WireFormat`, so ``aiolock._wire`` cannot import
+it (an import cycle): this package adds it to ``_FORMATS`` instead, and
+:mod:`aiolock._manager` imports this package, so every format is registered before any
+``wire=`` is checked. Each name must also be listed in :data:`aiolock._wire.WireName`.
 """
 
 from .._wire import _FORMATS
 from .redisson import RedissonFormat
+from .strings import TimestampFormat, TokenFormat
 
-__all__ = ["RedissonFormat"]
+__all__ = ["RedissonFormat", "TimestampFormat", "TokenFormat"]
 
 _FORMATS["redisson"] = RedissonFormat()
+_FORMATS["token"] = TokenFormat()
+_FORMATS["timestamp"] = TimestampFormat()

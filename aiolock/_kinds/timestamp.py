@@ -1,0 +1,178 @@
+"""The timestamp lock kind (``wire="timestamp"``): the legacy SETNX/GETSET expiry lock.
+
+The lock is a string at the lock name ``N`` itself holding its holder's expiry time, in
+milliseconds since the Unix epoch: a client takes it with ``SETNX N <expiry>``, or, if
+the stored expiry has passed, with ``GETSET N <new expiry>`` when the value it swapped
+out is the stale one it saw; it renews by writing a later expiry and releases with
+``DEL``. aiolock does each step in one script (atomic, so its check cannot fail) and
+leaves the same value behind, so legacy clients and aiolock exclude each other on one
+name. ``docs/wire-timestamp.md`` is the contract, with the protocol's hazards.
+
+The protocol has no owner identity: the value is only a time. aiolock records which of
+its holds wrote the current value in a key of its own, ``P:ts:{N}:holder`` =
+``<value> <owner field>`` (see :func:`~aiolock._kinds.foreign.aux_base`), which expires
+with that value; a hold is aiolock's while both agree. aiolock compares expiries with
+the Redis server's clock (``TIME`` in the scripts); legacy clients use their own.
+
+Legacy clients never publish, so aiolock's waiters poll with a bounded backoff while one
+holds the lock, and sleep on pub/sub (``P:ts:{N}:released``) while an aiolock client
+of the same prefix does. There are no fencing tokens. Re-entry is counted in the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._client import as_int, as_text
+from .._keys import LockKeys, ms
+from .._kind import Attempt, Busy, Granted, Hold, KindBase, Released, ReleaseStatus, Successor
+from .._runtime import Runtime
+from .._scripts import Script
+from .foreign import ForeignKeys, PollBackoff
+from .token import string_type_error
+
+__all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
+
+ACQUIRE = Script("timestamp/acquire")
+RELEASE = Script("timestamp/release")
+RENEW = Script("timestamp/renew")
+UNDO = Script("timestamp/undo")
+FORCE_RELEASE = Script("timestamp/force_release")
+
+#: The format's tag in aiolock's auxiliary keys: ``P:ts:{N}:...``.
+TIMESTAMP_TAG = "ts"
+
+# acquire.lua
+_ACQUIRED, _BUSY, _VOIDED, _BAD_KEY = 1, 0, 3, -1
+# release.lua
+_RESENT, _NOT_HELD = 2, 0
+
+
+def timestamp_keys(prefix: str, name: str) -> ForeignKeys:
+    return ForeignKeys(prefix, name, TIMESTAMP_TAG)
+
+
+def _record(keys: LockKeys) -> str:
+    """aiolock's holder record of the lock (see the module docstring)."""
+    return keys.part("holder")
+
+
+class TimestampLockKind(KindBase):
+    """Scripts and reply decoding of the timestamp lock; everything else is the engine's."""
+
+    name = "timestamp lock"
+    reentrant = True
+    fencing_unavailable = (
+        "locks of the 'timestamp' wire format have no fencing token: the legacy "
+        "SETNX/GETSET protocol stores only an expiry time, and legacy clients would not "
+        "advance a counter. Use wire='aiolock' for fencing tokens"
+    )
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._client = runtime.client
+        self._backoff = PollBackoff()
+
+    def resource(self, keys: LockKeys) -> str:
+        # Not the key itself: see TokenLockKind.resource.
+        return f"\0{TIMESTAMP_TAG}\0{keys.lock}"
+
+    async def attempt(self, attempt: Attempt) -> Granted | Busy:
+        keys = attempt.keys
+        reply = await self._client.run(
+            ACQUIRE,
+            (keys.lock, _record(keys), attempt.void),
+            (attempt.field, ms(attempt.lease), attempt.before),
+        )
+        code = as_int(reply[0])
+        if code == _ACQUIRED:
+            self._backoff.forget(keys.lock)
+            return Granted(0, attempt.before + 1)
+        if code == _BAD_KEY:
+            raise string_type_error(keys.lock, reply[1])
+        if code == _VOIDED:  # only an attempt resent after its own undo sees that
+            return Busy(0.0)
+        left_ms, announced = as_int(reply[1]), as_int(reply[2]) == 1
+        ttl = left_ms / 1000 if left_ms > 0 else 0.0
+        if announced:  # an aiolock holder of this prefix: its release message wakes us
+            return Busy(ttl)
+        return Busy(self._backoff.next(keys.lock, ttl))  # a legacy holder: poll
+
+    async def undo(self, attempt: Attempt) -> bool:
+        if attempt.before:  # a re-entry only rewrote the expiry of a hold we keep
+            return False
+        keys = attempt.keys
+        undone = await self._client.run(
+            UNDO,
+            (keys.lock, _record(keys), attempt.void),
+            (attempt.field, attempt.void_ms, keys.channel, self._rt.manager_id),
+        )
+        return as_int(undone) == 1
+
+    async def _check(self, hold: Hold) -> bool:
+        keys = hold.keys
+        (held,) = await self._client.run(RENEW, (keys.lock, _record(keys)), (hold.field, 0))
+        return as_int(held) == 1
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        keys = hold.keys
+        if count > 1:  # nested: the count is ours alone; only check that we still hold it
+            if await self._check(hold):
+                return Released(ReleaseStatus.STILL_HELD, count - 1)
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        rt = self._rt
+        reply = await self._client.run(
+            RELEASE,
+            (keys.lock, _record(keys), keys.tombstone(release_id)),
+            (hold.field, keys.channel, rt.manager_id, 1 if listening else 0, rt.tombstone_ms),
+        )
+        if isinstance(reply, int):
+            return Released(ReleaseStatus.RELEASED, reply)
+        code = as_int(reply[0])
+        if code == _RESENT:
+            return Released(ReleaseStatus.RELEASED, 0)
+        if code == _NOT_HELD:
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        raise string_type_error(keys.lock, reply[1])
+
+    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
+        lease_ms = ms(lease)
+        keys: list[str] = []
+        args: list[Any] = []
+        for hold in holds:
+            keys += (hold.keys.lock, _record(hold.keys))
+            args += (hold.field, lease_ms if hold.renew else 0)
+        replies = await self._client.run(RENEW, keys, args)
+        return [as_int(reply) == 1 for reply in replies]
+
+    async def extend(self, hold: Hold, lease: float) -> bool:
+        keys = hold.keys
+        (held,) = await self._client.run(RENEW, (keys.lock, _record(keys)), (hold.field, ms(lease)))
+        return as_int(held) == 1
+
+    async def force_release(self, keys: LockKeys) -> bool:
+        code, value = await self._client.run(
+            FORCE_RELEASE, (keys.lock, _record(keys)), (keys.channel, self._rt.manager_id)
+        )
+        if as_int(code) == -1:
+            raise string_type_error(keys.lock, value)
+        return as_int(code) == 1
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        """The count is kept in the process: Redis is asked whether the hold still holds
+        the lock (and, with no hold, whether the key is a string or absent)."""
+        if hold is None:
+            kind = await self._client.call("TYPE", keys.lock, key=keys.lock)
+            if as_text(kind) not in ("none", "string"):
+                raise string_type_error(keys.lock, kind)
+            return 0
+        return hold.count if await self._check(hold) else 0

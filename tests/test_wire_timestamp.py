@@ -1,0 +1,332 @@
+"""``wire="timestamp"``: aiolock and the legacy SETNX/GETSET expiry lock on one name.
+
+The legacy client is the recipe of the seed documents, written in
+:mod:`tests._wire_fleet_child` (sync redis-py, the client's clock): here it runs in a
+thread for the focused tests, and in other processes in the mixed fleet, each stopped by
+its own pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._kinds.foreign import POLL_MAX
+
+from ._wire_fleet_child import legacy_release, legacy_try
+from .wire_fleet import REPO_ROOT, run_fleet
+
+#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound
+#: (more in a fleet, whose six processes compete for the cores).
+SLACK = 0.4
+FLEET_SLACK = 0.6
+
+
+@pytest.fixture
+def name(prefix: str) -> str:
+    """A raw lock name of this test's own (the timestamp format uses no prefix)."""
+    return f"{prefix}-job"
+
+
+@pytest.fixture
+async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    async with aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=2.0) as manager:
+        yield manager
+
+
+@pytest.fixture
+def sync_redis(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+async def server_ms(client: Redis) -> int:
+    seconds, micros = await client.time()
+    return seconds * 1000 + micros // 1000
+
+
+async def text(client: Redis, key: str) -> str:
+    """The string at *key* (it must exist)."""
+    value = await client.get(key)
+    assert isinstance(value, bytes), (key, value)
+    return value.decode()
+
+
+async def take(lock: aiolock.Lock, timeout: float = 10) -> float:
+    """Acquire *lock* in the calling task, release it; when it was acquired (monotonic)."""
+    await lock.acquire(timeout=timeout)
+    acquired = time.monotonic()
+    await lock.release()
+    return acquired
+
+
+def legacy_acquire(client: redis.Redis, name: str, timeout_ms: int, within: float) -> str:
+    """The legacy recipe's blocking acquire: retry every 10 ms."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        value = legacy_try(client, name, timeout_ms)
+        if value is not None:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("the legacy client did not get the lock")
+
+
+# -- layout ---------------------------------------------------------------------------------
+
+
+async def test_the_lock_is_an_expiry_time_at_the_name_on_the_servers_clock(
+    locks: aiolock.LockManager, admin: Redis, name: str, prefix: str
+) -> None:
+    lock = locks.lock(name)
+    assert lock.key == name
+    async with lock:
+        value = int(await text(admin, name))
+        assert -200 <= value - (await server_ms(admin) + 2000) <= 0  # TIME + lease, earlier
+        assert 1500 < await admin.pttl(name) <= 2000
+        record = await text(admin, f"{prefix}:ts:{{{name}}}:holder")
+        assert record.startswith(f"{value} ")
+        async with lock:
+            assert await lock.hold_count() == 2
+        assert await admin.exists(name) == 1  # a nested release keeps it
+    assert await admin.exists(name, f"{prefix}:ts:{{{name}}}:holder") == 0
+    assert await lock.hold_count() == 0
+
+
+async def test_renewal_rewrites_the_expiry(
+    redis: Redis, admin: Redis, prefix: str, name: str
+) -> None:
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=0.6) as locks,
+        locks.lock(name),
+    ):
+        first = int(await text(admin, name))
+        await asyncio.sleep(0.45)  # past a renewal (every lease / 3)
+        second = int(await text(admin, name))
+        assert second > first
+        assert second - await server_ms(admin) > 0  # never allowed to go stale
+
+
+async def test_no_fencing_tokens_and_no_other_kinds(locks: aiolock.LockManager, name: str) -> None:
+    async with locks.lock(name) as lock:
+        with pytest.raises(aiolock.WireFormatError, match="'timestamp' wire format have no"):
+            _ = lock.fencing_token
+    for what, make in (
+        ("fair lock", lambda: locks.fair_lock(name)),
+        ("read-write lock", lambda: locks.rw_lock(name)),
+        ("semaphore", lambda: locks.semaphore(name, 2)),
+    ):
+        with pytest.raises(aiolock.WireFormatError, match=f"'timestamp' wire format has no {what}"):
+            make()
+
+
+async def test_a_value_that_is_not_a_time_counts_as_held(
+    locks: aiolock.LockManager, admin: Redis, name: str
+) -> None:
+    await admin.set(name, "not-a-number")
+    assert not await locks.lock(name).try_acquire(timeout=0.1)
+    assert await admin.get(name) == b"not-a-number"
+    await admin.delete(name)
+
+
+async def test_multi_lock_takes_timestamp_locks(
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+) -> None:
+    names = [f"{name}-a", f"{name}-b"]
+    multi = locks.multi_lock(names)
+    with pytest.raises(aiolock.WireFormatError, match="fencing"):
+        _ = multi.fencing_tokens
+    async with multi:
+        for n in names:
+            assert legacy_try(sync_redis, n, 5000) is None
+    value = legacy_try(sync_redis, names[1], 5000)
+    assert value is not None
+    assert not await multi.try_acquire(timeout=0.2)
+    assert sync_redis.exists(names[0]) == 0  # what it took is given back
+    legacy_release(sync_redis, names[1], value)
+
+
+async def test_the_token_and_timestamp_formats_exclude_each_other_on_one_name(
+    locks: aiolock.LockManager, name: str
+) -> None:
+    """Both keep the lock at the raw name: each sees the other's value as a foreign
+    holder's (a token is not a time; a time is not aiolock's token)."""
+    stamped, tokened = locks.lock(name), locks.lock(name, wire="token")
+    async with stamped:
+        assert not await tokened.try_acquire()
+    async with tokened:
+        assert not await stamped.try_acquire()
+
+
+# -- against the legacy client ---------------------------------------------------------------
+
+
+async def test_aiolock_and_the_legacy_client_exclude_each_other_both_ways(
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+) -> None:
+    lock = locks.lock(name)
+    async with lock:
+        assert legacy_try(sync_redis, name, 5000) is None
+    value = legacy_try(sync_redis, name, 5000)
+    assert value is not None
+    assert not await lock.try_acquire()
+    legacy_release(sync_redis, name, value)
+    assert await lock.try_acquire()
+    await lock.release()
+
+
+async def test_aiolock_takes_over_a_stale_legacy_lock_and_the_legacy_check_then_fails(
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+) -> None:
+    stale = str(int(time.time() * 1000) - 50)  # a holder that crashed: no TTL, in the past
+    sync_redis.set(name, stale)
+    async with locks.lock(name) as lock:
+        assert int(sync_redis.get(name) or 0) > int(stale)
+        assert legacy_try(sync_redis, name, 5000) is None  # not stale: refused
+        assert await lock.hold_count() == 1
+
+
+async def test_a_legacy_getset_that_lost_the_race_takes_aiolocks_hold_away_and_it_is_reported(
+    redis: Redis, sync_redis: redis.Redis, prefix: str, name: str
+) -> None:
+    """The protocol's own hazard: a legacy client that saw a stale value GETSETs after
+    aiolock took the lock over. Its check fails (it does not own the lock), but it has
+    overwritten aiolock's expiry: aiolock's watchdog finds its hold gone, and cancels the
+    body. Nobody holds the lock until the legacy value expires."""
+    stale = str(int(time.time() * 1000) - 50)
+    sync_redis.set(name, stale)
+    seen = sync_redis.get(name)  # the legacy client's GET
+    async with aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=0.6) as locks:
+        with pytest.raises(aiolock.LockLostError):
+            async with locks.lock(name):
+                late = str(int(time.time() * 1000) + 5000)
+                old = sync_redis.getset(name, late)  # the legacy client's GETSET
+                assert old != seen  # its check fails: it does not take the lock
+                await asyncio.sleep(2.0)
+                pytest.fail("the body should have been cancelled")
+        assert sync_redis.get(name) == late.encode()  # aiolock did not delete it
+    sync_redis.delete(name)
+
+
+async def test_an_expired_hold_never_deletes_a_later_value_even_an_equal_one(
+    locks: aiolock.LockManager, admin: Redis, sync_redis: redis.Redis, name: str
+) -> None:
+    """aiolock's holder record lives as long as its value: once the value has passed,
+    the same number written by a legacy client is not aiolock's."""
+    lock = locks.lock(name, lease=0.2)
+    await lock.acquire()
+    value = await text(admin, name)
+    await asyncio.sleep(0.3)  # the lease ends (key and record expire with the value)
+    assert sync_redis.setnx(name, value)  # a legacy client writes the very same number
+    with pytest.raises(aiolock.LockLostError):
+        await lock.release()
+    assert await text(admin, name) == value
+    await admin.delete(name)
+
+
+async def test_an_aiolock_waiter_gets_the_lock_within_the_poll_bound_after_a_legacy_release(
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+) -> None:
+    value = legacy_try(sync_redis, name, 5000)
+    assert value is not None
+    waiter = asyncio.create_task(take(locks.lock(name)))
+    await asyncio.sleep(0.6)  # long enough for the backoff to reach its bound
+    assert not waiter.done()
+    released = time.monotonic()
+    legacy_release(sync_redis, name, value)
+    waited = await waiter - released
+    assert waited <= POLL_MAX + SLACK, waited
+
+
+async def test_a_legacy_waiter_gets_the_lock_when_aiolock_releases(
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+) -> None:
+    lock = locks.lock(name)
+    await lock.acquire()
+    waiter = asyncio.create_task(asyncio.to_thread(legacy_acquire, sync_redis, name, 5000, 10))
+    await asyncio.sleep(0.3)
+    assert not waiter.done()
+    released = time.monotonic()
+    await lock.release()
+    value = await waiter
+    assert time.monotonic() - released < 1.5  # its own pace (the renewed hold never expired)
+    legacy_release(sync_redis, name, value)
+
+
+async def test_a_crashed_legacy_holder_is_taken_over_once_its_expiry_passes(
+    locks: aiolock.LockManager, redis_url: str, name: str
+) -> None:
+    code = (
+        "import redis, sys, time; from tests._wire_fleet_child import legacy_try; "
+        f"assert legacy_try(redis.Redis.from_url({redis_url!r}), {name!r}, 800); "
+        "print('held', flush=True); time.sleep(60)"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, cwd=str(REPO_ROOT)
+    )
+    try:
+        assert child.stdout is not None
+        assert await asyncio.wait_for(child.stdout.readline(), 30) == b"held\n"
+        child.kill()  # SIGKILL, by this child's pid
+        await child.wait()
+        killed = time.monotonic()
+        lock = locks.lock(name)
+        assert not await lock.try_acquire()
+        await lock.acquire(timeout=5)
+        assert time.monotonic() - killed <= 0.8 + POLL_MAX + SLACK
+        await lock.release()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+
+
+async def test_a_cancelled_acquire_or_release_leaves_nothing_held(
+    locks: aiolock.LockManager, admin: Redis, prefix: str, name: str
+) -> None:
+    cancelled = 0
+    for delay in (0, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005):
+        task = asyncio.create_task(take(locks.lock(name)))
+        await asyncio.sleep(delay)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            cancelled += 1
+        assert await admin.exists(name, f"{prefix}:ts:{{{name}}}:holder") == 0, delay
+    assert cancelled > 0
+
+
+# -- the mixed fleet ---------------------------------------------------------------------------
+
+
+async def test_mixed_fleet_with_crashing_holders_never_overlaps(
+    redis_url: str, prefix: str, name: str
+) -> None:
+    """aiolock (2 processes, 3 tasks) and two legacy clients, one process of each
+    SIGKILLed mid-hold after a few sections: no overlap by the counter or by the logs,
+    and while aiolock waited, no legacy release left the lock free longer than the poll
+    bound."""
+    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
+    # Two processes crash: after a few sections they hang inside and are killed. The
+    # first one contends until the others are done, so that their releases find it waiting.
+    specs = [
+        {**common, "role": "aiolock-timestamp", "tasks": 2, "until_stop": True, "pause": 0.05},
+        {**common, "role": "aiolock-timestamp", "rounds": 3, "pause": 0.1, "crash": True},
+        {**common, "role": "legacy", "rounds": 4, "pause": 0.03, "crash": True},
+        {**common, "role": "legacy", "rounds": 14, "pause": 0.03},
+    ]
+    fleet = await run_fleet(redis_url, f"{prefix}:check", specs, max_seconds=20)
+    assert fleet.overlaps == []
+    assert fleet.log_overlaps() == []
+    assert fleet.sections("aiolock-timestamp") >= 3 + 1 + 2
+    assert fleet.sections("legacy") == 4 + 1 + 14
+    gaps = fleet.foreign_release_gaps()
+    assert len(gaps) >= 3, f"only {len(gaps)} legacy releases happened while aiolock waited"
+    assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
+    print(f"\nfleet: {len(gaps)} legacy releases with aiolock waiting, max gap {max(gaps):.3f} s")

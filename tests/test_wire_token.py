@@ -1,0 +1,468 @@
+"""``wire="token"``: aiolock and redis-py's ``Lock`` (sync and asyncio) on one lock name.
+
+Every test runs against the session's own redis-server and the real redis-py ``Lock``;
+lock names are the raw names other clients use, so each test makes its own. Child
+processes (the mixed fleet) are :mod:`tests._wire_fleet_child`, stopped by their pids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+import redis
+from redis.asyncio import Redis
+from redis.exceptions import LockNotOwnedError
+
+import aiolock
+from aiolock._kinds.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, cluster_hash_tag
+from aiolock._kinds.token import TokenLockKind
+
+from .helpers import counting_client
+from .wire_fleet import REPO_ROOT, run_fleet
+
+#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound
+#: (more in a fleet, whose six processes compete for the cores).
+SLACK = 0.4
+FLEET_SLACK = 0.6
+
+
+@pytest.fixture
+def name(prefix: str) -> str:
+    """A raw lock name of this test's own (the token format uses no prefix)."""
+    return f"{prefix}-job"
+
+
+@pytest.fixture
+async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=2.0) as manager:
+        yield manager
+
+
+@pytest.fixture
+def sync_redis(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
+
+
+async def text(client: Redis, key: str) -> str:
+    """The string at *key* (it must exist)."""
+    value = await client.get(key)
+    assert isinstance(value, bytes), (key, value)
+    return value.decode()
+
+
+async def take(lock: aiolock.Lock, timeout: float = 10) -> float:
+    """Acquire *lock* in the calling task, release it; when it was acquired (monotonic)."""
+    await lock.acquire(timeout=timeout)
+    acquired = time.monotonic()
+    await lock.release()
+    return acquired
+
+
+# -- layout ---------------------------------------------------------------------------------
+
+
+async def test_the_lock_is_a_token_string_at_the_name_itself(
+    locks: aiolock.LockManager, admin: Redis, name: str, prefix: str
+) -> None:
+    lock = locks.lock(name)
+    assert lock.key == name
+    async with lock:
+        token = await text(admin, name)
+        assert token.startswith(f"aiolock:{{{prefix}}}:")
+        assert 1500 < await admin.pttl(name) <= 2000  # the manager's lease
+        async with lock:  # re-entered in the process: the same token, nothing added
+            assert await text(admin, name) == token
+            assert await lock.hold_count() == 2
+        assert await admin.get(name) is not None  # a nested release keeps it
+        assert await lock.hold_count() == 1
+    assert await admin.exists(name) == 0  # the final release deletes it
+    assert await lock.hold_count() == 0
+    # Each acquisition writes a new token.
+    async with lock:
+        assert await text(admin, name) != token
+
+
+async def test_a_fixed_lease_is_the_keys_px(
+    locks: aiolock.LockManager, admin: Redis, name: str
+) -> None:
+    async with locks.lock(name, lease=0.5) as lock:
+        assert 0 < await admin.pttl(name) <= 500
+        await lock.extend(3.0)
+        assert 2500 < await admin.pttl(name) <= 3000
+
+
+async def test_no_fencing_tokens_and_no_other_kinds(locks: aiolock.LockManager, name: str) -> None:
+    lock = locks.lock(name)
+    async with lock:
+        with pytest.raises(aiolock.WireFormatError, match="'token' wire format have no fencing"):
+            _ = lock.fencing_token
+    with pytest.raises(aiolock.WireFormatError, match="fencing"):
+        _ = locks.multi_lock([name, f"{name}2"]).fencing_tokens
+    for what, make in (
+        ("fair lock", lambda: locks.fair_lock(name)),
+        ("read-write lock", lambda: locks.rw_lock(name)),
+        ("semaphore", lambda: locks.semaphore(name, 2)),
+    ):
+        with pytest.raises(aiolock.WireFormatError, match=f"'token' wire format has no {what}"):
+            make()
+    # The manager's own format stays available per lock.
+    assert locks.fair_lock(name, wire="aiolock").name == name
+
+
+async def test_a_key_of_another_type_is_reported(
+    locks: aiolock.LockManager, admin: Redis, name: str
+) -> None:
+    await admin.rpush(name, "x")
+    with pytest.raises(aiolock.LockKeyTypeError, match="holds a list"):
+        await locks.lock(name).acquire(timeout=0)
+    with pytest.raises(aiolock.LockKeyTypeError, match="holds a list"):
+        await locks.lock(name).hold_count()
+    await admin.delete(name)
+
+
+def test_auxiliary_keys_share_the_names_slot_and_never_collide() -> None:
+    from redis.crc import key_slot
+
+    names = ["job", "{a}x", "x{a}", "a{b{c}d", "{}x", "x}", "}x", "~a", "{a}x:released", "a:5:b"]
+    bases = {aux_base("p", "token", n) for n in names}
+    assert len(bases) == len(names)
+    assert aux_base("p", "token", "job") == "p:token:{job}"
+    assert aux_base("p", "token", "{a}x") == "p:token:{a}:4:{a}x"
+    assert aux_base("p", "token", "{}x").endswith("#3:{}x")
+    assert cluster_hash_tag("{}x") is None
+    for n in names:
+        assert key_slot(aux_base("p", "token", n).encode()) == key_slot(n.encode()), n
+
+
+def test_the_poll_backs_off_to_its_bound_whoever_holds_and_restarts_for_a_new_wait() -> None:
+    backoff = PollBackoff()
+    now, waits = 100.0, []
+    for _ in range(8):
+        waits.append(backoff.next("n", 0, now))
+        now += waits[-1]
+    assert waits[0] == POLL_FIRST
+    assert waits == sorted(waits)
+    assert waits[-1] == POLL_MAX
+    assert sum(1 for w in waits if w < POLL_MAX) == 4  # 10, 20, 40, 80 ms, then 100 ms
+    assert backoff.next("n", 0.005, now) == 0.005  # never past the holder's lease
+    now += POLL_MAX
+    assert backoff.next("n", 0, now) == POLL_MAX  # the same wait goes on
+    assert backoff.next("n", 0, now + POLL_MAX + PollBackoff.RESTART + 0.01) == POLL_FIRST
+
+
+# -- against redis-py's Lock -----------------------------------------------------------------
+
+
+async def test_aiolock_and_redis_py_locks_exclude_each_other_both_ways(
+    locks: aiolock.LockManager, redis: Redis, sync_redis: redis.Redis, name: str
+) -> None:
+    lock = locks.lock(name)
+    async with lock:
+        assert not sync_redis.lock(name, timeout=5).acquire(blocking=False)
+        assert not await redis.lock(name, timeout=5).acquire(blocking=False)
+    sync_lock = sync_redis.lock(name, timeout=5)
+    assert sync_lock.acquire(blocking=False)
+    assert not await lock.try_acquire()
+    assert await lock.locked()
+    assert 0 < (await lock.ttl() or 0) <= 5
+    sync_lock.release()
+    async_lock = redis.lock(name, timeout=5)
+    assert await async_lock.acquire(blocking=False)
+    assert not await lock.try_acquire()
+    await async_lock.release()
+    assert await lock.try_acquire()
+    await lock.release()
+
+
+async def test_an_aiolock_waiter_gets_the_lock_within_the_poll_bound_after_redis_py_releases(
+    locks: aiolock.LockManager, redis: Redis, sync_redis: redis.Redis, name: str
+) -> None:
+    sync_holder, async_holder = sync_redis.lock(name, timeout=5), redis.lock(name, timeout=5)
+    for client in ("sync", "asyncio"):
+        if client == "sync":
+            assert sync_holder.acquire(blocking=False)
+        else:
+            assert await async_holder.acquire(blocking=False)
+        waiter = asyncio.create_task(take(locks.lock(name)))
+        await asyncio.sleep(0.6)  # long enough for the backoff to reach its bound
+        assert not waiter.done()
+        released = time.monotonic()
+        if client == "sync":
+            sync_holder.release()
+        else:
+            await async_holder.release()
+        waited = await waiter - released
+        assert waited <= POLL_MAX + SLACK, waited
+
+
+async def test_a_redis_py_waiter_gets_the_lock_when_aiolock_releases(
+    locks: aiolock.LockManager, redis: Redis, sync_redis: redis.Redis, name: str
+) -> None:
+    lock = locks.lock(name)
+    await lock.acquire()
+    sync_lock = sync_redis.lock(name, timeout=5, sleep=0.05)
+    sync_waiter = asyncio.create_task(asyncio.to_thread(sync_lock.acquire, blocking_timeout=10))
+    await asyncio.sleep(0.3)
+    assert not sync_waiter.done()
+    released = time.monotonic()
+    await lock.release()
+    assert await sync_waiter is True
+    assert time.monotonic() - released < 1.5  # its own pace (the renewed hold never expired)
+    await asyncio.to_thread(sync_lock.release)
+    # And the asyncio client, in the same test.
+    await lock.acquire()
+    async_lock = redis.lock(name, timeout=5, sleep=0.05)
+    async_waiter = asyncio.create_task(async_lock.acquire(blocking_timeout=10))
+    await asyncio.sleep(0.3)
+    assert not async_waiter.done()
+    await lock.release()
+    assert await async_waiter is True
+    await async_lock.release()
+
+
+async def test_redis_py_cannot_release_or_extend_aiolocks_hold(
+    locks: aiolock.LockManager, redis: Redis, name: str
+) -> None:
+    async with locks.lock(name):
+        intruder = redis.lock(name, timeout=5)
+        intruder.local.token = b"not-the-token"
+        with pytest.raises(LockNotOwnedError):
+            await intruder.release()
+        assert await redis.exists(name) == 1
+
+
+async def test_a_crashed_redis_py_holders_lease_expires_and_aiolock_takes_over(
+    locks: aiolock.LockManager, redis_url: str, name: str
+) -> None:
+    # A holder in another process that dies (SIGKILL, this test's own child) mid-hold.
+    code = (
+        "import redis, sys, time; "
+        f"l = redis.Redis.from_url({redis_url!r}).lock({name!r}, timeout=0.8); "
+        "assert l.acquire(blocking=False); print('held', flush=True); time.sleep(60)"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, cwd=str(REPO_ROOT)
+    )
+    try:
+        assert child.stdout is not None
+        assert await asyncio.wait_for(child.stdout.readline(), 30) == b"held\n"
+        child.kill()  # SIGKILL, by this child's pid
+        await child.wait()
+        killed = time.monotonic()
+        lock = locks.lock(name)
+        assert not await lock.try_acquire()
+        await lock.acquire(timeout=5)
+        assert time.monotonic() - killed <= 0.8 + POLL_MAX + SLACK
+        await lock.release()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+
+
+async def test_a_waiter_behind_aiolock_sleeps_on_pubsub_and_polls_only_behind_redis_py(
+    redis_url: str, prefix: str, redis: Redis, name: str
+) -> None:
+    """The cost of waiting: no polling while an aiolock client holds the lock; while
+    redis-py holds it, attempts settle at 1 / POLL_MAX per second per waiting name."""
+    counted, trips = counting_client(redis_url)
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, wire="token") as holder,
+        aiolock.LockManager(counted, prefix=prefix, wire="token") as waiting,
+    ):
+        held = holder.lock(name)
+        await held.acquire()
+        waiter = asyncio.create_task(take(waiting.lock(name)))
+        await asyncio.sleep(0.3)
+        before = trips.sends
+        await asyncio.sleep(0.6)
+        assert trips.sends - before == 0  # asleep on pub/sub
+        released = time.monotonic()
+        await held.release()
+        assert await waiter - released < SLACK  # woken by the release message
+
+        foreign = redis.lock(name, timeout=10)
+        assert await foreign.acquire(blocking=False)
+        waiter = asyncio.create_task(take(waiting.lock(name)))
+        await asyncio.sleep(0.5)  # past the backoff's ramp
+        before, started = trips.sends, time.monotonic()
+        await asyncio.sleep(1.2)
+        rate = (trips.sends - before) / (time.monotonic() - started)
+        # One attempt per POLL_MAX at most (a late timer only lowers the rate).
+        assert 0 < rate <= 1 / POLL_MAX + 1, rate
+        await foreign.release()
+        await waiter
+
+
+async def test_a_name_with_a_hash_tag_works_end_to_end(
+    redis_url: str, redis: Redis, prefix: str, admin: Redis
+) -> None:
+    """The release channel of a braced name (``P:token:{tag}:<len>:name``) is the one its
+    waiters subscribe to: a waiter in another manager is woken by the release message."""
+    name = f"{{{prefix}}}:order:{{7}}"
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, wire="token") as holder,
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, wire="token") as waiting,
+    ):
+        held = holder.lock(name)
+        await held.acquire()
+        assert await admin.exists(name) == 1
+        waiter = asyncio.create_task(take(waiting.lock(name)))
+        await asyncio.sleep(0.3)
+        released = time.monotonic()
+        await held.release()
+        assert await waiter - released < SLACK
+        assert waiting.statistics().hub.messages >= 1  # woken by the message, not a poll
+
+
+async def test_a_timeout_behind_a_redis_py_holder_is_kept(
+    locks: aiolock.LockManager, redis: Redis, name: str
+) -> None:
+    foreign = redis.lock(name, timeout=5)
+    assert await foreign.acquire(blocking=False)
+    started = time.monotonic()
+    with pytest.raises(aiolock.LockTimeoutError, match="token lock"):
+        await locks.lock(name).acquire(timeout=0.3)
+    assert 0.3 <= time.monotonic() - started <= 0.3 + SLACK
+    await foreign.release()
+
+
+# -- cancellation and loss ---------------------------------------------------------------------
+
+
+async def test_a_cancelled_acquire_leaves_nothing_held(
+    locks: aiolock.LockManager, admin: Redis, name: str
+) -> None:
+    """Cancelled at several points of acquire (and of the release after it): whatever the
+    attempt did is undone (or the release finished) before the cancellation lands."""
+    cancelled = 0
+    for delay in (0, 0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005):
+        task = asyncio.create_task(take(locks.lock(name)))
+        await asyncio.sleep(delay)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            cancelled += 1
+        assert await admin.exists(name) == 0, delay
+    assert cancelled > 0
+
+
+async def test_a_cancelled_release_still_frees_the_lock(
+    locks: aiolock.LockManager, admin: Redis, sync_redis: redis.Redis, name: str
+) -> None:
+    lock = locks.lock(name)
+    for delay in (0, 0.0002, 0.0005, 0.001):
+        await lock.acquire()
+        with anyio.move_on_after(delay):  # cancels the release in this (the owner) task
+            await lock.release()
+        assert await admin.exists(name) == 0, delay
+        assert await lock.hold_count() == 0
+    assert sync_redis.lock(name, timeout=1).acquire(blocking=False)
+
+
+async def test_a_resent_final_release_is_harmless(
+    locks: aiolock.LockManager, redis: Redis, name: str
+) -> None:
+    lock = locks.lock(name)
+    hold = await lock._acquire(0, None)
+    kind = hold.kind
+    assert isinstance(kind, TokenLockKind)
+    first = await kind.release(hold, 1, "rid-1", None, False, False)
+    foreign = redis.lock(name, timeout=5)
+    assert await foreign.acquire(blocking=False)  # another client holds it meanwhile
+    again = await kind.release(hold, 1, "rid-1", None, False, False)
+    assert first.status is again.status is aiolock._kind.ReleaseStatus.RELEASED
+    assert await redis.get(name) == foreign.local.token  # untouched
+    await foreign.release()
+    locks._open_engine().registry.remove(hold)
+
+
+async def test_a_hold_taken_over_after_its_lease_is_reported_lost(
+    locks: aiolock.LockManager, redis: Redis, name: str
+) -> None:
+    lock = locks.lock(name, lease=0.2)
+    await lock.acquire()
+    await asyncio.sleep(0.3)
+    foreign = redis.lock(name, timeout=5)
+    assert await foreign.acquire(blocking=False)
+    with pytest.raises(aiolock.LockLostError):
+        await lock.release()
+    assert await redis.get(name) == foreign.local.token  # aiolock did not delete it
+    await foreign.release()
+
+
+async def test_a_renewed_hold_whose_key_is_replaced_cancels_the_body(
+    redis: Redis, admin: Redis, prefix: str, name: str
+) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=0.6) as locks:
+        with pytest.raises(aiolock.LockLostError):
+            async with locks.lock(name):
+                await admin.set(name, "someone-else")  # another client's token
+                await asyncio.sleep(2.0)  # the watchdog notices within lease / 3
+                pytest.fail("the body should have been cancelled")
+        assert await admin.get(name) == b"someone-else"
+        await admin.delete(name)
+
+
+async def test_force_release_deletes_a_redis_py_holders_lock(
+    locks: aiolock.LockManager, redis: Redis, name: str
+) -> None:
+    foreign = redis.lock(name, timeout=5)
+    assert await foreign.acquire(blocking=False)
+    assert await locks.lock(name).force_release() is True
+    with pytest.raises(LockNotOwnedError):
+        await foreign.release()
+    assert await locks.lock(name).force_release() is False
+
+
+async def test_multi_lock_takes_token_locks_excluded_by_redis_py(
+    locks: aiolock.LockManager, redis: Redis, prefix: str, name: str
+) -> None:
+    names = [f"{name}-a", f"{name}-b"]
+    multi = locks.multi_lock(names)
+    async with multi:
+        for n in names:
+            assert (await text(redis, n)).startswith(f"aiolock:{{{prefix}}}:")
+            assert not await redis.lock(n, timeout=1).acquire(blocking=False)
+    assert await redis.exists(*names) == 0
+    foreign = redis.lock(names[1], timeout=5)
+    assert await foreign.acquire(blocking=False)
+    assert not await multi.try_acquire(timeout=0.2)
+    assert await redis.exists(names[0]) == 0  # what it took is given back
+    await foreign.release()
+
+
+# -- the mixed fleet ---------------------------------------------------------------------------
+
+
+async def test_mixed_fleet_with_crashing_holders_never_overlaps(
+    redis_url: str, prefix: str, name: str
+) -> None:
+    """aiolock (2 processes, 3 tasks) and redis-py (sync and asyncio, 2 processes), one
+    process of each SIGKILLed mid-hold after a few sections: no overlap by the counter or
+    by the logs, and while aiolock waited, no redis-py release left the lock free longer
+    than the poll bound."""
+    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
+    # Two processes crash: after a few sections they hang inside and are killed. The
+    # first one contends until the others are done, so that their releases find it waiting.
+    specs = [
+        {**common, "role": "aiolock-token", "tasks": 2, "until_stop": True, "pause": 0.05},
+        {**common, "role": "aiolock-token", "rounds": 3, "pause": 0.1, "crash": True},
+        {**common, "role": "redispy-sync", "rounds": 4, "pause": 0.03, "crash": True},
+        {**common, "role": "redispy-async", "rounds": 14, "pause": 0.03},
+    ]
+    fleet = await run_fleet(redis_url, f"{prefix}:check", specs, max_seconds=20)
+    assert fleet.overlaps == []
+    assert fleet.log_overlaps() == []
+    assert fleet.sections("aiolock-token") >= 3 + 1 + 2
+    assert fleet.sections("redispy") == 4 + 1 + 14
+    gaps = fleet.foreign_release_gaps()
+    assert len(gaps) >= 3, f"only {len(gaps)} redis-py releases happened while aiolock waited"
+    assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
+    print(f"\nfleet: {len(gaps)} foreign releases with aiolock waiting, max gap {max(gaps):.3f} s")
