@@ -391,7 +391,8 @@ class LockManager:
             timeout: the wait for all of them together (``None``: as long as it takes).
             lease: a fixed lease for each hold; ``None`` renews them in the background.
             wire: the wire format of the names' locks, instead of the manager's.
-            replicas, replica_timeout: as for :meth:`lock`, for each name.
+            replicas: as for :meth:`lock`, for each name.
+            replica_timeout: as for :meth:`lock`, for each name.
         """
         checked = check_names(names)
         timeout = check_timeout(timeout)
@@ -452,7 +453,8 @@ class LockManager:
             timeout: default wait of both sides (``None``: as long as it takes).
             lease: a fixed lease in seconds for both sides; ``None`` renews holds.
             wire: its wire format, instead of the manager's.
-            replicas, replica_timeout: as for :meth:`lock`, for both sides.
+            replicas: as for :meth:`lock`, for both sides.
+            replica_timeout: as for :meth:`lock`, for both sides.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
