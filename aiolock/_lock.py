@@ -89,7 +89,8 @@ class Lock:
 
     @property
     def key(self) -> str:
-        """The Redis key of the lock's hash."""
+        """The Redis key of the lock (a hash in aiolock's own wire format; see
+        ``docs/wire-formats.md`` for the others)."""
         return self._keys.lock
 
     @property

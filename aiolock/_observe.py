@@ -66,7 +66,8 @@ class Observer:
         """The current task starts acquiring a new hold of *name*."""
 
     def acquired(self, kind: str, name: str, waited_s: float, token: int) -> None:
-        """The current task got the hold, after *waited_s*; *token* is its fencing token."""
+        """The current task got the hold, after *waited_s*; *token* is its fencing token
+        (0 in the wire formats that have none: token, timestamp, redisson by default)."""
 
     def acquire_failed(self, kind: str, name: str, waited_s: float, reason: AcquireFailure) -> None:
         """The current task's acquire ended without a hold, after *waited_s*."""

@@ -240,3 +240,26 @@ async def test_the_taskiq_adapter_needs_a_context_and_gives_up(
             await with_context(1, context)
     with pytest.raises(ValueError, match="max_requeues"):
         for_taskiq.singleton(locks, "x", max_requeues=-1)
+
+
+@pytest.mark.parametrize("wire", ["token", "timestamp", "redisson"])
+async def test_a_claim_works_in_a_format_without_fencing_tokens(
+    redis_url: str, prefix: str, wire: str
+) -> None:
+    """The shared wire formats have no fencing token (redisson: unless fence_ttl=None):
+    a claim publishes its record with token None instead of failing."""
+    name = f"{prefix}-job"  # raw names in these formats: keep it unique per test
+    async with (
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, wire=wire) as locks,
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, wire=wire) as rival,
+    ):
+        async with claim(locks, name, job_id="j") as me:
+            assert me.token is None and me.job_id == "j"
+            assert await holder_info(rival, name) == me
+            async with claim(locks, name, job_id="j"):  # re-entered: the record stays
+                pass
+            assert await holder_info(rival, name) == me
+            with pytest.raises(JobBusy):
+                async with claim(rival, name):
+                    pytest.fail("the rival ran")
+        assert await holder_info(rival, name) is None

@@ -43,7 +43,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from redis.exceptions import RedisError
 
 from .._decorators import template_fields
-from .._errors import LockBackendError, LockTimeoutError
+from .._errors import LockBackendError, LockTimeoutError, WireFormatError
 from .._keys import check_lease, check_timeout
 from .._lock import Lock
 from .._manager import LockManager
@@ -175,6 +175,14 @@ def _parse(name: str, raw: Any) -> Holder | None:
         return None
 
 
+def _token(lock: Lock) -> int | None:
+    """The hold's fencing token, or None where the lock's wire format has none."""
+    try:
+        return lock.fencing_token
+    except WireFormatError:
+        return None
+
+
 class Claim:
     """``async with``: hold a job lock and publish a holder record while holding it.
 
@@ -211,7 +219,7 @@ class Claim:
         return f"{self._lock.key}:holder"
 
     async def __aenter__(self) -> Holder:
-        reentry = self._lock.fencing_token is not None
+        reentry = self._lock._current_hold() is not None  # no I/O
         try:
             await self._lock.__aenter__()
         except LockTimeoutError as exc:
@@ -223,7 +231,7 @@ class Claim:
             host=socket.gethostname(),
             pid=os.getpid(),
             since=time.time(),
-            token=self._lock.fencing_token,
+            token=_token(self._lock),
         )
         if not reentry:  # an outer claim of this task already published the record
             await self._publish(me)
