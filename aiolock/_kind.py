@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ._errors import LockTimeoutError
 from ._keys import ms
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from anyio import CancelScope
 
     from ._keys import LockKeys
+    from ._scripts import Script
 
 __all__ = [
     "Attempt",
@@ -351,6 +352,15 @@ class LockKind(Protocol):
         ...
 
 
+class ScriptRunner(Protocol):
+    """What a kind sends its scripts through (the manager's client, single node or
+    cluster); a protocol, so that the seam does not import the client, which imports it."""
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any: ...
+
+    async def call(self, *args: Any, key: str | None = None) -> Any: ...
+
+
 class KindBase:
     """Defaults for a :class:`LockKind`: an exclusive, non-reentrant kind with no queue.
 
@@ -367,6 +377,35 @@ class KindBase:
     claim_ttl = 10.0
     fencing_unavailable = ""
     anonymous_messages = False
+    #: the script that renews holds (lease in ms) or only checks them (0), many per call:
+    #: per hold, the keys :meth:`renew_keys` names and the arguments (:meth:`renew_value`,
+    #: lease ms); it answers 1 per hold Redis still has. Set by each kind.
+    renew_script: ClassVar[Script]
+    _client: ScriptRunner
+
+    def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
+        """The keys the renew script takes for one hold."""
+        return (keys.lock,)
+
+    def renew_value(self, hold: Hold) -> str:
+        """What names the hold to the renew script (its hash field, by default)."""
+        return hold.field
+
+    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
+        lease_ms = ms(lease)
+        keys: list[str] = []
+        args: list[Any] = []
+        for hold in holds:
+            keys += self.renew_keys(hold.keys)
+            args += (self.renew_value(hold), lease_ms if hold.renew else 0)
+        replies = await self._client.run(self.renew_script, keys, args)
+        return [as_int(reply) == 1 for reply in replies]
+
+    async def extend(self, hold: Hold, lease: float) -> bool:
+        (held,) = await self._client.run(
+            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), ms(lease))
+        )
+        return as_int(held) == 1
 
     def hold_field(self, owner: str, number: int) -> str:
         return f"{owner}:{number}"

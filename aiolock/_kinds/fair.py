@@ -29,7 +29,6 @@ The reply codes of each script are named here, next to their decoding.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from .._client import as_int, key_type_error
 from .._errors import LockTimeoutError
@@ -76,6 +75,7 @@ class FairLockKind(KindBase):
     """Scripts and reply decoding of the fair lock; everything else is the engine's."""
 
     name = "fair lock"
+    renew_script = RENEW
     reentrant = True
     hand_over = False  # Redis grants the next waiter itself: no local hand-over
     claims = True
@@ -145,18 +145,6 @@ class FairLockKind(KindBase):
             (hold.field, count, hold.token, rt.fence_ms, rt.tombstone_ms, ms(self.claim_ttl)),
         )
         return decode_release(reply, lambda bad: key_type_error(keys.lock, bad[1]))
-
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        args: list[Any] = []
-        for hold in holds:
-            args += (hold.field, lease_ms if hold.renew else 0)
-        replies = await self._client.run(RENEW, [hold.keys.lock for hold in holds], args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        (held,) = await self._client.run(RENEW, (hold.keys.lock,), (hold.field, ms(lease)))
-        return as_int(held) == 1
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(

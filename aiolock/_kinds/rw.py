@@ -86,6 +86,7 @@ class _SideKind(KindBase):
     """What both sides share: the structure, its scripts and their replies."""
 
     reentrant = True
+    renew_script = RENEW
     #: 'r' or 'w': the side the acquire script is asked for
     _side = ""
 
@@ -152,22 +153,8 @@ class _SideKind(KindBase):
         )
         return decode_release(reply, _type_error)
 
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        keys: list[str] = []
-        args: list[Any] = []
-        for hold in holds:
-            keys += (hold.keys.lock, leases_key(hold.keys))
-            args += (hold.field, lease_ms if hold.renew else 0)
-        replies = await self._client.run(RENEW, keys, args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        keys = hold.keys
-        (held,) = await self._client.run(
-            RENEW, (keys.lock, leases_key(keys)), (hold.field, ms(lease))
-        )
-        return as_int(held) == 1
+    def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
+        return (keys.lock, leases_key(keys))
 
     async def force_release(self, keys: LockKeys) -> bool:
         reply = await self._client.run(

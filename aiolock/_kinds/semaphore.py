@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from .._client import as_int, key_type_error
 from .._errors import LockError, LockTimeoutError
@@ -119,6 +118,7 @@ class SemaphoreKind(KindBase):
     """
 
     name = "semaphore"
+    renew_script = RENEW
     shared = True
     claims = True
     claim_ttl = 10.0
@@ -230,21 +230,9 @@ class SemaphoreKind(KindBase):
             raise key_type_error(keys.lock, value)
         return Released(ReleaseStatus.NOT_HELD, 0)
 
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        keys: list[str] = []
-        args: list[Any] = []
-        for hold in holds:
-            sk = _keys(hold.keys)
-            keys += (sk.lock, sk.expiry)
-            args += (hold.field, lease_ms if hold.renew else 0)
-        replies = await self._client.run(RENEW, keys, args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        sk = _keys(hold.keys)
-        (held,) = await self._client.run(RENEW, (sk.lock, sk.expiry), (hold.field, ms(lease)))
-        return as_int(held) == 1
+    def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
+        sk = _keys(keys)
+        return (sk.lock, sk.expiry)
 
     async def force_release(self, keys: LockKeys) -> bool:
         sk = _keys(keys)

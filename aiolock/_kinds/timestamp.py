@@ -21,9 +21,6 @@ of the same prefix does. There are no fencing tokens. Re-entry is counted in the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from .._client import as_int, as_text
 from .._keys import LockKeys, ms
 from .._kind import Attempt, Busy, Granted, Hold, KindBase, Released, ReleaseStatus, Successor
@@ -62,6 +59,7 @@ class TimestampLockKind(KindBase):
     """Scripts and reply decoding of the timestamp lock; everything else is the engine's."""
 
     name = "timestamp lock"
+    renew_script = RENEW
     reentrant = True
     fencing_unavailable = (
         "locks of the 'timestamp' wire format have no fencing token: the legacy "
@@ -144,20 +142,8 @@ class TimestampLockKind(KindBase):
             return Released(ReleaseStatus.NOT_HELD, 0)
         raise string_type_error(keys.lock, reply[1])
 
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        keys: list[str] = []
-        args: list[Any] = []
-        for hold in holds:
-            keys += (hold.keys.lock, _record(hold.keys))
-            args += (hold.field, lease_ms if hold.renew else 0)
-        replies = await self._client.run(RENEW, keys, args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        keys = hold.keys
-        (held,) = await self._client.run(RENEW, (keys.lock, _record(keys)), (hold.field, ms(lease)))
-        return as_int(held) == 1
+    def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
+        return (keys.lock, _record(keys))
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(

@@ -19,9 +19,6 @@ release only check that the token is still there; the final release deletes it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from .._client import as_int, as_text
 from .._errors import LockKeyTypeError
 from .._keys import LockKeys, ms
@@ -63,6 +60,7 @@ class TokenLockKind(KindBase):
     """Scripts and reply decoding of the token lock; everything else is the engine's."""
 
     name = "token lock"
+    renew_script = RENEW
     reentrant = True
     fencing_unavailable = (
         "locks of the 'token' wire format have no fencing token: the token layout shared "
@@ -161,19 +159,8 @@ class TokenLockKind(KindBase):
             return Released(ReleaseStatus.NOT_HELD, 0)
         raise string_type_error(keys.lock, reply[1])
 
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        args: list[Any] = []
-        for hold in holds:
-            args += (self.token(hold.field), lease_ms if hold.renew else 0)
-        replies = await self._client.run(RENEW, [hold.keys.lock for hold in holds], args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        (held,) = await self._client.run(
-            RENEW, (hold.keys.lock,), (self.token(hold.field), ms(lease))
-        )
-        return as_int(held) == 1
+    def renew_value(self, hold: Hold) -> str:
+        return self.token(hold.field)
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(

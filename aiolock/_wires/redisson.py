@@ -31,8 +31,7 @@ The reply codes of each script are named here, next to their decoding.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from redis.crc import key_slot
 
@@ -121,6 +120,7 @@ class RedissonLockKind(KindBase):
     """A reentrant lock whose every command is one Redisson's RLock understands."""
 
     name = "lock"
+    renew_script = RENEW
     reentrant = True
     hand_over = True
     # Redisson publishes the same "0" for every release, ours included.
@@ -207,18 +207,6 @@ class RedissonLockKind(KindBase):
         if status is None:  # -1: the key holds another type
             raise key_type_error(keys.lock, value)
         return Released(status, as_int(value))
-
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        args: list[Any] = []
-        for hold in holds:
-            args += (hold.field, lease_ms if hold.renew else 0)
-        replies = await self._client.run(RENEW, [hold.keys.lock for hold in holds], args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        (held,) = await self._client.run(RENEW, (hold.keys.lock,), (hold.field, ms(lease)))
-        return as_int(held) == 1
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(FORCE_RELEASE, (keys.lock,), (keys.channel,))
