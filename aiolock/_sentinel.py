@@ -44,7 +44,7 @@ import anyio
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from ._client import as_text
 from ._engine import Engine
@@ -56,6 +56,13 @@ logger = logging.getLogger("aiolock")
 #: The sentinels' pub/sub channel announcing a new primary:
 #: ``<service> <old ip> <old port> <new ip> <new port>``.
 SWITCH_CHANNEL = "+switch-master"
+
+
+class _NoAnswer:
+    """A sentinel that could not be asked (unreachable, or too slow)."""
+
+
+_NO_ANSWER = _NoAnswer()
 
 
 def is_sentinel_primary(redis: Redis) -> bool:
@@ -143,6 +150,29 @@ class PrimaryWatch:
         self.primary: tuple[str, int] | None = None
         #: moves of the primary acted on
         self.failovers = 0
+        #: the last round reached no sentinel at all (not: they said the primary is down)
+        self._no_sentinel = False
+        # redis-py asks the sentinels whenever the pool opens a connection, and fails it if
+        # none answers; with every sentinel gone, new connections go to the primary last
+        # seen instead (see _master_address), restored when the watch ends.
+        self._lookup = pool.get_master_address
+        pool.get_master_address = self._master_address  # type: ignore[method-assign]
+
+    async def _master_address(self) -> tuple[str, int]:
+        """The pool's lookup, falling back to the primary last seen when no sentinel can be
+        reached: locks go on working on it (a partition that also hides a failover is
+        what ``min-replicas-to-write`` guards against; see docs/sentinel.md)."""
+        if self._no_sentinel and self.primary is not None:
+            # Known unreachable (the watch asks again every second): asking them here
+            # would cost every new connection redis-py's retries on each sentinel.
+            return self.primary
+        try:
+            return await self._lookup()  # type: ignore[no-untyped-call,no-any-return]
+        except MasterNotFoundError:
+            known = self.primary
+            if not self._no_sentinel or known is None:
+                raise  # sentinels answer that there is no usable primary: fail, retry
+            return known
 
     async def run(self) -> None:
         try:
@@ -151,6 +181,8 @@ class PrimaryWatch:
                 for client in list(self._sentinel.sentinels):
                     tg.start_soon(self._listen, client, name="aiolock sentinel listener")
         finally:
+            # The client may outlive the manager: give its pool redis-py's lookup back.
+            vars(self._pool).pop("get_master_address", None)
             if self._owns_sentinels:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                     for client in self._sentinel.sentinels:
@@ -183,9 +215,10 @@ class PrimaryWatch:
         """
         clients = list(self._sentinel.sentinels)
         answers = await asyncio.gather(*(self._ask(client) for client in clients))
+        self._no_sentinel = all(answer is _NO_ANSWER for answer in answers)
         best: tuple[tuple[int, bool], tuple[str, int], Redis] | None = None
         for client, answer in zip(clients, answers, strict=True):
-            if answer is not None and (best is None or answer[0] > best[0]):
+            if isinstance(answer, tuple) and (best is None or answer[0] > best[0]):
                 best = (answer[0], answer[1], client)
         if best is None:
             return None
@@ -195,8 +228,11 @@ class PrimaryWatch:
             order[0], order[i] = order[i], order[0]
         return best[1]
 
-    async def _ask(self, client: Redis) -> tuple[tuple[int, bool], tuple[str, int]] | None:
-        """The rank and address of the primary as one sentinel sees it, if valid.
+    async def _ask(
+        self, client: Redis
+    ) -> tuple[tuple[int, bool], tuple[str, int]] | _NoAnswer | None:
+        """The rank and address of the primary as one sentinel sees it, if valid
+        (``None`` if not; ``_NO_ANSWER`` if the sentinel could not be asked).
 
         The rank is the config epoch, then whether the sentinel is not in the middle of a
         failover: the leader already reports the new epoch with the old primary until it
@@ -206,7 +242,7 @@ class PrimaryWatch:
             state = await asyncio.wait_for(client.sentinel_master(self._service), self.ASK_TIMEOUT)
         except (rex.RedisError, OSError, asyncio.TimeoutError) as exc:
             logger.debug("asking a sentinel for %r failed: %s", self._service, exc)
-            return None
+            return _NO_ANSWER
         # The checks redis-py's discover_master makes.
         if (
             not isinstance(state, dict)

@@ -380,6 +380,15 @@ async def test_a_stopped_or_killed_primary_is_failed_over(prefix: str, how: sign
                 await asyncio.sleep(1.5)  # more than one round of the watch
                 async with a.lock("after", timeout=2), b.lock("after2", timeout=2):
                     pass
+                # New connections too (redis-py asks the sentinels for each): every
+                # connection of one manager's pool is dropped first.
+                started = time.monotonic()
+                assert isinstance(a.redis, Redis)
+                await a.redis.connection_pool.disconnect()
+                async with a.lock("after3", timeout=2):
+                    pass
+                # at once: not after redis-py's retries on each unreachable sentinel
+                assert time.monotonic() - started < 2.0
                 assert a.is_open and b.is_open
                 return
             # The old primary is back and still answers as a primary for a while; our
