@@ -28,7 +28,7 @@ from ._cluster import ClusterClient, check_cluster_support, is_cluster
 from ._cluster_hub import ClusterHub
 from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from ._engine import Engine
-from ._errors import LockError, LockPermissionError, ManagerNotOpenError
+from ._errors import LockError, LockPermissionError, ManagerNotOpenError, WireFormatError
 from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
@@ -720,7 +720,13 @@ class LockManager:
 
     def _format(self, wire: str | None) -> WireFormat:
         """The manager's wire format, or the one a factory call asked for."""
-        return self._wire if wire is None else wire_format(check_wire(wire))
+        fmt = self._wire if wire is None else wire_format(check_wire(wire))
+        if fmt.cluster_unsupported and self._client.cluster:
+            raise WireFormatError(
+                f"the {fmt.name!r} wire format is not supported on a Redis Cluster: "
+                f"{fmt.cluster_unsupported}. Use it with a single server or Sentinel"
+            )
+        return fmt
 
     def _open_engine(self) -> Engine:
         if self._state == "open" and self._engine is not None:

@@ -55,6 +55,8 @@ class WireFormat:
     """
 
     name = "aiolock"
+    #: why this format is refused on a Redis Cluster ("" if it works there)
+    cluster_unsupported = ""
 
     def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
         """The kind and keys of ``lock(name)`` (and of each name of a multi-lock)."""

@@ -538,3 +538,35 @@ async def test_replicas_are_acknowledged_by_the_node_that_took_the_write(
     # Undone: free for a manager without replicas=.
     async with two_managers(cluster, prefix) as (plain, _), plain.lock(names[0], timeout=0):
         pass
+
+
+@pytest.mark.parametrize("wire", ["token", "timestamp"])
+async def test_shared_string_formats_exclude_and_wake_on_a_cluster(
+    cluster: LocalCluster, prefix: str, wire: str
+) -> None:
+    """The token and timestamp formats keep their own keys in the slot of the raw name,
+    so their scripts run on a cluster; a release wakes the other manager's waiter."""
+    name = f"{prefix}-{wire}"
+    async with two_managers(cluster, prefix, wire=wire) as (a, b):
+        async with a.lock(name):
+            with pytest.raises(aiolock.LockTimeoutError):
+                await b.lock(name).acquire(timeout=0)
+            entered = asyncio.Event()
+
+            async def take() -> None:
+                async with b.lock(name, timeout=10):
+                    entered.set()
+
+            waiter = asyncio.create_task(take())
+            await asyncio.sleep(0.2)
+            assert not entered.is_set()
+        await asyncio.wait_for(waiter, timeout=10)
+        assert entered.is_set()
+
+
+async def test_the_redisson_format_is_refused_on_a_cluster(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    async with two_managers(cluster, prefix) as (a, _):
+        with pytest.raises(aiolock.WireFormatError, match="not supported on a Redis Cluster"):
+            a.lock("x", wire="redisson")

@@ -219,6 +219,11 @@ class RedissonFormat(WireFormat):
     """Locks (and multi-locks) in Redisson's RLock layout; the other kinds are refused."""
 
     name = "redisson"
+    cluster_unsupported = (
+        "on a Cluster, Redisson announces releases with PUBLISH or SPUBLISH depending on "
+        "its subscription mode and server version, and this interop was verified on a "
+        "single server only"
+    )
 
     def lock(self, make: KindMaker, keyspace: KeySpace, name: str) -> tuple[LockKind, LockKeys]:
         return make(RedissonLockKind), RedissonKeys(keyspace.prefix, name)
