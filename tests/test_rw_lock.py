@@ -626,3 +626,15 @@ async def test_churn_with_timeouts_cancellations_and_downgrades(
             break
         await asyncio.sleep(0.1)
     assert await admin.exists(*keys(prefix)) == 0
+
+
+async def test_re_entering_a_hold_that_ended_says_it_had_expired(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    """The script answers a re-entry of an ended hold as "no key" (not a ttl of 0 ms,
+    which would read as a holder with under a millisecond left)."""
+    rw = locks.rw_lock("gone")
+    await rw.read().acquire()
+    await admin.delete(rw.key)  # the hold ends behind the manager's back
+    with pytest.raises(aiolock.LockLostError, match="it had expired"):
+        await rw.read().acquire()

@@ -92,7 +92,8 @@ class TimestampLockKind(KindBase):
         if code == _VOIDED:  # only an attempt resent after its own undo sees that
             return Busy(0.0)
         left_ms, announced = as_int(reply[1]), as_int(reply[2]) == 1
-        ttl = left_ms / 1000 if left_ms > 0 else 0.0
+        # 0 ms left is "try again in a moment", not unknown (see busy_for)
+        ttl = max(left_ms, 1) / 1000 if left_ms >= 0 else 0.0
         if announced:  # an aiolock holder of this prefix: its release message wakes us
             return Busy(ttl)
         return Busy(self._backoff.next(keys.lock, ttl))  # a legacy holder: poll

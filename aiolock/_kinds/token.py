@@ -107,7 +107,8 @@ class TokenLockKind(KindBase):
         """How long the local head may sleep before trying again: until the holder's lease
         ends if the holder announces its release (an aiolock client of this prefix), else
         until the next poll."""
-        ttl = pttl / 1000 if pttl > 0 else 0.0
+        # 0 ms left is "try again in a moment", not unknown (see busy_for)
+        ttl = max(pttl, 1) / 1000 if pttl >= 0 else 0.0
         if holder.startswith(self.mark) or not holder:
             return ttl  # 0: the engine waits the manager's lease, or a release message
         return self._backoff.next(keys.lock, ttl)

@@ -18,7 +18,7 @@
 --   { 1, token}  acquired anew; token is the new fencing token
 --   { 2, count}  re-entered; count is the new hold count
 --   { 0, ms   }  busy: ms until the first lease or claim in the way ends (at least 1),
---                or 0 for a re-entry of a hold that no longer exists
+--                or -2 (as PTTL for no key) for a re-entry of a hold that no longer exists
 --   { 3, 0    }  voided: an undo reached Redis before this attempt did; nothing done
 --   {-1, type, key}  a key holds a value of another Redis type; nothing done
 --
@@ -67,7 +67,7 @@ if held then  -- a re-entry, or a resent attempt that had run
   return {2, count}
 end
 if before > 0 then
-  return {0, 0}  -- the hold being re-entered ended (its lease, or a force release)
+  return {0, -2}  -- the hold being re-entered ended (its lease, or a force release)
 end
 
 if ARGV[4] == 'r' then

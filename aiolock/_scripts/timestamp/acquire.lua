@@ -14,7 +14,7 @@
 --   {0, ttl, aiolock}  held by another: ms until its stored expiry (-1: the value is
 --                      not a number), and 1 if an aiolock client of this prefix holds
 --                      it (it announces its release), else 0; a re-entry whose hold
---                      is gone answers {0, 0, 1} and takes nothing
+--                      is gone answers {0, -2, 1} (as PTTL for no key) and takes nothing
 --   {3}                voided: an undo reached Redis before this attempt did
 --   {-1, type}         KEYS[1] holds a value of another Redis type; nothing done
 --
@@ -37,7 +37,7 @@ if written_by(held, record, ARGV[1]) then
   return {1, write(KEYS[1], KEYS[2], ARGV[1], now, ARGV[2])}
 end
 if ARGV[3] ~= '0' then
-  return {0, 0, 1}
+  return {0, -2, 1}
 end
 if held then
   local expiry = tonumber(held)
