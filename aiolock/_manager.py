@@ -207,6 +207,7 @@ class LockManager:
             self._client = ClusterClient(redis, command_timeout, max_in_flight)
         else:
             self._client = Client(redis, command_timeout, max_in_flight)
+        self._format(None)  # a format refused on a Redis Cluster fails here, at the call
         self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
         self._owns_sentinels = False
         #: follows failovers of a Sentinel-managed primary (made when the manager opens)

@@ -570,3 +570,5 @@ async def test_the_redisson_format_is_refused_on_a_cluster(
     async with two_managers(cluster, prefix) as (a, _):
         with pytest.raises(aiolock.WireFormatError, match="not supported on a Redis Cluster"):
             a.lock("x", wire="redisson")
+    with pytest.raises(aiolock.WireFormatError, match="not supported on a Redis Cluster"):
+        aiolock.LockManager.from_url(cluster.url, cluster=True, wire="redisson")
