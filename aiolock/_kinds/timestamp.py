@@ -21,13 +21,15 @@ of the same prefix does. There are no fencing tokens. Re-entry is counted in the
 
 from __future__ import annotations
 
-from .._client import as_int, as_text
+from typing import Any
+
+from .._client import as_int
 from .._keys import LockKeys, ms
-from .._kind import Attempt, Busy, Granted, Hold, KindBase, Released, ReleaseStatus, Successor
+from .._kind import Attempt, Busy, Granted, Hold
 from .._runtime import Runtime
 from .._scripts import Script
 from .foreign import ForeignKeys, PollBackoff
-from .token import string_type_error
+from .token import StringKindBase, string_type_error
 
 __all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
 
@@ -42,8 +44,7 @@ TIMESTAMP_TAG = "ts"
 
 # acquire.lua
 _ACQUIRED, _BUSY, _VOIDED, _BAD_KEY = 1, 0, 3, -1
-# release.lua
-_RESENT, _NOT_HELD = 2, 0
+# release.lua answers with the token lock's codes (decoded by StringKindBase.release)
 
 
 def timestamp_keys(prefix: str, name: str) -> ForeignKeys:
@@ -55,12 +56,11 @@ def _record(keys: LockKeys) -> str:
     return keys.part("holder")
 
 
-class TimestampLockKind(KindBase):
+class TimestampLockKind(StringKindBase):
     """Scripts and reply decoding of the timestamp lock; everything else is the engine's."""
 
     name = "timestamp lock"
     renew_script = RENEW
-    reentrant = True
     fencing_unavailable = (
         "locks of the 'timestamp' wire format have no fencing token: the legacy "
         "SETNX/GETSET protocol stores only an expiry time, and legacy clients would not "
@@ -109,39 +109,14 @@ class TimestampLockKind(KindBase):
         )
         return as_int(undone) == 1
 
-    async def _check(self, hold: Hold) -> bool:
+    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
         keys = hold.keys
-        (held,) = await self._client.run(RENEW, (keys.lock, _record(keys)), (hold.field, 0))
-        return as_int(held) == 1
-
-    async def release(
-        self,
-        hold: Hold,
-        count: int,
-        release_id: str,
-        successor: Successor | None,
-        hand_over_freely: bool,
-        listening: bool,
-    ) -> Released:
-        keys = hold.keys
-        if count > 1:  # nested: the count is ours alone; only check that we still hold it
-            if await self._check(hold):
-                return Released(ReleaseStatus.STILL_HELD, count - 1)
-            return Released(ReleaseStatus.NOT_HELD, 0)
         rt = self._rt
-        reply = await self._client.run(
+        return await self._client.run(
             RELEASE,
             (keys.lock, _record(keys), keys.tombstone(release_id)),
             (hold.field, keys.channel, rt.manager_id, 1 if listening else 0, rt.tombstone_ms),
         )
-        if isinstance(reply, int):
-            return Released(ReleaseStatus.RELEASED, reply)
-        code = as_int(reply[0])
-        if code == _RESENT:
-            return Released(ReleaseStatus.RELEASED, 0)
-        if code == _NOT_HELD:
-            return Released(ReleaseStatus.NOT_HELD, 0)
-        raise string_type_error(keys.lock, reply[1])
 
     def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
         return (keys.lock, _record(keys))
@@ -153,13 +128,3 @@ class TimestampLockKind(KindBase):
         if as_int(code) == -1:
             raise string_type_error(keys.lock, value)
         return as_int(code) == 1
-
-    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
-        """The count is kept in the process: Redis is asked whether the hold still holds
-        the lock (and, with no hold, whether the key is a string or absent)."""
-        if hold is None:
-            kind = await self._client.call("TYPE", keys.lock, key=keys.lock)
-            if as_text(kind) not in ("none", "string"):
-                raise string_type_error(keys.lock, kind)
-            return 0
-        return hold.count if await self._check(hold) else 0

@@ -19,6 +19,8 @@ release only check that the token is still there; the final release deletes it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._client import as_int, as_text
 from .._errors import LockKeyTypeError
 from .._keys import LockKeys, ms
@@ -56,12 +58,63 @@ def string_type_error(key: str, kind: object) -> LockKeyTypeError:
     )
 
 
-class TokenLockKind(KindBase):
+class StringKindBase(KindBase):
+    """What the string formats (token, timestamp) share: the hold count lives in the
+    process, so a nested release or a count only asks Redis whether the hold is still
+    there (the renew script with no lease), and a final release (:meth:`_final_release`)
+    answers the same codes."""
+
+    reentrant = True
+
+    async def _still_held(self, hold: Hold) -> bool:
+        (held,) = await self._client.run(
+            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), 0)
+        )
+        return as_int(held) == 1
+
+    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
+        """Run the kind's release script for the last hold; its raw reply."""
+        raise NotImplementedError
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        if count > 1:  # nested: the count is ours alone; only check that we still hold it
+            if await self._still_held(hold):
+                return Released(ReleaseStatus.STILL_HELD, count - 1)
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        reply = await self._final_release(hold, release_id, listening)
+        if isinstance(reply, int):
+            return Released(ReleaseStatus.RELEASED, reply)
+        code = as_int(reply[0])
+        if code == _RESENT:
+            return Released(ReleaseStatus.RELEASED, 0)
+        if code == _NOT_HELD:
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        raise string_type_error(hold.keys.lock, reply[1])
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        """The count is kept here, in the process: Redis is asked whether the hold is
+        still there (and, with no hold, whether the key is a string or absent)."""
+        if hold is None:
+            kind = as_text(await self._client.call("TYPE", keys.lock, key=keys.lock))
+            if kind not in ("none", "string"):
+                raise string_type_error(keys.lock, kind)
+            return 0
+        return hold.count if await self._still_held(hold) else 0
+
+
+class TokenLockKind(StringKindBase):
     """Scripts and reply decoding of the token lock; everything else is the engine's."""
 
     name = "token lock"
     renew_script = RENEW
-    reentrant = True
     fencing_unavailable = (
         "locks of the 'token' wire format have no fencing token: the token layout shared "
         "with other clients keeps only a random token per holder, and other clients "
@@ -124,23 +177,10 @@ class TokenLockKind(KindBase):
         )
         return as_int(undone) == 1
 
-    async def release(
-        self,
-        hold: Hold,
-        count: int,
-        release_id: str,
-        successor: Successor | None,
-        hand_over_freely: bool,
-        listening: bool,
-    ) -> Released:
+    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
         keys = hold.keys
-        if count > 1:  # nested: the count is ours alone; only check that we still hold it
-            (held,) = await self._client.run(RENEW, (keys.lock,), (self.token(hold.field), 0))
-            if as_int(held) == 1:
-                return Released(ReleaseStatus.STILL_HELD, count - 1)
-            return Released(ReleaseStatus.NOT_HELD, 0)
         rt = self._rt
-        reply = await self._client.run(
+        return await self._client.run(
             RELEASE,
             (keys.lock, keys.tombstone(release_id)),
             (
@@ -151,14 +191,6 @@ class TokenLockKind(KindBase):
                 rt.tombstone_ms,
             ),
         )
-        if isinstance(reply, int):
-            return Released(ReleaseStatus.RELEASED, reply)
-        code = as_int(reply[0])
-        if code == _RESENT:
-            return Released(ReleaseStatus.RELEASED, 0)
-        if code == _NOT_HELD:
-            return Released(ReleaseStatus.NOT_HELD, 0)
-        raise string_type_error(keys.lock, reply[1])
 
     def renew_value(self, hold: Hold) -> str:
         return self.token(hold.field)
@@ -170,14 +202,3 @@ class TokenLockKind(KindBase):
         if as_int(code) == -1:
             raise string_type_error(keys.lock, value)
         return as_int(code) == 1
-
-    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
-        """The count is kept here, in the process: Redis is asked whether the token is
-        still there (and, with no hold, whether the key is a string or absent)."""
-        if hold is None:
-            kind = as_text(await self._client.call("TYPE", keys.lock, key=keys.lock))
-            if kind not in ("none", "string"):
-                raise string_type_error(keys.lock, kind)
-            return 0
-        (held,) = await self._client.run(RENEW, (keys.lock,), (self.token(hold.field), 0))
-        return hold.count if as_int(held) == 1 else 0
