@@ -476,6 +476,15 @@ def targets(summary: Summary) -> list[Target]:
                 _status(ok),
             )
         )
+        # Issue 7 raised the bar: the lock at least as fast as the bare two-EVALSHA floor.
+        out.append(
+            Target(
+                "W1 (issue 7)",
+                ">= 1.0x W0 floor cycles/s",
+                f"{num(w1)} vs floor {num(floor)} = {ratio(w1, floor)}",
+                _status(None if w1 is None or floor is None else w1 >= floor),
+            )
+        )
     if "w2" in summary:
         w2 = a("w2", "cycles_per_s")
         peer, best = _best_peer(summary, "w2", "cycles_per_s")

@@ -16,6 +16,7 @@ MARKERS = {
     "service": ("<!-- service-bench:start -->", "<!-- service-bench:end -->"),
     "redlock": ("<!-- redlock-bench:start -->", "<!-- redlock-bench:end -->"),
     "cluster": ("<!-- cluster-bench:start -->", "<!-- cluster-bench:end -->"),
+    "script-floor": ("<!-- script-floor:start -->", "<!-- script-floor:end -->"),
     # Written by hand from what the failover tests print (tests/test_cluster.py,
     # tests/test_sentinel.py): kept like the others.
     "failover": ("<!-- failover:start -->", "<!-- failover:end -->"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from benchmarks.sections import MARKERS, kept_sections, write_section
@@ -28,3 +29,18 @@ def test_the_committed_results_keep_every_marked_section() -> None:
     kept = kept_sections(results)
     for start, end in MARKERS.values():
         assert kept.count(start) == 1 and kept.count(end) == 1, start
+
+
+def test_script_floor_runs_every_pair_and_writes_its_section(tmp_path: Path) -> None:
+    """A short run of the script-floor benchmark: every pair acquires and releases each
+    cycle (the benchmark raises otherwise), and the ratios are against redis-py's row."""
+    from benchmarks import script_floor
+
+    assert script_floor.main(["--cycles", "20", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    rows = {
+        row["pair"]: row for row in json.loads((tmp_path / "script_floor.json").read_text())["rows"]
+    }
+    assert list(rows) == [pair.name for pair in script_floor.pairs()]
+    assert rows["redis-py's Lock"]["vs_redis_py"] == 1.0
+    assert all(row["server_us_per_cycle"] > 0 for row in rows.values())
+    assert MARKERS["script-floor"][0] in (tmp_path / "RESULTS.md").read_text()
