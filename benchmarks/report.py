@@ -292,6 +292,14 @@ def idle_corrected(m: dict[str, Any]) -> Any:
     return (cpu - idle * wall) * 1e6 / n
 
 
+def per_owner_change(m: dict[str, Any]) -> Any:
+    """Server CPU per acquisition that went to another task than the previous one."""
+    cpu, share = m.get("server_cpu_us_per_op"), m.get("owner_change_share")
+    if not isinstance(cpu, (int, float)) or not isinstance(share, (int, float)) or not share:
+        return None
+    return cpu / share
+
+
 def cost_specs(summary: Summary) -> dict[str, list[Column]]:
     return {
         "c1": [
@@ -316,6 +324,10 @@ def cost_specs(summary: Summary) -> dict[str, list[Column]]:
                 lambda _l, m: num(_scaled(m.get("server_idle_cpu_per_s"), 1e3), 2),
             ),
             col("server us/acq (sent cmds)", "sent_us_per_op", 1),
+            # A lock that lets the releasing task take it straight back changes owner
+            # rarely and wakes nobody; the cost of a fair hand-over shows per owner change.
+            col("owner changes/acq", "owner_change_share", 3),
+            Column("server CPU us/owner change", lambda _l, m: num(per_owner_change(m), 1)),
             col("acquisitions", "acquisitions"),
             col("acq/s", "acquisitions_per_s"),
             col("client cmds/acq", "top_level_commands_per_op", 2),
