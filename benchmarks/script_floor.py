@@ -73,6 +73,9 @@ class Pair:
     #: cycle number -> (keys, args) of the acquire and of the release
     acquire_input: Callable[[int], tuple[list[str], list[str]]]
     release_input: Callable[[int], tuple[list[str], list[str]]]
+    #: whether a release reply says the lock was released (the others answer 1, or 0 when
+    #: the caller did not hold it)
+    released: Callable[[Any], bool] = lambda reply: reply == 1
 
 
 def _plain(i: int) -> tuple[list[str], list[str]]:
@@ -132,6 +135,8 @@ def pairs() -> list[Pair]:
             Script("lock/release").source,
             _aiolock_acquire,
             _aiolock_release,
+            # the common path answers the listener count (0 here), a refusal a list
+            released=lambda reply: isinstance(reply, int),
         ),
     ]
 
@@ -156,10 +161,7 @@ def measure(client: redis.Redis, pair: Pair, cycles: int) -> float:
         if not got:
             raise RuntimeError(f"{pair.name}: the lock was not free at cycle {i}")
         keys, args = pair.release_input(i)
-        reply = client.evalsha(release, len(keys), *keys, *args)
-        # aiolock's release answers its common path with the listener count (0 here) and
-        # a refusal with a list; the others answer 1, or 0 when the caller did not hold it.
-        if isinstance(reply, list) or (reply == 0 and pair.name != AIOLOCK):
+        if not pair.released(client.evalsha(release, len(keys), *keys, *args)):
             raise RuntimeError(f"{pair.name}: the release failed at cycle {i}")
 
     for i in range(50):  # warm-up
