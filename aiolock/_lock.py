@@ -139,6 +139,8 @@ class Lock:
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
         acquire = engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
+        if self._replicas is INHERIT:  # the common case: no coroutine layer for the policy
+            return await acquire
         return await under_policy(self._replicas, acquire)
 
     async def release(self) -> None:
