@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ._errors import LockTimeoutError
@@ -356,7 +356,7 @@ class ScriptRunner(Protocol):
     """What a kind sends its scripts through (the manager's client, single node or
     cluster); a protocol, so that the seam does not import the client, which imports it."""
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any: ...
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]: ...
 
     async def call(self, *args: Any, key: str | None = None) -> Any: ...
 

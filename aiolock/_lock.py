@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -135,13 +136,14 @@ class Lock:
             return False
         return True
 
-    async def _acquire(self, timeout: float | None, lease: float | None) -> Hold:
+    def _acquire(self, timeout: float | None, lease: float | None) -> Coroutine[Any, Any, Hold]:
+        """The engine's acquisition for the current task (awaitable; no layer of its own)."""
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
         acquire = engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
         if self._replicas is INHERIT:  # the common case: no coroutine layer for the policy
-            return await acquire
-        return await under_policy(self._replicas, acquire)
+            return acquire
+        return under_policy(self._replicas, acquire)
 
     async def release(self) -> None:
         """Release one hold of the current task (the lock is free when the count hits 0).
