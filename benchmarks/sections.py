@@ -17,6 +17,7 @@ MARKERS = {
     "redlock": ("<!-- redlock-bench:start -->", "<!-- redlock-bench:end -->"),
     "cluster": ("<!-- cluster-bench:start -->", "<!-- cluster-bench:end -->"),
     "script-floor": ("<!-- script-floor:start -->", "<!-- script-floor:end -->"),
+    "client-floor": ("<!-- client-floor:start -->", "<!-- client-floor:end -->"),
     # Written by hand from what the failover tests print (tests/test_cluster.py,
     # tests/test_sentinel.py): kept like the others.
     "failover": ("<!-- failover:start -->", "<!-- failover:end -->"),

@@ -44,3 +44,20 @@ def test_script_floor_runs_every_pair_and_writes_its_section(tmp_path: Path) -> 
     assert rows["redis-py's Lock"]["vs_redis_py"] == 1.0
     assert all(row["server_us_per_cycle"] > 0 for row in rows.values())
     assert MARKERS["script-floor"][0] in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_client_floor_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
+    """A short run of the client-floor benchmark: every client completes its cycles (each
+    checks that its acquire was granted and its release released), ratios against the
+    minimal client and redis-py's Lock."""
+    from benchmarks import client_floor
+
+    argv = ["--seconds", "0.2", "--repeats", "1", "--tasks", "4", "--out", str(tmp_path)]
+    assert client_floor.main(argv) == 0
+    result = json.loads((tmp_path / "client_floor.json").read_text())
+    rows = {row["client"]: row for row in result["rows"]}
+    assert list(rows) == list(client_floor.ROWS)
+    assert rows["minimal batching client"]["cpu_vs_minimal"] == 1.0
+    assert rows["redis-py's Lock"]["rate_vs_redis_py"] == 1.0
+    assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
+    assert MARKERS["client-floor"][0] in (tmp_path / "RESULTS.md").read_text()

@@ -1,0 +1,290 @@
+"""Where W2's client CPU goes: the same 64-task workload through one layer more at a time.
+
+``python -m benchmarks.client_floor [--seconds S] [--repeats R] [--tasks N] [--out DIR]``
+
+Issue 7 asks for W2 (64 tasks looping acquire+release on distinct names) at 3x the best
+Python peer. W2 is bound by the client process's CPU, not by Redis or round trips, so this
+measures what each layer of aiolock's client costs per cycle. One private ``redis-server``
+(:class:`aiolock.testing.RedisServer`, free loopback port, stopped by pid) serves, in one
+process and interleaved over ``--repeats`` rounds of ``--seconds`` each:
+
+* **minimal batching client**: what W2 needs and nothing more. Commands wait in one queue
+  and go out as pipelines, at most 3 in flight, each on its own asyncio stream connection,
+  replies read with a ``hiredis.Reader``; aiolock's own ``lock/acquire`` and
+  ``lock/release`` scripts with the keys and arguments the engine sends, packed by the
+  same function, and their replies decoded by the same functions. No timeouts, retries,
+  error translation, pool, owner tracking, renewal or local queue;
+* **aiolock's Client**: the same scripts and arguments through ``Client.run`` (the command
+  layer: redis-py's pool and connections, a time limit per round trip, a retry on a fresh
+  connection, error translation, script loading);
+* **aiolock's LockManager**: ``manager.lock(name).try_acquire(timeout=5)`` and
+  ``release()``, as W2 does (the engine on top: ownership per task, the local wait queue,
+  hand-over, the hold registry, renewal by the watchdog, fencing tokens);
+* **redis-py's Lock**: ``Redis.lock(name, timeout=30, blocking_timeout=5)``, as W2 does.
+
+Every client is made by ``Redis()`` defaults where it uses redis-py. Each row gives cycles
+per second and the client process's CPU per cycle (``time.process_time``), medians over the
+repeats. Writes ``<out>/client_floor.json`` and a section of ``<out>/RESULTS.md`` between
+the ``client-floor`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import hiredis
+from redis.asyncio import Redis
+
+from aiolock import LockManager
+from aiolock._client import Arg, Client, _pack
+from aiolock._keys import KeySpace
+from aiolock._kind import Granted, ReleaseStatus, decode_attempt, decode_release
+from aiolock._kinds.lock import ACQUIRE, RELEASE
+from aiolock._scripts import Script
+from aiolock.testing import RedisServer
+from benchmarks.sections import write_section
+
+PREFIX = "clientfloor"
+LEASE_MS = 30_000
+MANAGER_ID = "0123456789abcdef0123456789abcdef"
+ROWS = ("minimal batching client", "aiolock's Client", "aiolock's LockManager", "redis-py's Lock")
+
+#: one cycle of one task: acquire then release *name*
+Cycle = Callable[[str], Awaitable[None]]
+
+
+def _bad(reply: Any) -> Exception:
+    return RuntimeError(f"unexpected reply {reply!r}")
+
+
+class ScriptCycles:
+    """Acquire+release cycles made of the engine's two script calls, sent by *run*."""
+
+    def __init__(
+        self, run: Callable[[Script, tuple[str, ...], tuple[Arg, ...]], Awaitable[Any]]
+    ) -> None:
+        self._run = run
+        self._keys = KeySpace(PREFIX, MANAGER_ID)
+        self._number = 0
+        # what a manager with the default fence_ttl sends (aiolock._runtime.Runtime)
+        self.fence_ms = "60000"
+        self.tombstone_ms = 10_000
+
+    async def cycle(self, name: str) -> None:
+        keys = self._keys.keys(name)
+        self._number += 1
+        field = f"{MANAGER_ID}:{self._number}"
+        void = keys.void(f"{MANAGER_ID}:{self._number}")
+        granted = decode_attempt(
+            await self._run(ACQUIRE, (keys.lock, keys.fence, void), (field, LEASE_MS, 0)), _bad
+        )
+        if not isinstance(granted, Granted):
+            raise RuntimeError(f"{name} was busy: names are distinct, nothing else holds it")
+        self._number += 1
+        release_id = f"{MANAGER_ID}:{self._number}"
+        # the field, hold count, manager id, token, fence and tombstone lifetimes, then no
+        # successor (its field and lease), hand over freely, nobody listening
+        args = (field, 1, MANAGER_ID, granted.token, self.fence_ms, self.tombstone_ms)
+        released = decode_release(
+            await self._run(
+                RELEASE, (keys.lock, keys.fence, keys.tombstone(release_id)), (*args, "", 0, 1, 0)
+            ),
+            _bad,
+        )
+        if released.status is not ReleaseStatus.RELEASED:
+            raise RuntimeError(f"{name} was not released: {released}")
+
+
+class MinimalClient:
+    """Pipelines of queued commands, at most one per connection in flight, and nothing else."""
+
+    def __init__(self, connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]):
+        self._idle = list(connections)
+        self._queue: deque[tuple[tuple[Arg, ...], asyncio.Future[Any]]] = deque()
+
+    async def run(self, script: Script, keys: tuple[str, ...], args: tuple[Arg, ...]) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((("EVALSHA", script.sha, len(keys), *keys, *args), future))
+        self._kick()
+        return await future
+
+    def _kick(self) -> None:
+        while self._queue and self._idle:
+            batch = list(self._queue)
+            self._queue.clear()
+            asyncio.get_running_loop().create_task(self._flush(self._idle.pop(), batch))
+
+    async def _flush(
+        self,
+        connection: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        batch: list[tuple[tuple[Arg, ...], asyncio.Future[Any]]],
+    ) -> None:
+        stream, writer = connection
+        writer.write(_pack([command for command, _ in batch]))
+        reader = hiredis.Reader()
+        for _, future in batch:
+            reply = reader.gets()
+            while reply is False:
+                data = await stream.read(65536)
+                if not data:
+                    raise ConnectionError("the benchmark's server closed the connection")
+                reader.feed(data)
+                reply = reader.gets()
+            future.set_result(reply)
+        self._idle.append(connection)
+        self._kick()
+
+
+async def _loop(cycle: Cycle, tasks: int, seconds: float) -> tuple[float, float]:
+    """Cycles per second and client CPU per cycle (us) of *tasks* tasks for *seconds*."""
+    counts = [0] * tasks
+
+    async def worker(i: int) -> None:
+        name = f"w2:{i}"
+        while time.monotonic() < deadline:
+            await cycle(name)
+            counts[i] += 1
+
+    for i in range(tasks):  # warm up: scripts loaded, connections open, names used once
+        await cycle(f"w2:{i}")
+    cpu, wall = time.process_time(), time.monotonic()
+    deadline = wall + seconds
+    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    n = sum(counts)
+    return n / wall, cpu / max(n, 1) * 1e6
+
+
+async def _row(name: str, host: str, port: int, tasks: int, seconds: float) -> tuple[float, float]:
+    """One measurement of the client *name* (a fresh event loop and connections)."""
+    if name == "minimal batching client":
+        connections = [await asyncio.open_connection(host, port) for _ in range(3)]
+        loader = Redis(host=host, port=port)
+        try:
+            for script in (ACQUIRE, RELEASE):
+                await loader.script_load(script.source)
+            return await _loop(ScriptCycles(MinimalClient(connections).run).cycle, tasks, seconds)
+        finally:
+            await loader.aclose()
+            for _, writer in connections:
+                writer.close()
+    if name == "aiolock's Client":
+        redis = Redis(host=host, port=port)
+        client = Client(redis)
+        try:
+            return await _loop(ScriptCycles(client.run).cycle, tasks, seconds)
+        finally:
+            await client.aclose()
+            await redis.aclose()
+    if name == "aiolock's LockManager":
+        redis = Redis(host=host, port=port)
+        try:
+            async with LockManager(redis, prefix=PREFIX, lease=LEASE_MS / 1000) as manager:
+
+                async def cycle(lock_name: str) -> None:
+                    lock = manager.lock(lock_name)
+                    if not await lock.try_acquire(timeout=5):
+                        raise RuntimeError(f"{lock_name} was busy")
+                    await lock.release()
+
+                return await _loop(cycle, tasks, seconds)
+        finally:
+            await redis.aclose()
+    redis = Redis(host=host, port=port)
+    try:
+
+        async def peer(lock_name: str) -> None:
+            lock = redis.lock(f"redis-py:{lock_name}", timeout=LEASE_MS / 1000, blocking_timeout=5)
+            if not await lock.acquire():
+                raise RuntimeError(f"{lock_name} was busy")
+            await lock.release()
+
+        return await _loop(peer, tasks, seconds)
+    finally:
+        await redis.aclose()
+
+
+def run(seconds: float, repeats: int, tasks: int) -> dict[str, Any]:
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in ROWS}
+    with RedisServer() as server:
+        for _ in range(repeats):
+            for name in ROWS:
+                samples[name].append(
+                    asyncio.run(_row(name, server.host, server.port, tasks, seconds))
+                )
+    floor_cpu = statistics.median(cpu for _, cpu in samples[ROWS[0]])
+    peer_rate = statistics.median(rate for rate, _ in samples[ROWS[-1]])
+    rows = []
+    for name, values in samples.items():
+        rate = statistics.median(r for r, _ in values)
+        cpu = statistics.median(c for _, c in values)
+        rows.append(
+            {
+                "client": name,
+                "cycles_per_s": rate,
+                "cpu_us_per_cycle": cpu,
+                "cpu_range": [min(c for _, c in values), max(c for _, c in values)],
+                "cpu_vs_minimal": cpu / floor_cpu,
+                "rate_vs_redis_py": rate / peer_rate,
+            }
+        )
+    return {"tasks": tasks, "seconds": seconds, "repeats": repeats, "rows": rows}
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "### Client floor: where W2's client CPU goes",
+        "",
+        f"`python -m benchmarks.client_floor`: {result['tasks']} tasks on distinct names, "
+        f"{result['seconds']:g} s per measurement, median of {result['repeats']} interleaved "
+        "repeats; client CPU is the client process's `time.process_time` per cycle.",
+        "",
+        "| client | cycles/s | client CPU us/cycle | range | CPU / minimal | cycles/s / redis-py |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        low, high = row["cpu_range"]
+        lines.append(
+            f"| {row['client']} | {row['cycles_per_s']:,.0f} | {row['cpu_us_per_cycle']:.1f} "
+            f"| {low:.1f}-{high:.1f} | {row['cpu_vs_minimal']:.2f}x "
+            f"| {row['rate_vs_redis_py']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Each row adds layers to the one above it (see the module docstring): the minimal "
+        "client sends the same scripts with the same arguments, so the gaps are what "
+        "aiolock's command layer and engine cost in the client process per cycle.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if not 0 < args.seconds <= 60 or not 1 <= args.repeats <= 20 or not 1 <= args.tasks <= 1024:
+        parser.error("--seconds must be in (0, 60], --repeats in 1..20, --tasks in 1..1024")
+    started = time.monotonic()
+    result = run(args.seconds, args.repeats, args.tasks)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "client_floor.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = render(result)
+    write_section(args.out / "RESULTS.md", "client-floor", text)
+    print(text)
+    print(f"\n({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
