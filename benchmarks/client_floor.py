@@ -9,7 +9,8 @@ measures what each layer of aiolock's client costs per cycle. One private ``redi
 process and interleaved over ``--repeats`` rounds of ``--seconds`` each:
 
 * **minimal batching client**: what W2 needs and nothing more. Commands wait in one queue
-  and go out as pipelines, at most 3 in flight, each on its own asyncio stream connection,
+  and go out as pipelines (of at most ``Client.MAX_BATCH`` commands, as aiolock's do), at
+  most 3 in flight, each on its own asyncio stream connection,
   replies read with a ``hiredis.Reader``; aiolock's own ``lock/acquire`` and
   ``lock/release`` scripts with the keys and arguments the engine sends, packed by the
   same function, and their replies decoded by the same functions. No timeouts, retries,
@@ -118,8 +119,8 @@ class MinimalClient:
 
     def _kick(self) -> None:
         while self._queue and self._idle:
-            batch = list(self._queue)
-            self._queue.clear()
+            queue = self._queue
+            batch = [queue.popleft() for _ in range(min(len(queue), Client.MAX_BATCH))]
             asyncio.get_running_loop().create_task(self._flush(self._idle.pop(), batch))
 
     async def _flush(
