@@ -525,7 +525,6 @@ class Engine:
             return
         release_id = self._release_id(hold)  # every resend, from any path, uses it
         handoff = self._reserve_successor(hold)
-        what = f"release of {hold.keys.name!r}"
 
         async def send() -> LockError | None:
             outcome = await self._send_final(hold, release_id, handoff)
@@ -542,6 +541,7 @@ class Engine:
             # the old hold to be released (or to expire): it never re-enters it.
             self.registry.park(hold)
             self._ended(hold)  # for its owner, the hold ends here
+            what = f"release of {hold.keys.name!r}"
             self.cleanup.add(what, send, max(hold.valid_until, time.monotonic()))
             if handoff is not None:  # the queue's head fends for itself meanwhile
                 handoff.waiter.reserved = False

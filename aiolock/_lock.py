@@ -155,14 +155,16 @@ class Lock:
         engine = self._manager._open_engine()
         owner = self._manager._owner()
         registry = engine.registry
-        if registry.get(self._resource, owner) is None:
+        hold = registry.get(self._resource, owner)
+        if hold is None:
             parked = registry.parked(self._resource, owner)
             if parked is not None:
                 await engine.release(parked)  # an unconfirmed release, sent again (idempotent)
                 return
             if registry.pop_settled(self._resource, owner) is not None:
                 return  # the release that raised LockConnectionError has since gone through
-        await engine.release(self._owned_hold())
+            hold = self._owned_hold()  # raises: lost, or never held
+        await engine.release(hold)
 
     async def extend(self, lease: float) -> None:
         """Set the remaining lease of the current task's fixed-lease hold to *lease* s."""
