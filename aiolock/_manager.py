@@ -367,7 +367,8 @@ class LockManager:
             lease = check_lease(lease)
         kind, keys = self._format(wire).lock(self._kind, self._keyspace, name)
         handle = Lock(self, kind, keys, timeout=timeout, lease=lease)
-        handle._replicas = self._handle_replicas(replicas, replica_timeout)
+        if replicas is not None or replica_timeout is not None:  # else it inherits
+            handle._replicas = self._handle_replicas(replicas, replica_timeout)
         return handle
 
     def multi_lock(
