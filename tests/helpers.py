@@ -11,10 +11,14 @@ from redis.asyncio import Connection, ConnectionPool, Redis
 
 
 class RoundTrips:
-    """Counts the writes of every connection of one client: one write = one round trip."""
+    """Counts the writes of every connection of one client: one write = one round trip.
+
+    ``batches`` has the number of commands of each write, in order.
+    """
 
     def __init__(self) -> None:
         self.sends = 0
+        self.batches: list[int] = []
 
     def connection_class(self) -> type[Connection]:
         counter = self
@@ -22,9 +26,26 @@ class RoundTrips:
         class CountingConnection(Connection):
             async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
                 counter.sends += 1
+                counter.batches.append(commands_in(command))
                 await super().send_packed_command(command, check_health)
 
         return CountingConnection
+
+
+def commands_in(packed: Any) -> int:
+    """How many commands (RESP arrays of bulk strings) one write carries."""
+    data = packed if isinstance(packed, (bytes, bytearray)) else b"".join(packed)
+    count = at = 0
+    while at < len(data):
+        assert data[at : at + 1] == b"*", data[at : at + 20]
+        end = data.index(b"\r\n", at)
+        args = int(data[at + 1 : end])
+        at = end + 2
+        for _ in range(args):
+            end = data.index(b"\r\n", at)
+            at = end + 2 + int(data[at + 1 : end]) + 2  # "$<len>\r\n<data>\r\n"
+        count += 1
+    return count
 
 
 def counting_client(url: str, **kwargs: Any) -> tuple[Redis, RoundTrips]:
