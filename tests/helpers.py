@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import hiredis
 from redis.asyncio import Connection, ConnectionPool, Redis
 
 
@@ -33,17 +34,12 @@ class RoundTrips:
 
 
 def commands_in(packed: Any) -> int:
-    """How many commands (RESP arrays of bulk strings) one write carries."""
-    data = packed if isinstance(packed, (bytes, bytearray)) else b"".join(packed)
-    count = at = 0
-    while at < len(data):
-        assert data[at : at + 1] == b"*", data[at : at + 20]
-        end = data.index(b"\r\n", at)
-        args = int(data[at + 1 : end])
-        at = end + 2
-        for _ in range(args):
-            end = data.index(b"\r\n", at)
-            at = end + 2 + int(data[at + 1 : end]) + 2  # "$<len>\r\n<data>\r\n"
+    """How many commands one write carries (a command is a RESP array, which the same
+    hiredis reader that parses replies parses too)."""
+    reader = hiredis.Reader()
+    reader.feed(bytes(packed) if isinstance(packed, (bytes, bytearray)) else b"".join(packed))
+    count = 0
+    while reader.gets() is not False:
         count += 1
     return count
 
