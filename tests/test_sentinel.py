@@ -377,7 +377,15 @@ async def test_a_stopped_or_killed_primary_is_failed_over(prefix: str, how: sign
                 # working on the primary it knows, and the managers stay open.
                 for sentinel in group.sentinels:
                     sentinel.stop()
-                await asyncio.sleep(1.5)  # more than one round of the watch
+                # Until each manager's watch has had a whole round without any sentinel
+                # answering (up to PrimaryWatch.INTERVAL + ASK_TIMEOUT): a round begun
+                # before the last sentinel stopped still had an answer, and until the next
+                # one a new connection pays redis-py's retries on each sentinel (~10 s).
+                await _eventually(
+                    lambda: all(m._primary_watch and m._primary_watch._no_sentinel for m in (a, b)),
+                    10,
+                    "both watches found no sentinel",
+                )
                 async with a.lock("after", timeout=2), b.lock("after2", timeout=2):
                     pass
                 # New connections too (redis-py asks the sentinels for each): every
