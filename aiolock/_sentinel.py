@@ -162,17 +162,29 @@ class PrimaryWatch:
         """The pool's lookup, falling back to the primary last seen when no sentinel can be
         reached: locks go on working on it (a partition that also hides a failover is
         what ``min-replicas-to-write`` guards against; see docs/sentinel.md)."""
-        if self._no_sentinel and self.primary is not None:
+        known = self.primary
+        if self._no_sentinel and known is not None:
             # Known unreachable (the watch asks again every second): asking them here
             # would cost every new connection redis-py's retries on each sentinel.
-            return self.primary
-        try:
-            return await self._lookup()  # type: ignore[no-untyped-call,no-any-return]
-        except MasterNotFoundError:
-            known = self.primary
-            if not self._no_sentinel or known is None:
-                raise  # sentinels answer that there is no usable primary: fail, retry
             return known
+        if known is None:
+            return await self._lookup()  # type: ignore[no-untyped-call,no-any-return]
+        try:
+            # Bounded like one of the watch's own questions: until the watch's next round
+            # has found every sentinel gone, redis-py's lookup would retry each of them
+            # (about 10 s for three with redis-py 8), however short the caller's timeout.
+            return await asyncio.wait_for(self._lookup(), self.ASK_TIMEOUT)  # type: ignore[no-untyped-call]
+        except asyncio.TimeoutError:
+            pass  # no sentinel answered in the time the watch gives one
+        except MasterNotFoundError:
+            # Either the sentinels answer that no primary is usable, or none could be
+            # reached (redis-py without retries fails at once): ask them all as the watch
+            # does, each bounded, to tell which.
+            await self._discover()
+            if not self._no_sentinel:
+                raise  # sentinels answer that there is no usable primary: fail, retry
+        self._check.set()  # the watch asks them all now, and moves us if need be
+        return known
 
     async def run(self) -> None:
         try:

@@ -23,6 +23,7 @@ from redis.asyncio.sentinel import Sentinel
 
 import aiolock
 from aiolock._errors import LockBackendError
+from aiolock._sentinel import PrimaryWatch
 
 from .sentinel_servers import SERVICE, SentinelGroup
 
@@ -378,9 +379,10 @@ async def test_a_stopped_or_killed_primary_is_failed_over(prefix: str, how: sign
                 for sentinel in group.sentinels:
                     sentinel.stop()
                 # Until each manager's watch has had a whole round without any sentinel
-                # answering (up to PrimaryWatch.INTERVAL + ASK_TIMEOUT): a round begun
-                # before the last sentinel stopped still had an answer, and until the next
-                # one a new connection pays redis-py's retries on each sentinel (~10 s).
+                # answering (up to PrimaryWatch.INTERVAL + ASK_TIMEOUT; a round begun
+                # before the last sentinel stopped still had an answer), so that the new
+                # connections below go to the known primary without asking. Before that,
+                # each costs a bounded lookup (the test after this one).
                 await _eventually(
                     lambda: all(m._primary_watch and m._primary_watch._no_sentinel for m in (a, b)),
                     10,
@@ -438,3 +440,36 @@ def _replicated(group: SentinelGroup, primary: int, key: str) -> None:
                 time.sleep(0.02)
         finally:
             client.close()
+
+
+async def test_a_new_connection_does_not_wait_out_redis_py_retries_on_gone_sentinels(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sentinel stops between two rounds of the watch: a connection opened then asks
+    them through redis-py's lookup, which retries each one (redis-py 8: about 10 s for
+    three) or fails at once (redis-py 5), and the lock failed with LockConnectionError
+    whatever its timeout. The lookup is bounded like one of the watch's questions, a
+    failed one is checked by asking every sentinel, and the connection goes to the
+    primary last seen."""
+    # No round of its own after the first: the window stays open until the test ends it.
+    monkeypatch.setattr(PrimaryWatch, "INTERVAL", 60.0)
+    with SentinelGroup(replicas=0, sentinels=3) as group:
+        async with aiolock.LockManager.from_sentinel(
+            group.addresses, SERVICE, prefix=prefix, socket_timeout=1.0
+        ) as locks:
+            async with locks.lock("before", timeout=2):  # starts the engine and its watch
+                pass
+            watch = locks._primary_watch
+            assert watch is not None
+            await _eventually(lambda: watch.primary is not None, 10, "the first round")
+            for sentinel in group.sentinels:
+                sentinel.stop()
+            assert not watch._no_sentinel  # the window: the watch has not noticed yet
+            assert isinstance(locks.redis, Redis)
+            await locks.redis.connection_pool.disconnect()  # every connection opens anew
+            started = time.monotonic()
+            async with locks.lock("after", timeout=2):
+                pass
+            assert time.monotonic() - started < 2 * PrimaryWatch.ASK_TIMEOUT
+            # The timed-out lookup woke the watch, whose round found every sentinel gone.
+            await _eventually(lambda: watch._no_sentinel, 5, "the watch found no sentinel")
