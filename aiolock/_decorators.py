@@ -4,7 +4,9 @@
 by parameter name (``{order.id}`` and ``{self.tenant}`` work too), acquires, runs the
 function inside ``async with`` (so a lost lock cancels it and raises
 :class:`~aiolock.LockLostError`), and releases. The template is checked when the
-function is decorated: every field must name a parameter.
+function is decorated: every field must name a parameter, and no field may nest in
+another's format spec. A list of templates takes a multi-lock; names that format alike
+(``["acct:{src}", "acct:{dst}"]`` with ``src == dst``) are locked once.
 
 ``on_busy`` says what a call does when the lock is held elsewhere:
 
@@ -26,7 +28,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from ._errors import LockTimeoutError
 from ._keys import check_lease, check_timeout
 
-__all__ = ["LOCK_MAKERS", "LockKindName", "OnBusy", "decorate"]
+__all__ = ["LOCK_MAKERS", "LockKindName", "OnBusy", "check_spec", "decorate", "distinct"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -64,9 +66,10 @@ LOCK_MAKERS: dict[str, Maker] = {"lock": _lock, "fair": _fair, "read": _read, "w
 def template_fields(template: str) -> list[str]:
     """The parameter names a name template refers to (``{order.id}`` -> ``order``)."""
     fields = []
-    for _, field, _, _ in string.Formatter().parse(template):
+    for _, field, spec, _ in string.Formatter().parse(template):
         if field is None:
             continue
+        check_spec(template, field, spec)
         base = field.split(".", 1)[0].split("[", 1)[0]
         if not base or base.isdigit():
             raise ValueError(
@@ -75,6 +78,24 @@ def template_fields(template: str) -> list[str]:
             )
         fields.append(base)
     return fields
+
+
+def check_spec(template: str, field: str, spec: str | None) -> None:
+    """Refuse a field nested in a format spec (``{a:{b}}``): it is filled at call time
+    from a value the decoration-time check never saw, so a mistake would surface as a
+    KeyError on the first call instead of here."""
+    if spec and ("{" in spec or "}" in spec):
+        raise ValueError(
+            f"name template {template!r} nests a field in the format spec of {{{field}}} "
+            f"({{{field}:{spec}}}); write the spec out, e.g. '{{{field}:>4}}', or put the "
+            "other value in a field of its own"
+        )
+
+
+def distinct(names: list[str]) -> list[str]:
+    """*names* in order, each once: ``["acct:{src}", "acct:{dst}"]`` called with
+    ``src == dst`` locks that one account once (a multi-lock refuses a name twice)."""
+    return list(dict.fromkeys(names))
 
 
 def decorate(
@@ -123,7 +144,7 @@ def decorate(
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            formatted = [template.format_map(bound.arguments) for template in templates]
+            formatted = distinct([template.format_map(bound.arguments) for template in templates])
             handle = make(manager, formatted[0] if isinstance(names, str) else formatted,
                           timeout, lease)  # fmt: skip
             try:

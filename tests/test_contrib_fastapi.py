@@ -439,3 +439,50 @@ async def test_the_openapi_schema_lists_each_parameter_once(redis_url: str, pref
 
     parameters = app.openapi()["paths"]["/orders/{order_id}"]["get"]["parameters"]
     assert [(p["name"], p["in"]) for p in parameters] == [("order_id", "path")]
+
+
+async def test_a_field_the_route_does_not_declare_is_refused_at_startup(
+    redis_url: str, prefix: str
+) -> None:
+    # A typo ({oder_id}) used to become a required query parameter of its own: startup
+    # went fine and every request got a 422.
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix))
+
+    @app.post("/orders/{order_id}/pay")
+    async def pay(
+        order_id: int,
+        lock: Annotated[Any, Depends(lock_dependency("order:{oder_id}"), scope="function")],
+    ) -> None: ...
+
+    with pytest.raises(RuntimeError, match=r"\{oder_id\}.*neither a path parameter"):
+        async with app.router.lifespan_context(app):
+            pass
+    with pytest.raises(RuntimeError, match="oder_id"):
+        check_lock_scopes(app)
+
+
+async def test_query_fields_the_endpoint_declares_and_names_that_format_alike(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix))
+    accounts = lock_dependency(["acct:{src}", "acct:{dst}"])
+
+    @app.post("/transfers/{src}")
+    async def transfer(
+        src: str, dst: str, lock: Annotated[Any, Depends(accounts, scope="function")]
+    ) -> list[str]:
+        return sorted(lock.names)
+
+    async with serve(app) as client:
+        same = await client.post("/transfers/a", params={"dst": "a"})
+        assert same.status_code == 200, same.text
+        assert same.json() == ["acct:a"]
+        assert (await client.post("/transfers/a", params={"dst": "b"})).json() == [
+            "acct:a",
+            "acct:b",
+        ]
+
+
+def test_a_field_nested_in_a_format_spec_is_refused() -> None:
+    with pytest.raises(ValueError, match="nests a field"):
+        lock_dependency("a:{x:{y}}")

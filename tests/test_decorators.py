@@ -177,3 +177,27 @@ def test_mistakes_fail_when_decorating(locks: aiolock.LockManager) -> None:
         locks.locked("x", timeout=-1)
     with pytest.raises(ValueError, match="limit"):
         locks.limited("x", limit=0)
+
+
+async def test_names_that_format_alike_are_locked_once(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    # A transfer from an account to itself: the multi-lock used to refuse the call with
+    # "list each name once", which the caller of transfer() cannot act on.
+    @locks.locked(["acct:{src}", "acct:{dst}", "ledger"])
+    async def transfer(src: int, dst: int) -> bool:
+        return await other.lock("acct:5").locked()
+
+    assert await transfer(5, 5) is True
+    assert locks.statistics().acquired["lock"] == 2  # acct:5 and ledger, each once
+    assert not await other.lock("acct:5").locked()
+
+
+def test_a_field_nested_in_a_format_spec_is_refused_when_decorating(
+    locks: aiolock.LockManager,
+) -> None:
+    with pytest.raises(ValueError, match=r"nests a field.*\{a:\{b\}\}"):
+        locks.locked("x:{a:{b}}")
+    with pytest.raises(ValueError, match="nests a field"):
+        locks.limited("x:{a:>{width}}", limit=2)
+    locks.locked("x:{a:>4}")  # a spec written out is fine

@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from .._decorators import LOCK_MAKERS, LockKindName
+from .._decorators import LOCK_MAKERS, LockKindName, check_spec, distinct
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from .._keys import check_lease, check_timeout
 from .._manager import LockManager
@@ -200,7 +200,7 @@ def lock_dependency(
             _check_route(route)
             checked_routes[id(route)] = weakref.ref(route)
         locks = manager if manager is not None else get_lock_manager(request)
-        formatted = [template.format_map(values) for template in templates]
+        formatted = distinct([template.format_map(values) for template in templates])
         try:
             handle = make(locks, formatted[0] if single else formatted, timeout, lease)
         except ValueError as exc:  # a name too long, say, from a client's parameter
@@ -273,9 +273,10 @@ def _fields(templates: list[str]) -> list[str]:
     """The parameter names of the templates, in order, each once; plain names only."""
     fields: list[str] = []
     for template in templates:
-        for _, field, _, _ in string.Formatter().parse(template):
+        for _, field, spec, _ in string.Formatter().parse(template):
             if field is None:
                 continue
+            check_spec(template, field, spec)
             if not field.isidentifier():
                 raise ValueError(
                     f"name template {template!r}: the field {{{field}}} must be the name of "
@@ -294,7 +295,10 @@ def _fields(templates: list[str]) -> list[str]:
 
 
 def check_lock_scopes(app: Starlette) -> None:
-    """Raise ``RuntimeError`` if a route uses a lock dependency outside function scope.
+    """Raise ``RuntimeError`` if a route uses a lock dependency outside function scope,
+    or one whose name template has a field the route declares as neither a path
+    parameter nor a query parameter (a typo such as ``{oder_id}`` would otherwise become
+    a required query parameter of its own, and every request would get a 422).
 
     :func:`lock_lifespan` runs it at startup; the dependency runs it for its route at
     its first request too.
@@ -307,7 +311,10 @@ def _check_route(route: Any) -> None:
     dependant = getattr(route, "dependant", None)
     if dependant is None:
         return
-    for found in _lock_dependants(dependant):
+    found_locks = _lock_dependants(dependant)
+    declared = _declared_queries(dependant)
+    for found in found_locks:
+        _check_fields(route, found, declared)
         if found.scope != "function":
             path = getattr(route, "path", "?")
             raise RuntimeError(
@@ -316,6 +323,29 @@ def _check_route(route: Any) -> None:
                 "lock could not turn the response into an error); declare it with "
                 "Depends(lock_dependency(...), scope='function')"
             )
+
+
+def _check_fields(route: Any, found: Any, declared: set[str]) -> None:
+    """Refuse a lock dependency whose field is a query parameter only it declares."""
+    for param in found.query_params:
+        if param.alias not in declared:
+            path = getattr(route, "path", "?")
+            raise RuntimeError(
+                f"route {path!r}: {found.call.__name__} names the field {{{param.alias}}}, "
+                "which is neither a path parameter of the route nor a query parameter its "
+                "endpoint or other dependencies declare (FastAPI would make it a required "
+                "query parameter of its own, and requests without it would get a 422); fix "
+                "the field's name, or declare the query parameter on the endpoint"
+            )
+
+
+def _declared_queries(dependant: Any) -> set[str]:
+    """The query parameters a route declares outside its lock dependencies."""
+    names = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        if not getattr(sub.call, _MARK, False):
+            names |= _declared_queries(sub)
+    return names
 
 
 def _lock_dependants(dependant: Any) -> list[Any]:
