@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import socket
+import typing
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -223,10 +224,6 @@ async def test_the_taskiq_adapter_needs_a_context_and_gives_up(
     async def with_context(n: int, context: Context) -> int:
         return n
 
-    @for_taskiq.singleton(locks, "t:{n}")
-    async def without(n: int) -> int:
-        return n
-
     broker = InMemoryBroker()
     message = TaskiqMessage(
         task_id="task-7", task_name="t", labels={for_taskiq.REQUEUE_LABEL: "2"}, args=[], kwargs={}
@@ -234,12 +231,65 @@ async def test_the_taskiq_adapter_needs_a_context_and_gives_up(
     context = Context(message, broker)
     assert await with_context(1, context) == 1
     async with claim(other, "t:1"):
-        with pytest.raises(TypeError, match="TaskiqDepends"):
-            await without(1)
         with pytest.raises(JobBusy):  # requeued twice already: no more
             await with_context(1, context)
     with pytest.raises(ValueError, match="max_requeues"):
         for_taskiq.singleton(locks, "x", max_requeues=-1)
+
+
+def test_the_taskiq_adapter_refuses_a_task_without_a_context_when_decorating(
+    locks: aiolock.LockManager,
+) -> None:
+    # It used to fail only at run time: with a TypeError when the lock was busy
+    # (on_busy="defer"), with a LookupError on every run (locks="<state attribute>").
+    from taskiq import Context, TaskiqDepends
+
+    from aiolock.contrib import taskiq as for_taskiq
+
+    async def without(n: int) -> int:
+        return n
+
+    with pytest.raises(TypeError, match=r"without\(\) has no Context.*requeue"):
+        for_taskiq.singleton(locks, "t:{n}")(without)
+    with pytest.raises(TypeError, match=r"no Context.*context\.state\.locks"):
+        for_taskiq.singleton("locks", "t:{n}", on_busy="skip")(without)
+    for_taskiq.singleton(locks, "t:{n}", on_busy="skip")(without)  # needs no Context
+
+    async def annotated(n: int, context: Context = TaskiqDepends()) -> int:  # noqa: B008
+        return n
+
+    async def by_default(n: int, context: Any = TaskiqDepends(Context)) -> int:  # noqa: B008
+        return n
+
+    for_taskiq.singleton("locks", "t:{n}")(annotated)
+    for_taskiq.singleton("locks", "t:{n}")(by_default)
+
+
+async def test_a_skipped_taskiq_task_returns_none_which_taskiq_parses(
+    locks: aiolock.LockManager, other: aiolock.LockManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    from taskiq import InMemoryBroker
+
+    from aiolock.contrib import taskiq as for_taskiq
+
+    broker = InMemoryBroker()
+
+    @broker.task
+    @for_taskiq.singleton(locks, "skip:{n}", on_busy="skip")
+    async def count(n: int) -> int:
+        return n
+
+    assert typing.get_type_hints(count.original_func)["return"] == int | None
+    await broker.startup()
+    try:
+        ran: Any = (await (await count.kiq(3)).wait_result(timeout=10)).return_value
+        assert ran == 3
+        async with claim(other, "skip:3"):
+            skipped = await (await count.kiq(3)).wait_result(timeout=10)
+    finally:
+        await broker.shutdown()
+    assert skipped.return_value is None and not skipped.is_err
+    assert "Cannot parse return type" not in caplog.text
 
 
 @pytest.mark.parametrize("wire", ["token", "timestamp", "redisson"])

@@ -10,13 +10,18 @@ it) and decorate it under ``@broker.task``::
 A task that finds the lock held waits ``defer`` seconds and requeues itself
 (``context.requeue()``, which stores no result for this run), at most ``max_requeues``
 times, then fails with :class:`~aiolock.contrib.jobs.JobBusy`. ``on_busy="skip"``
-returns ``None`` instead, ``"raise"`` fails the task, and a handler ``(busy, arguments)``
-decides itself. The holder record names the task id; see docs/recipes/taskiq.md.
+returns ``None`` instead (the task's return annotation is widened to ``... | None``, so
+taskiq parses a skipped run's result), ``"raise"`` fails the task, and a handler
+``(busy, arguments)`` decides itself. ``on_busy="defer"`` and ``locks="<state attribute>"``
+need the ``Context`` parameter; a task without one is refused when decorated. The holder
+record names the task id; see docs/recipes/taskiq.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import typing
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
@@ -84,6 +89,69 @@ def singleton(
     """
     if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
         raise ValueError(f"max_requeues must be an int >= 0, got {max_requeues!r}")
+    # What the task's Context is needed for, checked at decoration (at run time the
+    # task would fail only when the lock is busy, or with a LookupError on every run).
+    needs = []
+    if isinstance(locks, str):
+        needs.append(f"locks={locks!r} finds the manager at context.state.{locks}")
+    if on_busy == "defer":
+        needs.append("on_busy='defer' requeues the task through context.requeue()")
+    wrap = _singleton(locks, name, on_busy, defer, max_requeues, job_id, timeout, lease)
+
+    def decorator(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[Any]]:
+        if needs and inspect.iscoroutinefunction(function) and not _has_context(function):
+            raise TypeError(
+                f"aiolock.contrib.taskiq.singleton: {function.__qualname__}() has no Context "
+                f"parameter, which it needs ({'; '.join(needs)}): add a parameter "
+                "'context: Context = TaskiqDepends()'"
+            )
+        task = wrap(function)
+        if on_busy == "skip":
+            _may_return_none(task, function)
+        return task
+
+    return decorator
+
+
+def _has_context(function: Callable[..., Any]) -> bool:
+    """Whether taskiq will inject a ``Context`` into one of *function*'s parameters."""
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # an annotation that does not resolve here: read it as written
+        hints = {}
+    for parameter in inspect.signature(function).parameters.values():
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if annotation is Context or getattr(parameter.default, "dependency", None) is Context:
+            return True
+        if isinstance(annotation, str) and annotation.rsplit(".", 1)[-1] == "Context":
+            return True
+    return False
+
+
+def _may_return_none(task: Callable[..., Any], function: Callable[..., Any]) -> None:
+    """Widen *task*'s return annotation to ``... | None``: a skipped run returns None,
+    which taskiq would otherwise fail to parse as the declared type (and log so)."""
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # leave an annotation that does not resolve as it is
+        return
+    if "return" in hints:
+        returned = hints["return"]
+        # A new dict: functools.wraps shared the function's own.
+        task.__annotations__ = {**hints, "return": typing.Union[returned, None]}  # noqa: UP007
+
+
+def _singleton(
+    locks: jobs.LocksArg | str,
+    name: str,
+    on_busy: jobs.OnBusy,
+    defer: float,
+    max_requeues: int,
+    job_id: jobs.JobIdArg,
+    timeout: float | None,
+    lease: float | None,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[Any]]]:
+    """:func:`jobs.singleton` with taskiq's requeue for ``on_busy="defer"``."""
     if on_busy == "defer":
 
         async def requeue(busy: jobs.JobBusy, arguments: Mapping[str, Any]) -> Any:
