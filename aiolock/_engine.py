@@ -503,11 +503,14 @@ class Engine:
         self._watched.discard(owner)
         for hold in self.registry.of_owner(owner):
             self.released_on_task_exit += 1
+            # Name the kind: a semaphore's permits are no "lock" to whoever reads this.
+            what = "a permit of semaphore" if hold.kind.name == "semaphore" else hold.kind.name
             logger.warning(
-                "lock %r was still held by task %r when the task ended; aiolock releases "
-                "it now. A lock belongs to the task that acquired it: a likely cause is a "
+                "%s %r was still held by task %r when the task ended; aiolock releases "
+                "it now. A hold belongs to the task that acquired it: a likely cause is a "
                 "helper that runs the acquire in a task of its own (asyncio.wait_for on "
                 "Python 3.10/3.11, create_task, gather), or a missing release()",
+                what,
                 hold.keys.name,
                 task.get_name(),
             )

@@ -736,7 +736,8 @@ class LockManager:
         if self._state == "new":
             raise ManagerNotOpenError(
                 "the LockManager is not open: use it as 'async with LockManager(redis) as "
-                "locks:' (or 'await manager.__aenter__()') before acquiring locks"
+                "locks:', or call 'await manager.open()' (and 'await manager.aclose()' at "
+                "shutdown) before acquiring locks"
             )
         raise ManagerNotOpenError(
             f"the LockManager is {self._state}: its locks can no longer be used; "

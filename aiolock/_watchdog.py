@@ -114,7 +114,11 @@ class Watchdog:
             with anyio.fail_after(self.period):
                 held = await kind.renew(batch, self._lease)
         except (LockError, TimeoutError) as exc:
-            logger.warning("lease renewal of %d locks failed, will retry: %s", len(batch), exc)
+            logger.warning(
+                "lease renewal of %s failed, will retry: %s",
+                _count(len(batch), f"{kind.name} hold"),
+                _reason(exc, self.period),
+            )
             return False
         round_trip = time.monotonic() - sent_at
         registry = self._registry
@@ -134,3 +138,15 @@ class Watchdog:
         if renewed and self._observers.active:
             self._observers.renewed(kind.name, renewed, round_trip)
         return True
+
+
+def _count(n: int, what: str) -> str:
+    """``1 lock hold``, ``2 lock holds``."""
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _reason(exc: BaseException, period: float) -> str:
+    """What went wrong, for the log: anyio's TimeoutError carries no message."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"no reply within {period:.3g} s (a third of the lease)"
+    return str(exc) or repr(exc)
