@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -103,3 +108,47 @@ def test_one_observer_per_registry() -> None:
     PrometheusObserver(registry)
     with pytest.raises(ValueError, match="Duplicated"):
         PrometheusObserver(registry)
+
+
+_MULTIPROCESS_CHILD = """
+import asyncio, sys
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+import aiolock
+from aiolock.contrib.prometheus import PrometheusObserver
+
+async def main(url: str) -> None:
+    observer = PrometheusObserver()
+    async with aiolock.LockManager.from_url(url, prefix="mp", observers=[observer]) as locks:
+        async with locks.lock("a"):
+            shared = CollectorRegistry()
+            MultiProcessCollector(shared)
+            own = CollectorRegistry()
+            own.register(observer.collector)
+            for registry in (shared, own):
+                print(repr(generate_latest(registry).decode()))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_multiprocess_mode_serves_the_statistics_from_each_workers_collector(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """docs/observability.md: with PROMETHEUS_MULTIPROC_DIR the statistics families are
+    missing from MultiProcessCollector's scrape (issue 18), and a registry of the worker's
+    own holding ``observer.collector`` serves them. prometheus_client picks its
+    multiprocess mode at import, hence the child process."""
+    result = subprocess.run(
+        [sys.executable, "-c", _MULTIPROCESS_CHILD, redis_url],
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    shared, own = (ast.literal_eval(line) for line in result.stdout.splitlines())
+    assert 'aiolock_acquisitions_total{kind="lock",result="acquired"} 1.0' in shared
+    assert "aiolock_held" not in shared
+    assert 'aiolock_held{kind="lock",prefix="mp"} 1.0' in own
