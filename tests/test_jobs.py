@@ -313,3 +313,12 @@ async def test_a_claim_works_in_a_format_without_fencing_tokens(
                 async with claim(rival, name):
                     pytest.fail("the rival ran")
         assert await holder_info(rival, name) is None
+
+
+def test_a_field_nested_in_a_format_spec_is_refused_when_decorating(
+    locks: aiolock.LockManager,
+) -> None:
+    with pytest.raises(ValueError, match="nests a field"):
+        singleton(locks, "report:{customer:{width}}")
+    with pytest.raises(ValueError, match="nests a field"):
+        singleton(locks, "report:{customer}", job_id="{job:{n}}")
