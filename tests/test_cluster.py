@@ -15,11 +15,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._client import Client
 from aiolock._cluster import ClusterClient, sharded
 from aiolock._cluster_hub import ClusterHub
 from aiolock._kinds.lock import RELEASE
@@ -344,6 +346,65 @@ def move_slot(cluster: LocalCluster, slot: int) -> None:
             with cluster.node(port) as other:
                 other.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
     assert cluster.owner_port(slot) == target
+
+
+def names_in_one_slot(stem: str, count: int) -> list[str]:
+    """*count* lock names whose keys all live in the slot of ``stem + "0"``."""
+    slot = key_slot(f"{stem}0".encode())
+    names = [
+        f"{stem}{i}" for i in range(16384 * count * 4) if key_slot(f"{stem}{i}".encode()) == slot
+    ]
+    assert len(names) >= count, "not enough names in one slot"
+    return names[:count]
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 3])
+async def test_redirects_inside_a_pipeline_are_followed(
+    cluster: LocalCluster, prefix: str, max_in_flight: int
+) -> None:
+    """The slot of 20 names moves behind an open manager; 20 concurrent acquisitions
+    then go to the old owner, most of them queued into pipelines (more commands than
+    max_in_flight): each MOVED reply inside a pipeline is followed as if its command
+    had been sent alone, so every acquisition succeeds."""
+    names = names_in_one_slot(f"{prefix}-piped-", 20)
+    slot = key_slot(names[0].encode())
+    async with aiolock.LockManager.from_url(
+        cluster.url, cluster=True, prefix=prefix, max_in_flight=max_in_flight
+    ) as locks:
+        async with locks.lock(names[0]):  # the manager knows the old owner of the slot
+            pass
+        await asyncio.to_thread(move_slot, cluster, slot)
+
+        async def take(name: str) -> bool:
+            lock = locks.lock(name)
+            await lock.acquire(timeout=10)
+            await lock.release()
+            return True
+
+        results = await asyncio.gather(*(take(n) for n in names), return_exceptions=True)
+        failures = [r for r in results if r is not True]
+        assert failures == [], f"{len(names) - len(failures)}/{len(names)}: {failures[:3]}"
+        assert client_of(locks).redirects >= 1
+        assert client_of(locks).pipelines >= 1  # the commands did go out as pipelines
+
+
+async def test_a_pipeline_failure_keeps_its_cause_as_a_lone_command_does() -> None:
+    """What the cluster router decides on (a redirect, a connection error) is the cause
+    of the error; a command failed inside a pipeline carries it as a lone one does."""
+    redis = Redis(host="127.0.0.1", port=free_port())  # nothing listens there
+    client = Client(redis, max_in_flight=1)
+    try:
+        results = await asyncio.gather(
+            *(client.call("EXISTS", f"k{i}", key=f"k{i}") for i in range(5)),
+            return_exceptions=True,
+        )
+    finally:
+        await client.aclose()
+        await redis.aclose()
+    assert client.pipelines >= 1
+    for result in results:
+        assert isinstance(result, aiolock.LockConnectionError), result
+        assert isinstance(result.__cause__, rex.ConnectionError), repr(result.__cause__)
 
 
 @pytest.mark.parametrize(
