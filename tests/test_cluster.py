@@ -173,20 +173,26 @@ async def test_renewal_batches_are_grouped_per_slot(cluster: LocalCluster, prefi
         assert stats.renewal_round_trips >= 2 * len(slots), stats
 
 
-async def test_a_plain_client_on_a_cluster_node_says_to_use_redis_cluster(
-    cluster: LocalCluster, prefix: str
+@pytest.mark.parametrize(
+    "options", [{"protocol": 2}, {"protocol": 3, "decode_responses": True}], ids=["resp2", "resp3"]
+)
+async def test_a_plain_client_on_a_cluster_node_is_refused_when_the_manager_opens(
+    cluster: LocalCluster, prefix: str, options: dict[str, Any]
 ) -> None:
-    names = names_on_each_primary(cluster, "plain-")
-    redis = Redis(host="127.0.0.1", port=cluster.primary_ports()[0])
+    """Such a client served the locks of that node's slots until a renewal batch spanned
+    slots (CROSSSLOT) and every hold was lost: it is refused at open, saying what to use."""
+    port = cluster.primary_ports()[0]
+    redis = Redis(host="127.0.0.1", port=port, **options)
     try:
-        async with aiolock.LockManager(redis, prefix=prefix) as locks:
-            with pytest.raises(aiolock.LockBackendError) as caught:
-                for name in names:  # at least one lives on another node: MOVED
-                    async with locks.lock(name, timeout=0):
-                        pass
+        locks = aiolock.LockManager(redis, prefix=prefix)
+        with pytest.raises(aiolock.LockBackendError) as caught:
+            await locks.open()
         message = str(caught.value)
-        assert "MOVED" in message and "RedisCluster" in message, message
-        assert "cluster=True" in message, message
+        assert f"127.0.0.1:{port}" in message and "Redis Cluster" in message, message
+        assert "RedisCluster" in message and "cluster=True" in message, message
+        with pytest.raises(aiolock.ManagerNotOpenError):
+            await locks.lock("x").acquire(timeout=0)  # not open
+        await locks.aclose()  # harmless
     finally:
         await redis.aclose()
 
