@@ -174,6 +174,17 @@ def key_type_error(key: str, kind: object) -> LockKeyTypeError:
     )
 
 
+def _chained(error: LockError, cause: BaseException) -> LockError:
+    """*error* caused by *cause*, as ``raise error from cause`` would chain it.
+
+    A command settled from a pipeline gets its error through a future, not a ``raise``:
+    the cause must be set by hand, because the Redis Cluster router decides on it (a
+    MOVED, ASK or TRYAGAIN reply, a connection error) exactly as for a command sent alone.
+    """
+    error.__cause__ = cause
+    return error
+
+
 class _Request:
     """A command waiting for a pipeline slot."""
 
@@ -189,7 +200,7 @@ class _Request:
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def error(self, exc: rex.RedisError) -> LockError:
-        return translate(exc, self.what, self.key, changes=self.script is not None)
+        return _chained(translate(exc, self.what, self.key, changes=self.script is not None), exc)
 
 
 class Client:
@@ -551,8 +562,8 @@ class Client:
         if isinstance(exc, rex.RedisError):
             return request.error(exc)
         if isinstance(exc, TimeoutError):
-            return self._timed_out(request.what)
-        return LockConnectionError(f"{request.what} failed: {exc!r}")
+            return _chained(self._timed_out(request.what), exc)
+        return _chained(LockConnectionError(f"{request.what} failed: {exc!r}"), exc)
 
     def _timed_out(self, what: str) -> LockConnectionError:
         return LockConnectionError(

@@ -39,11 +39,13 @@ the node that owns the channel's slot), and count listeners with ``PUBSUB SHARDN
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import anyio
 from redis import exceptions as rex
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
@@ -51,7 +53,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
 from ._client import Arg, Client, as_text, translate
-from ._errors import LockConnectionError, LockError
+from ._errors import LockBackendError, LockConnectionError, LockError
 from ._scripts import Script
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "ClusterClient",
     "check_cluster_support",
     "is_cluster",
+    "refuse_cluster_node",
     "sharded",
 ]
 
@@ -115,6 +118,53 @@ def check_cluster_support() -> None:
             f"{redis.__version__} lacks; upgrade it (pip install -U 'redis>={MIN_REDIS_PY}'), "
             "or use a single Redis server"
         )
+
+
+#: seconds open() waits for a plain client's server to say whether it is a Cluster node
+MODE_CHECK_TIMEOUT = 5.0
+
+
+async def refuse_cluster_node(client: Client) -> None:
+    """Refuse a plain client whose server is a Redis Cluster node (when the manager opens).
+
+    Such a client works for the locks whose slots that node owns, until a renewal batch
+    spans slots (CROSSSLOT): every hold of the batch is then lost. ``HELLO`` without
+    arguments changes nothing on the connection, names the server's mode, and is a
+    command an ACL user of aiolock already has. A server that cannot answer within
+    :data:`MODE_CHECK_TIMEOUT` (down, or older than Redis 6.2: an error reply) is not
+    refused here: whether it is reachable is not this check's question.
+    """
+    reply: Any = None
+    with contextlib.suppress(LockError), anyio.move_on_after(MODE_CHECK_TIMEOUT):
+        reply = await client.call("HELLO")
+    if _server_mode(reply) != "cluster":
+        return
+    raise LockBackendError(
+        f"the Redis server at {_address(client.redis)} is a node of a Redis Cluster, and a "
+        "plain redis.asyncio.Redis client talks to that one node only: locks whose slots "
+        "other nodes own would fail with MOVED, and renewals with CROSSSLOT. Pass a "
+        "redis.asyncio.cluster.RedisCluster client to LockManager, or use "
+        "LockManager.from_url(url, cluster=True)."
+    )
+
+
+def _server_mode(hello: Any) -> str | None:
+    """The ``mode`` of a HELLO reply: a map (RESP3) or a flat list of pairs (RESP2)."""
+    if isinstance(hello, list):
+        hello = dict(zip(hello[::2], hello[1::2], strict=False))
+    if not isinstance(hello, dict):
+        return None
+    for name, value in hello.items():
+        if as_text(name) == "mode":
+            return as_text(value)
+    return None
+
+
+def _address(redis: Redis) -> str:
+    kwargs = redis.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
 def _cause(exc: BaseException) -> BaseException | None:

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from ._client import Client
-from ._cluster import ClusterClient, check_cluster_support, is_cluster
+from ._cluster import ClusterClient, check_cluster_support, is_cluster, refuse_cluster_node
 from ._cluster_hub import ClusterHub
 from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from ._engine import Engine
@@ -627,6 +627,11 @@ class LockManager:
         if isinstance(self._client, ClusterClient):
             hub = ClusterHub(self._client, self._keyspace.manager_id)
         else:
+            self._state = "opening"  # a second open() meanwhile is refused
+            try:
+                await refuse_cluster_node(self._client)
+            finally:
+                self._state = "new"
             hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
         # The background tasks run in a task group owned by a supervisor task, not by

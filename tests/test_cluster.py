@@ -15,11 +15,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._client import Client
 from aiolock._cluster import ClusterClient, sharded
 from aiolock._cluster_hub import ClusterHub
 from aiolock._kinds.lock import RELEASE
@@ -171,20 +173,26 @@ async def test_renewal_batches_are_grouped_per_slot(cluster: LocalCluster, prefi
         assert stats.renewal_round_trips >= 2 * len(slots), stats
 
 
-async def test_a_plain_client_on_a_cluster_node_says_to_use_redis_cluster(
-    cluster: LocalCluster, prefix: str
+@pytest.mark.parametrize(
+    "options", [{"protocol": 2}, {"protocol": 3, "decode_responses": True}], ids=["resp2", "resp3"]
+)
+async def test_a_plain_client_on_a_cluster_node_is_refused_when_the_manager_opens(
+    cluster: LocalCluster, prefix: str, options: dict[str, Any]
 ) -> None:
-    names = names_on_each_primary(cluster, "plain-")
-    redis = Redis(host="127.0.0.1", port=cluster.primary_ports()[0])
+    """Such a client served the locks of that node's slots until a renewal batch spanned
+    slots (CROSSSLOT) and every hold was lost: it is refused at open, saying what to use."""
+    port = cluster.primary_ports()[0]
+    redis = Redis(host="127.0.0.1", port=port, **options)
     try:
-        async with aiolock.LockManager(redis, prefix=prefix) as locks:
-            with pytest.raises(aiolock.LockBackendError) as caught:
-                for name in names:  # at least one lives on another node: MOVED
-                    async with locks.lock(name, timeout=0):
-                        pass
+        locks = aiolock.LockManager(redis, prefix=prefix)
+        with pytest.raises(aiolock.LockBackendError) as caught:
+            await locks.open()
         message = str(caught.value)
-        assert "MOVED" in message and "RedisCluster" in message, message
-        assert "cluster=True" in message, message
+        assert f"127.0.0.1:{port}" in message and "Redis Cluster" in message, message
+        assert "RedisCluster" in message and "cluster=True" in message, message
+        with pytest.raises(aiolock.ManagerNotOpenError):
+            await locks.lock("x").acquire(timeout=0)  # not open
+        await locks.aclose()  # harmless
     finally:
         await redis.aclose()
 
@@ -344,6 +352,65 @@ def move_slot(cluster: LocalCluster, slot: int) -> None:
             with cluster.node(port) as other:
                 other.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
     assert cluster.owner_port(slot) == target
+
+
+def names_in_one_slot(stem: str, count: int) -> list[str]:
+    """*count* lock names whose keys all live in the slot of ``stem + "0"``."""
+    slot = key_slot(f"{stem}0".encode())
+    names = [
+        f"{stem}{i}" for i in range(16384 * count * 4) if key_slot(f"{stem}{i}".encode()) == slot
+    ]
+    assert len(names) >= count, "not enough names in one slot"
+    return names[:count]
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 3])
+async def test_redirects_inside_a_pipeline_are_followed(
+    cluster: LocalCluster, prefix: str, max_in_flight: int
+) -> None:
+    """The slot of 20 names moves behind an open manager; 20 concurrent acquisitions
+    then go to the old owner, most of them queued into pipelines (more commands than
+    max_in_flight): each MOVED reply inside a pipeline is followed as if its command
+    had been sent alone, so every acquisition succeeds."""
+    names = names_in_one_slot(f"{prefix}-piped-", 20)
+    slot = key_slot(names[0].encode())
+    async with aiolock.LockManager.from_url(
+        cluster.url, cluster=True, prefix=prefix, max_in_flight=max_in_flight
+    ) as locks:
+        async with locks.lock(names[0]):  # the manager knows the old owner of the slot
+            pass
+        await asyncio.to_thread(move_slot, cluster, slot)
+
+        async def take(name: str) -> bool:
+            lock = locks.lock(name)
+            await lock.acquire(timeout=10)
+            await lock.release()
+            return True
+
+        results = await asyncio.gather(*(take(n) for n in names), return_exceptions=True)
+        failures = [r for r in results if r is not True]
+        assert failures == [], f"{len(names) - len(failures)}/{len(names)}: {failures[:3]}"
+        assert client_of(locks).redirects >= 1
+        assert client_of(locks).pipelines >= 1  # the commands did go out as pipelines
+
+
+async def test_a_pipeline_failure_keeps_its_cause_as_a_lone_command_does() -> None:
+    """What the cluster router decides on (a redirect, a connection error) is the cause
+    of the error; a command failed inside a pipeline carries it as a lone one does."""
+    redis = Redis(host="127.0.0.1", port=free_port())  # nothing listens there
+    client = Client(redis, max_in_flight=1)
+    try:
+        results = await asyncio.gather(
+            *(client.call("EXISTS", f"k{i}", key=f"k{i}") for i in range(5)),
+            return_exceptions=True,
+        )
+    finally:
+        await client.aclose()
+        await redis.aclose()
+    assert client.pipelines >= 1
+    for result in results:
+        assert isinstance(result, aiolock.LockConnectionError), result
+        assert isinstance(result.__cause__, rex.ConnectionError), repr(result.__cause__)
 
 
 @pytest.mark.parametrize(
