@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._inspect import scan
 from aiolock._keys import TAGS, LockKeys
 from aiolock._kinds.foreign import ForeignKeys
 from aiolock._wires.redisson import RedissonKeys
@@ -48,6 +49,24 @@ async def test_a_lock_under_prefix_app_sem_and_a_semaphore_under_app_are_indepen
         # And the lock is free and works on its own.
         async with lock_side.lock("x", timeout=0):
             pass
+
+
+async def test_the_inspector_tells_the_two_prefixes_apart(redis: Redis, prefix: str) -> None:
+    async with (
+        aiolock.LockManager(redis, prefix=f"{prefix}:sem") as lock_side,
+        aiolock.LockManager(redis, prefix=prefix) as sem_side,
+        lock_side.lock("x"),
+        sem_side.semaphore("x", 2),
+    ):
+        short = await scan(redis, prefix)
+        long = await scan(redis, f"{prefix}:sem")
+    assert [(info.kind, info.name, info.key) for info in short] == [
+        ("semaphore", "x", f"{prefix}:sem:{{x}}")
+    ]
+    assert [(info.kind, info.name, info.key) for info in long] == [
+        ("lock", "x", f"{prefix}:sem:lock:{{x}}")
+    ]
+    assert len(short[0].holders) == len(long[0].holders) == 1
 
 
 # -- The property: distinct (prefix, kind, name) never share a key or a channel ----------
