@@ -48,7 +48,9 @@ lock had no tag, so prefix ``app:sem`` with lock ``x`` and prefix ``app`` with s
 
 (The formats shared with other clients keep their lock at the raw name, outside any
 prefix; their names are checked so that no key of theirs has this shape: see
-:func:`check_foreign_key`.)
+:func:`check_foreign_key`. aiolock's own keys beside such a lock, tags ``token``, ``ts``
+and ``rs``, write ``N`` after the brace as :func:`aiolock._kinds.foreign.aux_base` says,
+which is injective in its own way.)
 
 Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
 (``secrets``), the serial numbers the asyncio tasks that manager has seen.
@@ -219,8 +221,8 @@ def check_foreign_key(key: str, name: str, wire: str) -> str:
             f"lock name {_short(name, 60)} cannot be used with the {wire!r} wire format: "
             f"its key {_short(key, 60)} has the shape of aiolock's own keys (prefix "
             f"{_short(prefix, 40)}, tag {tag!r}, then '{{'), so it could be another "
-            "manager's lock. Pick a name without ':<tag>:{' (tags: "
-            f"{', '.join(sorted(TAGS))}) before its first '{{'"
+            "manager's lock. Pick a name without a tag right before ':{' (tags: "
+            f"{', '.join(sorted(TAGS))})"
         )
     return key
 

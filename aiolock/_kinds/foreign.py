@@ -22,7 +22,7 @@ import time
 
 from redis.crc import key_slot
 
-from .._keys import LockKeys, check_foreign_key
+from .._keys import TAGS, LockKeys, check_foreign_key
 
 __all__ = [
     "POLL_FIRST",
@@ -98,6 +98,8 @@ def aux_base(prefix: str, kind: str, name: str) -> str:
     the length fixes where ``N`` ends, and the character after the tag (``:`` or ``#``)
     tells them apart. (The prefix and the format's tag contain no braces.)
     """
+    if kind not in TAGS:  # pragma: no cover - a wiring mistake
+        raise ValueError(f"unknown key tag {kind!r}; add it to aiolock._keys.TAGS")
     if "{" not in name and "}" not in name:
         return f"{prefix}:{kind}:{{{name}}}"
     tag = cluster_hash_tag(name)
