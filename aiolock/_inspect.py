@@ -4,7 +4,7 @@ Everything here reads; nothing writes. The key layout it parses is the wire form
 :mod:`aiolock._keys` and of each kind (:mod:`aiolock._kinds`): for a prefix ``P``,
 
 ====================  ===========================================================
-``P:{T}``             plain lock: hash ``<owner field>`` -> hold count
+``P:lock:{T}``        plain lock: hash ``<owner field>`` -> hold count
 ``P:fair:{T}``        fair lock: the same hash, with ``:queue`` (waiters, a zset)
 ``P:rw:{T}``          read-write lock: hash of holds plus ``writer``, ``writer_owner``
                       and ``writer_attempt``; ``:leases`` and ``:claims`` zsets
@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from ._keys import ESCAPE, hash_tag
+from ._keys import ESCAPE, hash_tag, split_key
 
 __all__ = [
     "KINDS",
@@ -38,8 +38,8 @@ __all__ = [
     "scan",
 ]
 
-#: The kinds, as the CLI names them, with the tag each puts in its keys ("" for the lock).
-KINDS: dict[str, str] = {"lock": "", "fair": "fair", "rw": "rw", "semaphore": "sem"}
+#: The kinds, as the CLI names them, with the tag each puts in its keys.
+KINDS: dict[str, str] = {"lock": "lock", "fair": "fair", "rw": "rw", "semaphore": "sem"}
 #: How a table names each kind.
 LABELS: dict[str, str] = {
     "lock": "lock",
@@ -118,29 +118,22 @@ def glob_escape(text: str) -> str:
 
 def lock_key(prefix: str, kind: str, name: str) -> str:
     """The own key of the object *name* of *kind* under *prefix*."""
-    tag = KINDS[kind]
-    head = f"{prefix}:{tag}:" if tag else f"{prefix}:"
-    return f"{head}{{{hash_tag(name)}}}"
+    return f"{prefix}:{KINDS[kind]}:{{{hash_tag(name)}}}"
 
 
 def parse_key(prefix: str, key: str) -> tuple[str, str, str] | None:
     """``(kind, name, suffix)`` of an aiolock key under *prefix*, or None if it is not one.
 
     The suffix is what follows the closing brace (``""`` for an object's own hash,
-    ``":queue"``, ``":released"``, ...). The tag runs to the LAST ``}`` of the key: no
-    suffix contains one (see :mod:`aiolock._keys`).
+    ``":queue"``, ``":released"``, ...). The key's prefix and tag are read as
+    :func:`aiolock._keys.split_key` reads them, so a key of a longer prefix that starts
+    with *prefix* (``P:sem:lock:{x}`` under ``P``) is not taken for one of *prefix*. The
+    hash tag runs to the LAST ``}`` of the key: no suffix contains one.
     """
-    head = f"{prefix}:"
-    if not key.startswith(head):
+    split = split_key(key)
+    if split is None or split[0] != prefix or split[1] not in _BY_TAG:
         return None
-    rest = key[len(head) :]
-    if rest.startswith("{"):
-        kind, body = "lock", rest
-    else:
-        tag, _, body = rest.partition(":")
-        if tag not in _BY_TAG or not tag or not body.startswith("{"):
-            return None
-        kind = _BY_TAG[tag]
+    kind, body = _BY_TAG[split[1]], split[2]
     close = body.rfind("}")
     if close <= 1:
         return None

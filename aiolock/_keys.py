@@ -1,38 +1,56 @@
 """Key, channel and owner-field naming: the wire format, in one place.
 
-For a manager prefix ``P`` and a lock name ``N`` (UTF-8), the lock uses, with the *tag*
-``T`` defined below:
+For a manager prefix ``P``, a kind (or format) tag ``K`` and a lock name ``N`` (UTF-8),
+an object uses, with the hash *tag* ``T`` defined below:
 
-==============================  =====================================================
-``P:{T}``                       the lock's own structure (for the reentrant lock, a
-                                hash: ``<owner field>`` -> hold count)
-``P:{T}:fence``                 string: the last fencing token released (kept
-                                ``fence_ttl``)
-``P:{T}:rel:<release id>``      string: a final release that ran, kept a few seconds
-                                so a resent release answers as the first did
-``P:{T}:void:<attempt id>``     marker: an acquire attempt that was cancelled in
-                                flight
-``P:{T}:released``              pub/sub channel: a message per final release
-==============================  =====================================================
+==================================  =================================================
+``P:K:{T}``                         the object's own structure (for the reentrant
+                                    lock, ``K = lock``: a hash ``<owner field>`` ->
+                                    hold count)
+``P:K:{T}:fence``                   string: the last fencing token released (kept
+                                    ``fence_ttl``)
+``P:K:{T}:rel:<release id>``        string: a final release that ran, kept a few
+                                    seconds so a resent release answers as the first did
+``P:K:{T}:void:<attempt id>``       marker: an acquire attempt that was cancelled in
+                                    flight
+``P:K:{T}:released``                pub/sub channel: a message per final release
+==================================  =================================================
 
 Attempt and release ids are ``<manager id>:<number>``, unique across clients. What each
-kind stores in its structure is documented with the kind (:mod:`aiolock._kinds`).
+kind stores in its structure is documented with the kind (:mod:`aiolock._kinds`). The
+tags (:data:`TAGS`): ``lock``, ``fair``, ``rw``, ``sem``, ``redlock``, and for aiolock's
+own keys beside a lock shared with other clients ``token``, ``ts`` and ``rs``.
 
-The tag is the name itself, ``T = N``, unless ``N`` starts with ``}`` or with the escape
-character ``~``; then ``T = "~" + N``. Examples: ``order:42`` -> ``P:{order:42}``,
-``}x`` -> ``P:{~}x}``, ``~a`` -> ``P:{~~a}``, ``{}`` -> ``P:{{}}``.
+The hash tag is the name itself, ``T = N``, unless ``N`` starts with ``}`` or with the
+escape character ``~``; then ``T = "~" + N``. Examples: ``order:42`` -> ``P:lock:{order:42}``,
+``}x`` -> ``P:lock:{~}x}``, ``~a`` -> ``P:lock:{~~a}``, ``{}`` -> ``P:lock:{{}}``.
 
 Why: Redis Cluster hashes a key by the text between its first ``{`` and the first ``}``
-after it, unless that text is empty (then the whole key is hashed). The prefix has no
-braces, so that text is the start of ``T`` up to its first ``}`` (or all of ``T``): the same
-for every key and the channel of one lock, and never empty because ``T`` never starts with
-``}``. So one lock's keys and channel share ONE slot (:attr:`LockKeys.slot`), for every name.
+after it, unless that text is empty (then the whole key is hashed). The prefix and the tag
+have no braces, so that text is the start of ``T`` up to its first ``}`` (or all of ``T``):
+the same for every key and the channel of one lock, and never empty because ``T`` never
+starts with ``}``. So one lock's keys and channel share ONE slot (:attr:`LockKeys.slot`),
+for every name.
 
-The mapping is injective: ``N -> T`` is (an escaped ``T`` starts with ``~``, an unescaped
-one never does, and stripping the ``~`` gives ``N`` back), and ``T -> key`` is because the
-suffixes after the closing ``}`` contain no ``}`` (the attempt ids neither), so the last
-``}`` of a key separates ``T`` from its suffix; a lock's own hash is the only key that ends
-with ``}``. Keys of different prefixes differ before the first ``{``.
+Distinct ``(P, K, N)`` never share a key or a channel (issue 18: before, the reentrant
+lock had no tag, so prefix ``app:sem`` with lock ``x`` and prefix ``app`` with semaphore
+``x`` both used ``app:sem:{x}``):
+
+* ``P`` and ``K`` come back from a key alone: the text before its first ``{`` is
+  ``P:K:``; ``P`` has no braces and ``K`` has no ``:``, so ``K`` is the last
+  ``:``-separated field of that text and ``P`` is what comes before it
+  (:func:`split_key`), whatever ``:`` or tags ``P`` contains;
+* ``N -> T`` is injective (an escaped ``T`` starts with ``~``, an unescaped one never
+  does, and stripping the ``~`` gives ``N`` back), and ``T`` comes back from a key because
+  the suffixes after the closing ``}`` contain no ``}`` (the attempt ids neither), so the
+  last ``}`` of a key separates ``T`` from its suffix; an object's own key is the only one
+  of its keys that ends with ``}``.
+
+(The formats shared with other clients keep their lock at the raw name, outside any
+prefix; their names are checked so that no key of theirs has this shape: see
+:func:`check_foreign_key`. aiolock's own keys beside such a lock, tags ``token``, ``ts``
+and ``rs``, write ``N`` after the brace as :func:`aiolock._kinds.foreign.aux_base` says,
+which is injective in its own way.)
 
 Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
 (``secrets``), the serial numbers the asyncio tasks that manager has seen.
@@ -47,9 +65,12 @@ from redis.crc import key_slot
 
 __all__ = [
     "ESCAPE",
+    "LOCK_TAG",
     "MAX_NAME_BYTES",
+    "TAGS",
     "KeySpace",
     "LockKeys",
+    "check_foreign_key",
     "check_lease",
     "check_name",
     "check_prefix",
@@ -57,11 +78,22 @@ __all__ = [
     "hash_tag",
     "ms",
     "new_manager_id",
+    "split_key",
 ]
 
 #: Prepended to a name that starts with ``}`` (which would give an empty Cluster hash tag)
 #: or with itself (so that the escaping stays reversible). See the module docstring.
 ESCAPE = "~"
+
+#: The tag of the reentrant lock's keys: ``P:lock:{T}``.
+LOCK_TAG = "lock"
+
+#: Every tag a key under a prefix may carry after it (``P:<tag>:{...}``): the kinds of
+#: aiolock's own format, Redlock's locks, and aiolock's own keys beside a lock of a
+#: format shared with other clients (``token``, ``ts`` = timestamp, ``rs`` = redisson).
+#: A new kind or format adds its tag here: :class:`LockKeys` refuses an unknown one, and
+#: :func:`check_foreign_key` relies on this list being complete.
+TAGS = frozenset({LOCK_TAG, "fair", "rw", "sem", "redlock", "token", "ts", "rs"})
 
 #: A lock name longer than this many UTF-8 bytes is refused: it would be sent with every
 #: command of the lock, and a name that long is almost certainly a bug.
@@ -150,7 +182,9 @@ def check_prefix(prefix: object) -> str:
         raise ValueError("prefix must not be empty: it keeps aiolock's keys apart from others")
     if "{" in prefix or "}" in prefix:
         # A brace in the prefix would become the Cluster hash tag of every lock, putting
-        # them all in one slot, and would break the uniqueness argument above.
+        # them all in one slot, and would break the uniqueness argument above (the first
+        # brace of a key ends its prefix and tag). Any other character is fine, ":" and
+        # the tags included.
         raise ValueError(f"prefix must not contain '{{' or '}}', got {_short(prefix)}")
     return prefix
 
@@ -161,18 +195,52 @@ def hash_tag(name: str) -> str:
     return ESCAPE + name if name.startswith(("}", ESCAPE)) else name
 
 
+def split_key(key: str) -> tuple[str, str, str] | None:
+    """``(prefix, tag, rest)`` of a key or channel of aiolock's layout ``P:K:{...``, where
+    *rest* starts at the first ``{``; None if *key* does not have that shape with a tag of
+    :data:`TAGS`. The inverse of the head of every key under a prefix (module docstring)."""
+    brace = key.find("{")
+    if brace < 0 or not key[:brace].endswith(":"):
+        return None
+    prefix, colon, tag = key[: brace - 1].rpartition(":")
+    if not colon or not prefix or tag not in TAGS:
+        return None
+    return prefix, tag, key[brace:]
+
+
+def check_foreign_key(key: str, name: str, wire: str) -> str:
+    """*key*, a key or channel a format shared with other clients derives from the lock
+    *name* outside every prefix, or a ValueError if it has the shape of a key of aiolock's
+    own layout (:func:`split_key`): it could then be the key of another manager's object
+    (``app:lock:{x}`` is lock ``x`` under prefix ``app``), and two clients would meet on one
+    key without meaning to."""
+    split = split_key(key)
+    if split is not None:
+        prefix, tag, _ = split
+        raise ValueError(
+            f"lock name {_short(name, 60)} cannot be used with the {wire!r} wire format: "
+            f"its key {_short(key, 60)} has the shape of aiolock's own keys (prefix "
+            f"{_short(prefix, 40)}, tag {tag!r}, then '{{'), so it could be another "
+            "manager's lock. Pick a name without a tag right before ':{' (tags: "
+            f"{', '.join(sorted(TAGS))})"
+        )
+    return key
+
+
 class LockKeys:
     """The keys and channel of one lock name, computed once per handle."""
 
     __slots__ = ("channel", "fence", "kind", "lock", "name", "slot", "void_prefix")
 
-    def __init__(self, prefix: str, name: str, kind: str = "") -> None:
-        # Each kind but the plain lock names its keys ``P:<kind>:{N}``: a name used with
-        # two kinds names two independent objects, never one structure read two ways
-        # (and a lock's keys always have ``{`` right after the prefix, so none collide).
-        base = f"{prefix}:{kind}:{{{hash_tag(name)}}}" if kind else f"{prefix}:{{{hash_tag(name)}}}"
+    def __init__(self, prefix: str, name: str, kind: str = LOCK_TAG) -> None:
+        # Every kind names its keys ``P:<kind>:{T}``, the reentrant lock too: a name used
+        # with two kinds names two independent objects, never one structure read two
+        # ways, and the tag right before the brace tells prefixes apart (module docstring).
+        if kind not in TAGS:  # pragma: no cover - a wiring mistake
+            raise ValueError(f"unknown key tag {kind!r}; add it to aiolock._keys.TAGS")
+        base = f"{prefix}:{kind}:{{{hash_tag(name)}}}"
         self.name = name
-        #: the kind's tag in the keys ("" for the reentrant lock)
+        #: the kind's tag in the keys (see :data:`TAGS`)
         self.kind = kind
         self.lock = base
         self.fence = f"{base}:fence"
@@ -208,7 +276,7 @@ class KeySpace:
         self.manager_id = manager_id
         self._known: dict[tuple[str, str], LockKeys] = {}
 
-    def keys(self, name: str, kind: str = "") -> LockKeys:
+    def keys(self, name: str, kind: str = LOCK_TAG) -> LockKeys:
         """The keys of *name* (a :class:`LockKeys` is never changed, so it is shared)."""
         known = self._known.get((name, kind))
         if known is None:

@@ -87,7 +87,7 @@ async def test_cancelled_waiters_leave_their_queue(locks: aiolock.LockManager) -
 async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None:
     """redis-py resends a command after a dropped connection: the script must not count twice."""
     client = Client(redis)
-    lock, fence = f"{prefix}:{{idem}}", f"{prefix}:{{idem}}:fence"
+    lock, fence = f"{prefix}:lock:{{idem}}", f"{prefix}:lock:{{idem}}:fence"
     owner = "owner-1"
     token = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:1"), (owner, 5000, 0))
     assert isinstance(token, int)
@@ -112,7 +112,7 @@ async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None
 async def test_a_resent_new_acquisition_counts_once(redis: Redis, prefix: str) -> None:
     """The resend answers 'acquired' again, with a fresh, larger token, and counts once."""
     client = Client(redis)
-    lock, fence = f"{prefix}:{{tok}}", f"{prefix}:{{tok}}:fence"
+    lock, fence = f"{prefix}:lock:{{tok}}", f"{prefix}:lock:{{tok}}:fence"
     keys = (lock, fence, f"{lock}:void:9")
     first = await client.run(ACQUIRE, keys, ("o", 5000, 0))  # the token alone
     again = await client.run(ACQUIRE, keys, ("o", 5000, 0))

@@ -253,10 +253,16 @@ async def test_a_url_that_is_not_redis_is_exit_2(prefix: str) -> None:
 
 
 def test_parse_key_reads_the_hash_tag_rule() -> None:
-    assert parse_key("P", "P:{order:42}") == ("lock", "order:42", "")
-    assert parse_key("P", "P:{~}x}") == ("lock", "}x", "")
-    assert parse_key("P", "P:{~~a}:released") == ("lock", "~a", ":released")
+    assert parse_key("P", "P:lock:{order:42}") == ("lock", "order:42", "")
+    assert parse_key("P", "P:lock:{~}x}") == ("lock", "}x", "")
+    assert parse_key("P", "P:lock:{~~a}:released") == ("lock", "~a", ":released")
     assert parse_key("P", "P:fair:{{}}:queue") == ("fair", "{}", ":queue")
     assert parse_key("P", "P:sem:{a}b}:limit") == ("semaphore", "a}b", ":limit")
     assert parse_key("P", "P:other:{x}") is None
-    assert parse_key("P", "Q:{x}") is None
+    assert parse_key("P", "Q:lock:{x}") is None
+    # The layout before issue 18 (no tag for the lock) is not aiolock's any more.
+    assert parse_key("P", "P:{x}") is None
+    # A key of the prefix "P:sem" is not one of "P" (issue 18: they used to share keys).
+    assert parse_key("P", "P:sem:lock:{x}") is None
+    assert parse_key("P:sem", "P:sem:lock:{x}") == ("lock", "x", "")
+    assert parse_key("P", "P:sem:{x}") == ("semaphore", "x", "")

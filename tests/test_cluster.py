@@ -476,7 +476,7 @@ async def test_a_held_lock_mid_migration_follows_ask_and_tryagain(
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
             src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
             keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
-            assert f"{prefix}:{{{name}}}" in keys
+            assert f"{prefix}:lock:{{{name}}}" in keys
             src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
         finishing = asyncio.create_task(asyncio.to_thread(finish))
         try:

@@ -119,7 +119,7 @@ async def test_fencing_tokens_keep_increasing_when_the_server_clock_lags(
         first = lock.fencing_token
     assert first is not None
     # Pretend an earlier holder got a token from the future (a clock set back since):
-    await redis.set(f"{locks.prefix}:{{clock}}:fence", str(first + 10**12))
+    await redis.set(f"{locks.prefix}:lock:{{clock}}:fence", str(first + 10**12))
     async with lock:
         assert lock.fencing_token == first + 10**12 + 1
 

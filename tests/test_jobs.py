@@ -29,7 +29,7 @@ async def test_a_held_claim_publishes_its_holder_and_withdraws_it(
     locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis
 ) -> None:
     key = holder_key(locks, "report:42")
-    assert key == f"{locks.prefix}:{{report:42}}:holder"
+    assert key == f"{locks.prefix}:lock:{{report:42}}:job"
     assert await holder_info(other, "report:42") is None
     async with claim(locks, "report:42", job_id="job-1") as me:
         assert me.job_id == "job-1" and me.pid == os.getpid()

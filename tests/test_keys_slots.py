@@ -34,13 +34,13 @@ ANY_NAMES = st.text(min_size=1, max_size=40)
 NAMES = st.one_of(BRACY_NAMES, ANY_NAMES)
 
 CONCRETE = {
-    "}x": "aiolock:{~}x}",
-    "}": "aiolock:{~}}",
-    "~": "aiolock:{~~}",
-    "~}": "aiolock:{~~}}",
-    "{}": "aiolock:{{}}",
-    "a}b": "aiolock:{a}b}",
-    "order:42": "aiolock:{order:42}",
+    "}x": "aiolock:lock:{~}x}",
+    "}": "aiolock:lock:{~}}",
+    "~": "aiolock:lock:{~~}",
+    "~}": "aiolock:lock:{~~}}",
+    "{}": "aiolock:lock:{{}}",
+    "a}b": "aiolock:lock:{a}b}",
+    "order:42": "aiolock:lock:{order:42}",
 }
 
 

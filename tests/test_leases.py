@@ -129,7 +129,7 @@ async def test_closing_the_manager_releases_and_fails_holders(redis: Redis, pref
         await entered.wait()
     with pytest.raises(aiolock.LockLostError, match="closed"):
         await task
-    assert await redis.exists(f"{prefix}:{{held-at-close}}") == 0
+    assert await redis.exists(f"{prefix}:lock:{{held-at-close}}") == 0
 
 
 async def test_re_entering_an_expired_hold_raises_lost_and_takes_nothing(

@@ -172,7 +172,7 @@ async def test_from_url_owns_its_client(redis_url: str, prefix: str) -> None:
 async def test_repr_and_properties(locks: aiolock.LockManager) -> None:
     lock = locks.lock("order:42", timeout=3)
     assert lock.name == "order:42"
-    assert lock.key == f"{locks.prefix}:{{order:42}}"
+    assert lock.key == f"{locks.prefix}:lock:{{order:42}}"
     assert "order:42" in repr(lock)
     assert "open" in repr(locks)
     assert lock.fencing_token is None

@@ -41,7 +41,7 @@ async def test_the_manager_is_open_and_uses_the_prefix(aiolock_manager, aiolock_
     assert locks == "the project's own"
     assert aiolock_manager.is_open and aiolock_manager.prefix == aiolock_prefix
     async with aiolock_manager.lock("report") as lock:
-        assert lock.key == aiolock_prefix + ":{{report}}"
+        assert lock.key == aiolock_prefix + ":lock:{{report}}"
         assert await lock.locked()
     assert not await aiolock_manager.lock("report").locked()
 

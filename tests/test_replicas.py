@@ -137,7 +137,7 @@ async def test_min_replicas_to_write_refusal_is_named(
         async with _manager(pair, prefix) as locks:
             with pytest.raises(aiolock.LockBackendError, match="min-replicas-to-write"):
                 await locks.lock("a").acquire(timeout=1)
-        assert await primary.exists(f"{prefix}:{{a}}") == 0
+        assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
     finally:
         await primary.config_set("min-replicas-to-write", 0)
 
@@ -154,7 +154,7 @@ async def test_a_replica_that_does_not_acknowledge_undoes_the_acquisition(
         assert 0.25 <= took < 3.0
         assert "replica_timeout" in str(e.value) and "on_replica_shortfall" in str(e.value)
         # Undone: nobody holds it, and another manager takes it at once.
-        assert await primary.exists(f"{prefix}:{{a}}") == 0
+        assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
         async with _manager(pair, prefix) as other, other.lock("a", timeout=0):
             pass
         # With the replica back, acquisitions are acknowledged again.
@@ -167,7 +167,7 @@ async def test_too_many_replicas_asked(pair: Pair, prefix: str, primary: Redis) 
     async with _manager(pair, prefix, replicas=2, replica_timeout=0.1) as locks:
         with pytest.raises(aiolock.ReplicaAckError, match="only 1 of the 2 replicas"):
             await locks.semaphore("s", 3).acquire()
-        assert await primary.exists(f"{prefix}:{{s}}") == 0
+        assert await primary.exists(f"{prefix}:sem:{{s}}") == 0
 
 
 async def test_on_replica_shortfall_warn_keeps_it(
@@ -178,7 +178,7 @@ async def test_on_replica_shortfall_warn_keeps_it(
     ) as locks:
         with caplog.at_level(logging.WARNING, logger="aiolock"):
             async with locks.lock("a"):
-                assert await primary.exists(f"{prefix}:{{a}}") == 1
+                assert await primary.exists(f"{prefix}:lock:{{a}}") == 1
         assert "only 1 of the 2 replicas" in caplog.text
         assert "keeping it" in caplog.text
 
@@ -201,7 +201,7 @@ async def test_wait_refused_says_how_to_turn_it_off(
             with pytest.raises(aiolock.ReplicaAckError, match="refused WAIT") as caught:
                 await locks.lock("a").acquire()
             assert "without replicas=" in str(caught.value)
-            assert await primary.exists(f"{prefix}:{{a}}") == 0
+            assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
     finally:
         await primary.acl_deluser(user)
 
@@ -213,7 +213,7 @@ async def test_scripts_unknown_to_the_server_are_loaded_and_waited_for(
         await primary.script_flush()
         before = await _waits(primary)
         async with locks.lock("a"):
-            assert await replica.exists(f"{prefix}:{{a}}") == 1
+            assert await replica.exists(f"{prefix}:lock:{{a}}") == 1
         # The first WAIT followed the EVALSHA that NOSCRIPT refused; the second, the
         # script that ran: both on the same connection, and the acquisition confirmed.
         assert await _waits(primary) - before in (1, 2)
@@ -226,16 +226,16 @@ async def test_a_cancelled_acquire_blocked_in_wait_is_undone(
         with _Stopped(pair.replica):
             task = asyncio.create_task(locks.lock("a").acquire())
             await asyncio.sleep(0.3)  # the script ran; WAIT is blocking
-            assert await primary.exists(f"{prefix}:{{a}}") == 1
+            assert await primary.exists(f"{prefix}:lock:{{a}}") == 1
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             # The undo went out on another connection while WAIT still blocks its own.
             for _ in range(150):
-                if not await primary.exists(f"{prefix}:{{a}}"):
+                if not await primary.exists(f"{prefix}:lock:{{a}}"):
                     break
                 await asyncio.sleep(0.02)
-            assert await primary.exists(f"{prefix}:{{a}}") == 0
+            assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
         assert locks.statistics().held == 0
 
 
@@ -299,7 +299,7 @@ async def test_wait_unknown_to_the_server_says_how_to_turn_it_off(prefix: str) -
                 await locks.lock("a").acquire()
             assert "unknown command" in str(caught.value)
             assert "replicas=0" in str(caught.value)
-            assert await locks.redis.exists(f"{prefix}:{{a}}") == 0
+            assert await locks.redis.exists(f"{prefix}:lock:{{a}}") == 0
             assert locks.statistics().held == 0
 
 

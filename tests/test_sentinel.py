@@ -55,8 +55,8 @@ async def test_from_sentinel_locks_on_the_primary(
     try:
         async with manager.lock("a") as lock:
             assert (lock.fencing_token or 0) > 0
-            assert await primary.exists(f"{prefix}:{{a}}") == 1
-        assert await primary.exists(f"{prefix}:{{a}}") == 0
+            assert await primary.exists(f"{prefix}:lock:{{a}}") == 1
+        assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
         assert await manager.ping() > 0
     finally:
         await primary.aclose()
@@ -230,14 +230,14 @@ async def test_failover_tells_unconfirmed_holders_and_moves_waiters(
         # reached them (deleted on the writable replicas), and forget the scripts there,
         # so that the new primary must load them (NOSCRIPT).
         async def replicated() -> bool:
-            keys = [f"{prefix}:{{{n}}}" for n in holders.inside]
+            keys = [f"{prefix}:lock:{{{n}}}" for n in holders.inside]
             counts = [await node.exists(*keys) for node in replica_nodes]
             return all(count == 3 for count in counts)
 
         await _eventually(replicated, 10, "the grants replicated")
         for node in replica_nodes:
             await node.config_set("replica-read-only", "no")
-            await node.delete(f"{prefix}:{{gone}}")
+            await node.delete(f"{prefix}:lock:{{gone}}")
             await node.config_set("replica-read-only", "yes")
             await node.script_flush()
 
@@ -272,9 +272,10 @@ async def test_failover_tells_unconfirmed_holders_and_moves_waiters(
             # The holders the new primary has keep their locks.
             assert "kept0" not in holders.outcome and "kept1" not in holders.outcome
             assert a.statistics().lost == {"lock": 1}
-            assert await new_node.exists(f"{prefix}:{{kept0}}", f"{prefix}:{{kept1}}") == 2
+            kept = (f"{prefix}:lock:{{kept0}}", f"{prefix}:lock:{{kept1}}")
+            assert await new_node.exists(*kept) == 2
 
-            channel = f"{prefix}:{{kept0}}:released"
+            channel = f"{prefix}:lock:{{kept0}}:released"
             assert dict(await new_node.pubsub_numsub(channel))[channel.encode()] == 1
             assert dict(await old_node.pubsub_numsub(channel))[channel.encode()] == 0
 
@@ -347,7 +348,7 @@ async def test_a_stopped_or_killed_primary_is_failed_over(prefix: str, how: sign
             await asyncio.wait_for(holders.inside["k"].wait(), timeout=10)
             waiter = asyncio.create_task(_take(b, "k"))
             await _eventually(lambda: b.statistics().hub.subscriptions == 1, 10, "subscribed")
-            await asyncio.to_thread(_replicated, group, old, f"{prefix}:{{k}}")
+            await asyncio.to_thread(_replicated, group, old, f"{prefix}:lock:{{k}}")
 
             started = time.monotonic()
             group.signal(old, how)

@@ -45,7 +45,7 @@ async def test_every_client_setting_works(any_locks: aiolock.LockManager, redis:
 
     await asyncio.gather(*(worker(i) for i in range(4)))
     assert sorted(order) == sorted(list(range(4)) * 5)
-    await redis.set(f"{any_locks.prefix}:{{typed}}", "not a lock")
+    await redis.set(f"{any_locks.prefix}:lock:{{typed}}", "not a lock")
     with pytest.raises(aiolock.LockKeyTypeError, match="holds a string"):
         await any_locks.lock("typed").acquire()
 

@@ -12,7 +12,7 @@ from aiolock._wire import wire_format
 def test_the_default_format_is_aiolocks_own() -> None:
     manager = aiolock.LockManager(Redis())
     assert manager.wire == "aiolock"
-    assert manager.lock("x")._keys.lock == "aiolock:{x}"
+    assert manager.lock("x")._keys.lock == "aiolock:lock:{x}"
 
 
 def test_an_unknown_format_is_refused_at_the_call_that_names_it() -> None:

@@ -22,7 +22,7 @@ import time
 
 from redis.crc import key_slot
 
-from .._keys import LockKeys
+from .._keys import TAGS, LockKeys, check_foreign_key
 
 __all__ = [
     "POLL_FIRST",
@@ -62,13 +62,15 @@ class ForeignKeys(LockKeys):
 
     __slots__ = ("base",)
 
-    def __init__(self, prefix: str, name: str, kind: str) -> None:
+    def __init__(self, prefix: str, name: str, kind: str, wire: str) -> None:
         # LockKeys.__init__ puts every key under the prefix; here only the auxiliary keys
         # are, so the same attributes are set directly.
         self.base = aux_base(prefix, kind, name)
         self.name = name
         self.kind = kind
-        self.lock = name
+        # The raw name is the one key outside the prefix: it must not be able to equal a
+        # key of aiolock's own layout (another manager's object).
+        self.lock = check_foreign_key(name, name, wire)
         self.fence = f"{self.base}:fence"  # unused: these formats have no fencing tokens
         self.channel = f"{self.base}:released"
         self.void_prefix = f"{self.base}:void:"
@@ -89,12 +91,15 @@ def aux_base(prefix: str, kind: str, name: str) -> str:
     * a name with braces but no usable hash tag: ``P:<kind>:{S}#<length of N>:N``, where
       ``S`` is a short tag of the same slot as ``N`` (see :func:`slot_tag`).
 
-    So every auxiliary key shares the Redis Cluster slot of ``N``. Injective, so two names
+    So every auxiliary key shares the Redis Cluster slot of ``N``. The head ``P:<kind>:``
+    keeps prefixes and formats apart (see :mod:`aiolock._keys`). Injective, so two names
     never share an auxiliary key: in the first form ``N`` has no ``}`` and is followed by
     a suffix that starts with ``:`` and a letter; in the others the tag has no ``}`` and
     the length fixes where ``N`` ends, and the character after the tag (``:`` or ``#``)
     tells them apart. (The prefix and the format's tag contain no braces.)
     """
+    if kind not in TAGS:  # pragma: no cover - a wiring mistake
+        raise ValueError(f"unknown key tag {kind!r}; add it to aiolock._keys.TAGS")
     if "{" not in name and "}" not in name:
         return f"{prefix}:{kind}:{{{name}}}"
     tag = cluster_hash_tag(name)

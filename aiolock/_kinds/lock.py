@@ -1,10 +1,10 @@
 """The reentrant lock kind: a hash of owner field to hold count, one owner at a time.
 
-The lock's structure ``P:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is a
+The lock's structure ``P:lock:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is a
 hash with one field per acquisition, ``<manager id>:<task serial>:<acquisition number>``,
 whose value is the hold count: re-entering increments it, and a late or resent command
 about an earlier hold can never touch a later one. A final release publishes the
-releasing manager's id on ``P:{N}:released`` unless it hands the lock over.
+releasing manager's id on ``P:lock:{N}:released`` unless it hands the lock over.
 
 The reply codes of each script are named here, next to their decoding.
 """

@@ -48,7 +48,7 @@ _ACQUIRED, _BUSY, _VOIDED, _BAD_KEY = 1, 0, 3, -1
 
 
 def timestamp_keys(prefix: str, name: str) -> ForeignKeys:
-    return ForeignKeys(prefix, name, TIMESTAMP_TAG)
+    return ForeignKeys(prefix, name, TIMESTAMP_TAG, "timestamp")
 
 
 def _record(keys: LockKeys) -> str:

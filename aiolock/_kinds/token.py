@@ -47,7 +47,7 @@ _RESENT, _NOT_HELD = 2, 0
 
 
 def token_keys(prefix: str, name: str) -> ForeignKeys:
-    return ForeignKeys(prefix, name, TOKEN_TAG)
+    return ForeignKeys(prefix, name, TOKEN_TAG, "token")
 
 
 def string_type_error(key: str, kind: object) -> LockKeyTypeError:

@@ -15,9 +15,11 @@ Facts from Redisson 3.52.0 (``RedissonLock``, ``RedissonBaseLock``, ``LockPubSub
 ``P:rs:{N}:rel:<release id>``            aiolock's tombstone of a final release
 =======================================  ===============================================
 
-(``{N}`` is written without the braces when ``N`` already contains ``{``: Redisson's own
-``prefixName`` rule, which keeps those keys in the lock's Cluster slot, except for a
-name with a ``}`` but no ``{``, as in Redisson itself.)
+(In Redisson's keys, ``{N}`` is written without the braces when ``N`` already contains
+``{``: Redisson's own ``prefixName`` rule, which keeps those keys in the lock's Cluster
+slot, except for a name with a ``}`` but no ``{``, as in Redisson itself; so the names
+``x`` and ``{x}`` share Redisson's channel and token counter, in Redisson too. aiolock's
+own keys ``P:rs:...`` are :func:`~aiolock._kinds.foreign.aux_base`'s, unique per name.)
 
 A Redisson client identifies an owner by ``<its client UUID>:<thread id>``. aiolock's
 owner field is ``<the manager's UUID>:<number>``: the manager's 128-bit id printed as a
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, NoReturn
 from redis.crc import key_slot
 
 from .._client import as_int, key_type_error
-from .._keys import LockKeys, ms
+from .._keys import LockKeys, check_foreign_key, ms
 from .._kind import (
     Attempt,
     Busy,
@@ -47,6 +49,7 @@ from .._kind import (
     ReleaseStatus,
     Successor,
 )
+from .._kinds.foreign import aux_base
 from .._runtime import Runtime
 from .._scripts import Script
 from .._wire import KindMaker, WireFormat
@@ -98,14 +101,18 @@ class RedissonKeys(LockKeys):
         # Not LockKeys.__init__: every key here is computed differently.
         self.name = name
         self.kind = "redisson"
-        self.lock = name
-        self.channel = prefix_name("redisson_lock__channel", name)
+        # Redisson's keys are outside every prefix: none may have the shape of a key of
+        # aiolock's own layout, which could be another manager's object.
+        self.lock = check_foreign_key(name, name, "redisson")
+        self.channel = check_foreign_key(
+            prefix_name("redisson_lock__channel", name), name, "redisson"
+        )
         #: RFencedLock's token counter
-        self.fence = prefix_name("redisson_lock_token", name)
+        self.fence = check_foreign_key(prefix_name("redisson_lock_token", name), name, "redisson")
         # aiolock's own keys beside the lock live under the manager's prefix, in the
-        # lock's slot as far as Redisson's prefixName rule allows, where no Redisson
-        # object is.
-        self._own = prefix_name(f"{prefix}:rs", name)
+        # lock's slot, where no Redisson object is: P:rs:{...}, unique per (prefix, name)
+        # (prefix_name would not be: "P:rs:a:{b}" is also lock "b" under prefix "P:rs:a").
+        self._own = aux_base(prefix, "rs", name)
         self.void_prefix = f"{self._own}:void:"
         self.slot = key_slot(name.encode())
 

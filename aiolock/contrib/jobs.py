@@ -12,7 +12,9 @@ default); a job that finds it held is *busy*, and ``on_busy`` says what happens:
   the job's result, or it raises.
 
 While a job holds the lock, a small *holder record* (job id, host, pid, since, fencing
-token) is kept next to the lock's hash, at ``<lock key>:holder`` (the same hash slot),
+token) is kept next to the lock, at ``<lock key>:job`` in aiolock's own wire format (the
+same hash slot; in a format shared with other clients, among aiolock's keys beside the
+lock: ``P:<format tag>:{...}:job``, never a key another client's lock could use),
 with a TTL of the lease and refreshed with it, deleted before the lock is released.
 :func:`holder_info` reads it; :class:`JobBusy` carries it::
 
@@ -123,8 +125,16 @@ class JobBusy(LockTimeoutError):
 
 
 def holder_key(locks: LockManager, name: str) -> str:
-    """The Redis key of the holder record of the lock *name*: ``<lock key>:holder``."""
-    return f"{locks.lock(name).key}:holder"
+    """The Redis key of the holder record of the lock *name*: ``<lock key>:job`` in
+    aiolock's own wire format (see the module docstring)."""
+    return _record_key(locks.lock(name))
+
+
+def _record_key(lock: Lock) -> str:
+    # One of aiolock's own keys of the lock (same slot, under the prefix), never derived
+    # from the raw lock key: in the token format that is the name itself, and
+    # "<name>:holder" would be the lock "<name>:holder" of another client.
+    return lock._keys.part("job")
 
 
 async def holder_info(locks: LockManager, name: str) -> Holder | None:
@@ -141,11 +151,11 @@ async def holder_info(locks: LockManager, name: str) -> Holder | None:
 
 async def _read(locks: LockManager, name: str) -> tuple[bool, Any]:
     """Whether the lock *name* is held, and its raw holder record (or None)."""
-    key = locks.lock(name).key
+    lock = locks.lock(name)
     try:
         async with locks.redis.pipeline(transaction=False) as pipe:
-            pipe.exists(key)
-            pipe.get(f"{key}:holder")
+            pipe.exists(lock.key)
+            pipe.get(_record_key(lock))
             held, raw = await pipe.execute()
     except RedisError as exc:
         raise LockBackendError(f"reading the holder of {name!r} failed: {exc}") from exc
@@ -216,7 +226,7 @@ class Claim:
 
     @property
     def key(self) -> str:
-        return f"{self._lock.key}:holder"
+        return _record_key(self._lock)
 
     async def __aenter__(self) -> Holder:
         reentry = self._lock._current_hold() is not None  # no I/O

@@ -46,9 +46,9 @@ async def _release_fails_then_reacquire(
                 proxy.refuse(False)
                 async with locks.lock("x", timeout=5) as again:
                     second = again.fencing_token
-                    exists_now = bool(await direct.exists(f"{prefix}:{{x}}"))
+                    exists_now = bool(await direct.exists(f"{prefix}:lock:{{x}}"))
                     await asyncio.sleep(3.0)  # the background release retry runs
-                    exists_later = bool(await direct.exists(f"{prefix}:{{x}}"))
+                    exists_later = bool(await direct.exists(f"{prefix}:lock:{{x}}"))
             await client.aclose()
     finally:
         await direct.aclose()

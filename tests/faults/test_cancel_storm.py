@@ -54,7 +54,7 @@ async def _assert_nothing_held(url: str, prefix: str) -> None:
     check = Redis.from_url(url)
     try:
         for name in NAMES:
-            key = f"{prefix}:{{{name}}}"
+            key = f"{prefix}:lock:{{{name}}}"
             assert await check.exists(key) == 0, f"{key} still held: {await check.hgetall(key)}"
     finally:
         await check.aclose()
@@ -154,7 +154,7 @@ async def test_a_void_marker_of_one_manager_voids_no_attempt_of_another(
             fault_proxy.restore()
 
             async def marked() -> bool:
-                return bool(await direct.keys(f"{prefix}:{{v}}:void:*"))
+                return bool(await direct.keys(f"{prefix}:lock:{{v}}:void:*"))
 
             await eventually(marked, what="the undo's void marker")
             # The second manager, on the free lock: one-shot attempts, then re-entries.

@@ -107,7 +107,9 @@ async def test_command_timeout_below_latency_is_a_connection_error(
             fault_proxy.set_latency(0.0)
             started = time.monotonic()
             await eventually(
-                lambda: _free(direct, f"{prefix}:{{late}}"), timeout=10, what="the late hold undone"
+                lambda: _free(direct, f"{prefix}:lock:{{late}}"),
+                timeout=10,
+                what="the late hold undone",
             )
             freed_after = time.monotonic() - started
             assert await locks.lock("late", timeout=0).try_acquire()
@@ -131,7 +133,7 @@ async def test_ambiguous_acquire_leaves_no_orphan(
     fault_proxy: FaultProxy, fault_redis_server: RedisServer, direct: Redis, undo: str
 ) -> None:
     prefix = unique_prefix("amb")
-    key = f"{prefix}:{{amb}}"
+    key = f"{prefix}:lock:{{amb}}"
     client = _no_retry(fault_proxy.url)
     other_client = Redis.from_url(fault_redis_server.url)
     try:
@@ -198,7 +200,7 @@ async def test_user_retries_a_release_whose_reply_was_lost(
     """release() raised LockConnectionError, yet it ran; another owner takes the lock; the
     user calls release() again: no raw error, and the other owner keeps its hold."""
     prefix = unique_prefix("rel-user")
-    key = f"{prefix}:{{r}}"
+    key = f"{prefix}:lock:{{r}}"
     client = _no_retry(fault_proxy.url)
     other_client = Redis.from_url(fault_redis_server.url)
     try:
@@ -247,7 +249,7 @@ async def _retried_release(
     Returns (what release() raised, connections the proxy accepted meanwhile, whether the
     other owner still holds)."""
     prefix = unique_prefix("rel-retry")
-    key = f"{prefix}:{{r}}"
+    key = f"{prefix}:lock:{{r}}"
     # Redis.from_url leaves redis-py's default retry out: ask for one explicitly.
     client = Redis.from_url(proxy.url, socket_timeout=30, retry=Retry(ConstantBackoff(0.05), 5))
     other_client = Redis.from_url(server.url)

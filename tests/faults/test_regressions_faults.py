@@ -82,7 +82,7 @@ async def test_resent_release_recognised_after_many_other_owners(
     recognised and failed with LockLostError although it had run. (The list held ~41
     ids of 37 bytes: 50 other owners are needed to push the first one out.)"""
     prefix = unique_prefix("reg-d2")
-    key = f"{prefix}:{{r}}"
+    key = f"{prefix}:lock:{{r}}"
     client = _no_retry(fault_proxy.url)
     other_client = Redis.from_url(fault_redis_server.url)
     others_done = 0
@@ -165,7 +165,7 @@ async def test_shielded_release_under_anyio_cancel_does_not_spin(
     completed in a shield; anyio re-delivers the cancellation at every await, and the
     shield looped on it, burning a whole CPU for as long as Redis took to answer."""
     prefix = unique_prefix("reg-d3r")
-    key = f"{prefix}:{{spin}}"
+    key = f"{prefix}:lock:{{spin}}"
     client = Redis.from_url(fault_proxy.url)
     try:
         async with aiolock.LockManager(client, prefix=prefix, lease=LEASE) as locks:
@@ -194,7 +194,7 @@ async def test_undo_of_acquire_under_anyio_cancel_does_not_spin(
     is undone in a shield; the shield looped on anyio's re-delivered cancellation,
     burning a whole CPU until Redis answered the undo."""
     prefix = unique_prefix("reg-d3a")
-    key = f"{prefix}:{{spin}}"
+    key = f"{prefix}:lock:{{spin}}"
     client = Redis.from_url(fault_proxy.url)
     try:
         async with aiolock.LockManager(client, prefix=prefix, lease=LEASE) as locks:
@@ -206,7 +206,7 @@ async def test_undo_of_acquire_under_anyio_cancel_does_not_spin(
             fault_proxy.set_latency(0.0)
             assert locks.statistics().held == 0
             await eventually(
-                lambda: _free(direct, f"{prefix}:{{warm-up-undo}}"), what="the warm-up undo"
+                lambda: _free(direct, f"{prefix}:lock:{{warm-up-undo}}"), what="the warm-up undo"
             )
             lock = locks.lock("spin", timeout=5)
             await _keep_connections(lock)  # the undo need not open a connection
@@ -236,7 +236,7 @@ async def test_acquire_resent_after_fence_state_expired(
     expired. The resend found the hold and answered {1, nil}: the client raised a raw
     ValueError and the hold stayed in Redis, untracked."""
     prefix = unique_prefix("reg-d6")
-    key = f"{prefix}:{{f}}"
+    key = f"{prefix}:lock:{{f}}"
     client = _no_retry(fault_proxy.url)
     try:
         async with aiolock.LockManager(client, prefix=prefix, lease=5.0, fence_ttl=0.05) as locks:

@@ -302,7 +302,7 @@ async def test_every_key_and_channel_stays_under_the_prefix(own_server: RedisSer
                 proxy.restore()
 
                 async def voided() -> bool:
-                    return bool(await clients[0].keys(f"{first}:{{voided}}:void:*"))
+                    return bool(await clients[0].keys(f"{first}:lock:{{voided}}:void:*"))
 
                 await eventually(voided, what="the void marker")
             keys = [k.decode() async for k in clients[0].scan_iter(match="*", count=1000)]
