@@ -236,6 +236,16 @@ class Engine:
             lease = hold.lease
         outcome = await self._attempt(hold.kind, hold.keys, hold.owner, lease, hold)
         if isinstance(outcome, Hold):
+            if not self.registry.alive(outcome):
+                # Lost while the re-entry was in flight (its lease ended, or the watchdog
+                # found it gone): Redis counted the re-entry, but the hold is not this
+                # task's any more. Free it; the outer holder learns of the loss as usual.
+                self.release_lost(outcome)
+                raise LockLostError(
+                    f"lock {hold.keys.name!r} was lost while this task re-entered it "
+                    f"({outcome.lost_reason}); another owner may have entered the "
+                    "critical section meanwhile"
+                )
             return outcome
         now = (
             f"now held by another owner for {outcome.ttl:.3f} s more"
