@@ -689,6 +689,8 @@ class Engine:
 
     def release_lost(self, hold: Hold) -> None:
         """A hold lost locally may still exist in Redis: free it in the background."""
+        if self.hub.closed:
+            return  # closing released what it could; nothing would run this job now
         self._release_in_background(hold, f"release of lost {hold.keys.name!r}")
 
     def _release_in_background(self, hold: Hold, what: str) -> None:
