@@ -203,7 +203,7 @@ async def test_a_loss_cancels_the_body_and_raises_lock_lost(
         assert sum(short.statistics().lost.values()) >= 1
 
 
-async def test_a_hold_lost_before_the_body_begins_never_runs_it(
+async def test_a_hold_lost_before_its_acquire_returns_is_never_used(
     case: Case, redis_url: str, prefix: str, admin: Redis, other: aiolock.LockManager
 ) -> None:
     # The server is paused past the lease, so the grant's reply comes after the lease
@@ -218,6 +218,10 @@ async def test_a_hold_lost_before_the_body_begins_never_runs_it(
             async with handle:
                 ran = True
         assert not ran
+        assert short.statistics().held == 0
+        await admin.client_pause(1200, all=True)
+        with pytest.raises(aiolock.LockLostError):
+            await case.acquire(handle, None)  # an acquire never returns a lost hold
         assert short.statistics().held == 0
         for _ in range(200):  # freed in the background, or expired by its lease
             if await probe_free(case, other, "late"):

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._guard import BodyGuard
 
 from .faults.proxy import FaultProxy
 
@@ -181,3 +182,27 @@ async def test_a_hold_lost_while_it_is_re_entered_never_enters_the_body(
             await asyncio.sleep(0.02)
         else:
             raise AssertionError("the lost hold stayed in Redis")
+
+
+async def test_the_body_guard_refuses_a_lost_hold_and_gives_back_the_rest(
+    locks: aiolock.LockManager,
+) -> None:
+    # What async with relies on when a hold is lost between its acquire and its body: no
+    # cancel scope is registered (nothing would ever cancel it), the holds still held are
+    # released, and LockLostError is raised.
+    engine = locks._open_engine()
+    kept, gone = locks.lock("guard-kept"), locks.lock("guard-gone")
+    await kept.acquire()
+    await gone.acquire()
+    holds = [engine.registry.get(lock._resource, locks._owner()) for lock in (kept, gone)]
+    assert holds[0] is not None and holds[1] is not None
+    engine.registry.lose(holds[1], "lost for the test")
+    guard = BodyGuard()
+    assert not guard.enter(engine, holds[0], holds[1])
+    assert holds[0].scopes == [] and holds[1].scopes == []
+    with pytest.raises(aiolock.LockLostError, match=r"guard-gone.*did not run"):
+        await guard.refuse(engine, holds[0], holds[1])
+    assert locks.statistics().held == 0
+    assert not await kept.locked()
+    with pytest.raises(aiolock.LockNotOwnedError, match="not held"):
+        await gone.release()  # reported once, by refuse()
