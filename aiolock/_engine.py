@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
@@ -236,6 +236,16 @@ class Engine:
             lease = hold.lease
         outcome = await self._attempt(hold.kind, hold.keys, hold.owner, lease, hold)
         if isinstance(outcome, Hold):
+            if not self.registry.alive(outcome):
+                # Lost while the re-entry was in flight (its lease ended, or the watchdog
+                # found it gone): Redis counted the re-entry, but the hold is not this
+                # task's any more. Free it; the outer holder learns of the loss as usual.
+                self.release_lost(outcome)
+                raise LockLostError(
+                    f"lock {hold.keys.name!r} was lost while this task re-entered it "
+                    f"({outcome.lost_reason}); another owner may have entered the "
+                    "critical section meanwhile"
+                )
             return outcome
         now = (
             f"now held by another owner for {outcome.ttl:.3f} s more"
@@ -432,6 +442,8 @@ class Engine:
 
     def _adopt(self, hold: Hold) -> Hold:
         """Register *hold* for the current task, which has just acquired it."""
+        if time.monotonic() >= hold.valid_until:
+            self._lost_at_birth(hold)
         self.acquired[hold.kind.name] += 1
         self.registry.add(hold)
         if hold.owner not in self._watched:
@@ -441,6 +453,21 @@ class Engine:
                 owner = hold.owner
                 task.add_done_callback(lambda t: self._task_done(t, owner))
         return hold
+
+    def _lost_at_birth(self, hold: Hold) -> NoReturn:
+        """*hold*'s lease ended (by this client's clock) before the reply that granted it
+        arrived: Redis may have freed it already, so it is never handed to the caller."""
+        hold.lost = True
+        hold.lost_reason = "its lease had ended before the reply that granted it arrived"
+        self.lost[hold.kind.name] += 1
+        logger.warning("lock %r lost: %s", hold.keys.name, hold.lost_reason)
+        self.release_lost(hold)  # in case Redis still has it
+        raise LockLostError(
+            f"lock {hold.keys.name!r} was granted, but its lease of {hold.lease:g} s had "
+            "ended before the reply arrived (Redis or the network was slow, or the event "
+            "loop was blocked); it is given back and nothing is held. Try again, or give "
+            "a longer lease="
+        )
 
     async def _undo(self, kind: LockKind, attempt: Attempt) -> None:
         """Revert an attempt whose outcome is unknown, or void it before it runs."""
@@ -682,6 +709,8 @@ class Engine:
 
     def release_lost(self, hold: Hold) -> None:
         """A hold lost locally may still exist in Redis: free it in the background."""
+        if self.hub.closed:
+            return  # closing released what it could; nothing would run this job now
         self._release_in_background(hold, f"release of lost {hold.keys.name!r}")
 
     def _release_in_background(self, hold: Hold, what: str) -> None:

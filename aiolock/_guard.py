@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import anyio
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._kind import Hold
 
-__all__ = ["BodyGuard", "ManagerLike"]
+__all__ = ["BodyGuard", "ManagerLike", "forget_lost"]
 
 logger = logging.getLogger("aiolock")
 
@@ -55,7 +55,18 @@ class BodyGuard:
             asyncio.Task[Any], list[tuple[tuple[Hold, ...], anyio.CancelScope]]
         ] = {}
 
-    def enter(self, *holds: Hold) -> None:
+    def enter(self, engine: Engine, *holds: Hold) -> bool:
+        """Guard a body with *holds*, which the current task has just acquired.
+
+        False, entering nothing, if one of them is lost already (its lease ended while
+        the acquire waited, or before its reply arrived): a scope registered now would
+        never be cancelled, and the body would run without the lock. The caller then
+        awaits :meth:`refuse`.
+        """
+        registry = engine.registry
+        for hold in holds:
+            if not registry.alive(hold):
+                return False
         scope = anyio.CancelScope()
         scope.__enter__()
         for hold in holds:
@@ -63,6 +74,24 @@ class BodyGuard:
         task = asyncio.current_task()
         assert task is not None  # the acquire that made the holds checked
         self._entered.setdefault(task, []).append((holds, scope))
+        return True
+
+    async def refuse(self, engine: Engine, *holds: Hold) -> NoReturn:
+        """Give back *holds*, one of which is lost, and raise :class:`LockLostError`.
+
+        What ``async with`` would have done at exit, before the body ran: the holds still
+        held are released (a re-entered one back to its outer count), the lost ones are
+        freed in Redis in the background in case Redis still has them.
+        """
+        lost = [hold for hold in holds if not engine.registry.alive(hold)]
+        for hold in lost:
+            forget_lost(engine, hold)
+        await _release_all(engine, [h for h in holds if h not in lost], quiet=True)
+        first = lost[0]
+        raise LockLostError(
+            f"lock {first.keys.name!r} was lost before the 'async with' body began "
+            f"({first.lost_reason}); the body did not run, and nothing is held for it"
+        )
 
     async def exit(
         self,
@@ -107,6 +136,18 @@ class BodyGuard:
         # gone in Redis and report it lost.
         live = [h for h in holds if not h.lost and engine.registry.holds(h)]
         await _release_all(engine, live, quiet=bool(lost))
+
+
+def forget_lost(engine: Engine, hold: Hold) -> None:
+    """*hold* was lost before its acquire returned: the caller is told so by the error
+    it gets, and Redis may still have the hold (a lease ended on the client's clock).
+
+    A re-entered hold (count above one) stays remembered as lost, so the task's outer
+    release() or ``async with`` reports the loss too; Redis frees it either way.
+    """
+    if hold.count <= 1:
+        engine.registry.pop_lost(hold.resource, hold.owner)
+    engine.release_lost(hold)
 
 
 async def _release_all(engine: Engine, holds: list[Hold], *, quiet: bool) -> None:

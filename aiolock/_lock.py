@@ -221,7 +221,10 @@ class Lock:
     # -- async with ----------------------------------------------------------------------
 
     async def __aenter__(self) -> Lock:
-        self._guard.enter(await self._acquire(_DEFAULT, _DEFAULT))
+        hold = await self._acquire(_DEFAULT, _DEFAULT)
+        engine = self._manager._open_engine()
+        if not self._guard.enter(engine, hold):
+            await self._guard.refuse(engine, hold)
         return self
 
     async def __aexit__(

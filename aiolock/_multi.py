@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._errors import LockError, LockLostError, LockNotOwnedError, LockTimeoutError, WireFormatError
-from ._guard import BodyGuard, ManagerLike
+from ._guard import BodyGuard, ManagerLike, forget_lost
 from ._keys import LockKeys, check_name
 from ._lock import _DEFAULT, resolve
 from ._replicas import INHERIT, HandlePolicy, under_policy
@@ -157,6 +157,19 @@ class MultiLock:
         except BaseException:
             await _unwind(engine, holds)
             raise
+        # A name taken early may have been lost while a later one was waited for (a
+        # fixed lease shorter than the wait, an outage, a force-release): never return
+        # it. Not retried: a lease that ended during this wait would end again during
+        # the next, and a lost re-entered hold is the task's own outer hold, gone for good.
+        lost = [hold for hold in holds if not engine.registry.alive(hold)]
+        if lost:
+            await _unwind(engine, holds)
+            reasons = "; ".join(f"{hold.keys.name!r}: {hold.lost_reason}" for hold in lost)
+            raise LockLostError(
+                f"multi-lock {self.names!r}: {reasons}, before all of its names were held; "
+                "the acquire holds none of them now. If a fixed lease ended while the "
+                "acquire waited for the other names, give a longer lease= or none (renewed)"
+            )
         return holds
 
     async def release(self) -> None:
@@ -220,7 +233,10 @@ class MultiLock:
     # -- async with ----------------------------------------------------------------------
 
     async def __aenter__(self) -> MultiLock:
-        self._guard.enter(*await self._acquire(_DEFAULT, _DEFAULT))
+        holds = await self._acquire(_DEFAULT, _DEFAULT)
+        engine = self._manager._open_engine()
+        if not self._guard.enter(engine, *holds):
+            await self._guard.refuse(engine, *holds)
         return self
 
     async def __aexit__(
@@ -244,7 +260,15 @@ class MultiLock:
 
 
 async def _unwind(engine: Engine, holds: list[Hold]) -> None:
-    """Release what a failed or cancelled multi-acquire took, shielded and bounded."""
+    """Release what a failed or cancelled multi-acquire took, shielded and bounded.
+
+    A hold lost meanwhile is not released as if held (Redis may have granted its name
+    to another owner since): it is freed in the background in case Redis still has it.
+    """
+    lost = [hold for hold in holds if not engine.registry.alive(hold)]
+    for hold in lost:
+        forget_lost(engine, hold)
+    holds = [hold for hold in holds if hold not in lost]
     if not holds:
         return
     cancelled: asyncio.CancelledError | None = None

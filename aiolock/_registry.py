@@ -39,6 +39,9 @@ logger = logging.getLogger("aiolock")
 #: than "not owned"; beyond this many the oldest are forgotten.
 LOST_MEMORY = 10_000
 
+_ENDED_FIXED = "the lease ended: its fixed lease ran out"
+_ENDED_RENEWED = "the lease ended: renewal could not reach Redis in time"
+
 
 class HoldRegistry:
     """Every live hold of one manager, plus the lost and parked ones its owners may ask about."""
@@ -99,6 +102,20 @@ class HoldRegistry:
     def holds(self, hold: Hold) -> bool:
         """Whether *hold* is live (registered, not lost, not parked)."""
         return self._holds.get(id(hold)) is hold
+
+    def alive(self, hold: Hold) -> bool:
+        """Whether *hold* is still held; one whose deadline has passed is lost now.
+
+        Its timer may not have run yet (the event loop was busy, or the reply that
+        granted it came after the lease had run out): an acquire or an ``async with``
+        that is about to hand the hold to its caller asks here, not the timer.
+        """
+        if hold.lost or not self.holds(hold):
+            return False
+        if time.monotonic() >= hold.valid_until:
+            self.lose(hold, _ENDED_FIXED if not hold.renew else _ENDED_RENEWED)
+            return False
+        return True
 
     def confirm(self, hold: Hold, sent_at: float) -> None:
         """Redis renewed *hold* by a command sent at monotonic time *sent_at*."""
@@ -186,7 +203,7 @@ class HoldRegistry:
         if time.monotonic() < hold.valid_until:
             self._arm(hold)  # extended since the timer was set
             return
-        self.lose(hold, "the lease ended: its fixed lease ran out")
+        self.lose(hold, _ENDED_FIXED)
 
     def _arm_shared(self, when: float) -> None:
         """One timer for all auto-renewed holds, at the earliest of their deadlines.
@@ -208,7 +225,7 @@ class HoldRegistry:
             if not hold.renew or hold.lost:
                 continue
             if hold.valid_until <= now:
-                self.lose(hold, "the lease ended: renewal could not reach Redis in time")
+                self.lose(hold, _ENDED_RENEWED)
             elif earliest is None or hold.valid_until < earliest:
                 earliest = hold.valid_until
         if earliest is not None:

@@ -215,7 +215,9 @@ class Semaphore:
 
     async def __aenter__(self) -> Permit:
         hold = await self._acquire(1, _DEFAULT, _DEFAULT)
-        self._guard.enter(hold)
+        engine = self._manager._open_engine()
+        if not self._guard.enter(engine, hold):
+            await self._guard.refuse(engine, hold)
         return Permit(self._manager, hold)
 
     async def __aexit__(

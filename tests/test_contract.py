@@ -203,6 +203,34 @@ async def test_a_loss_cancels_the_body_and_raises_lock_lost(
         assert sum(short.statistics().lost.values()) >= 1
 
 
+async def test_a_hold_lost_before_its_acquire_returns_is_never_used(
+    case: Case, redis_url: str, prefix: str, admin: Redis, other: aiolock.LockManager
+) -> None:
+    # The server is paused past the lease, so the grant's reply comes after the lease
+    # ran out by the client's clock: the hold is lost before its body could begin, and
+    # the body used to start anyway (under a multi-lock it ran to its end uncancelled).
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.3) as short:
+        handle = case.make(short, "late")
+        await short.ping()  # connected, so the pause delays the acquire itself
+        ran = False
+        await admin.client_pause(1200, all=True)
+        with pytest.raises(aiolock.LockLostError):
+            async with handle:
+                ran = True
+        assert not ran
+        assert short.statistics().held == 0
+        await admin.client_pause(1200, all=True)
+        with pytest.raises(aiolock.LockLostError):
+            await case.acquire(handle, None)  # an acquire never returns a lost hold
+        assert short.statistics().held == 0
+        for _ in range(200):  # freed in the background, or expired by its lease
+            if await probe_free(case, other, "late"):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the lost hold stayed in Redis")
+
+
 async def test_closing_the_manager_fails_its_waiters(
     case: Case, redis_url: str, prefix: str, other: aiolock.LockManager
 ) -> None:

@@ -144,6 +144,32 @@ async def test_a_lock_lost_before_the_endpoint_returns_gives_409(
     assert "was lost" in response.json()["detail"]
 
 
+async def test_a_lock_lost_before_the_endpoint_begins_gives_409_and_never_runs_it(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    """The grant's reply comes after the lease ran out (the server is paused): the
+    endpoint used to run, holding nothing."""
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix, lease=0.3))
+    ran: list[str] = []
+
+    @app.post("/orders/{order_id}/pay")
+    async def pay(
+        order_id: str,
+        lock: Annotated[
+            aiolock.Lock, Depends(lock_dependency("order:{order_id}"), scope="function")
+        ],
+    ) -> dict[str, str]:
+        ran.append(order_id)
+        return {"paid": order_id}
+
+    async with serve(app) as client:
+        await admin.client_pause(1200, all=True)
+        response = await client.post("/orders/8/pay")
+    assert response.status_code == 409, response.text
+    assert "before the request ran" in response.json()["detail"]
+    assert ran == []
+
+
 async def test_a_sync_endpoint_whose_lock_is_lost_gives_409(redis_url: str, prefix: str) -> None:
     """A def endpoint runs in a worker thread; the loss is found at release, still a 409."""
     app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix))

@@ -322,3 +322,52 @@ def test_a_field_nested_in_a_format_spec_is_refused_when_decorating(
         singleton(locks, "report:{customer:{width}}")
     with pytest.raises(ValueError, match="nests a field"):
         singleton(locks, "report:{customer}", job_id="{job:{n}}")
+
+
+async def test_a_claim_cancelled_while_it_writes_its_record_gives_the_lock_back(
+    locks: aiolock.LockManager, other: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lock is taken, then the holder record's write stalls and the job is cancelled
+    # there. __aexit__ never runs for an __aenter__ that raised: the lock stayed held and
+    # renewed for the task's life, and the guard's scope, never exited, later cancelled
+    # unrelated code of the task when that hold was lost.
+    writing = asyncio.Event()
+
+    async def stalled_set(*args: Any, **kwargs: Any) -> None:
+        writing.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(locks.redis, "set", stalled_set)
+    after: list[str] = []
+
+    async def job(enter: Any) -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await enter()
+        after.append(f"held={locks.statistics().held}")
+        # Lose any hold of that name: a scope left behind would cancel the code below.
+        await locks.lock("cancelled:1").force_release()
+        await asyncio.sleep(0.2)
+        after.append("survived")
+
+    async def with_claim() -> None:
+        async with claim(locks, "cancelled:1", job_id="j"):
+            pytest.fail("the body ran")
+
+    @singleton(locks, "cancelled:{n}")
+    async def single(n: int) -> None:
+        pytest.fail("the job ran")
+
+    async def with_singleton() -> None:
+        await single(1)
+
+    for enter in (with_claim, with_singleton):
+        writing.clear()
+        after.clear()
+        task = asyncio.create_task(job(enter))
+        await asyncio.wait_for(writing.wait(), 10)
+        task.cancel()
+        await asyncio.wait_for(task, 10)
+        assert after == ["held=0", "survived"], enter.__name__
+        assert locks.statistics().held == 0
+        async with claim(other, "cancelled:1"):  # free for another worker at once
+            pass

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from urllib.parse import urlparse
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._guard import BodyGuard
+
+from .faults.proxy import FaultProxy
 
 
 async def test_a_fixed_lease_expires_and_is_not_renewed(locks: aiolock.LockManager) -> None:
@@ -146,3 +150,59 @@ async def test_re_entering_an_expired_hold_raises_lost_and_takes_nothing(
     await lock.acquire()  # a fresh acquisition works
     assert await lock.hold_count() == 1
     await lock.release()
+
+
+async def test_a_hold_lost_while_it_is_re_entered_never_enters_the_body(
+    redis_url: str, prefix: str
+) -> None:
+    # The re-entry reaches Redis in time, but its reply comes after the fixed lease ran
+    # out by the client's clock: Redis counted the re-entry, yet the hold is lost. It
+    # used to be returned all the same, and the body ran uncancelled (LockLostError
+    # only at the exit).
+    upstream = urlparse(redis_url)
+    assert upstream.hostname is not None and upstream.port is not None
+    async with (
+        FaultProxy(upstream.hostname, upstream.port) as proxy,
+        aiolock.LockManager.from_url(proxy.url, prefix=prefix) as locks,
+    ):
+        lock = locks.lock("reenter-slow", lease=1.0)
+        await lock.acquire()
+        proxy.set_latency(0.7)  # each way: there at ~0.7 s, back at ~1.4 s
+        ran = False
+        with pytest.raises(aiolock.LockLostError, match="while this task re-entered it"):
+            async with lock:
+                ran = True
+        proxy.set_latency(0)
+        assert not ran
+        with pytest.raises(aiolock.LockLostError):
+            await lock.release()  # the outer hold was lost too, and its release says so
+        for _ in range(200):  # the lost hold is freed in Redis in the background
+            if not await lock.locked():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the lost hold stayed in Redis")
+
+
+async def test_the_body_guard_refuses_a_lost_hold_and_gives_back_the_rest(
+    locks: aiolock.LockManager,
+) -> None:
+    # What async with relies on when a hold is lost between its acquire and its body: no
+    # cancel scope is registered (nothing would ever cancel it), the holds still held are
+    # released, and LockLostError is raised.
+    engine = locks._open_engine()
+    kept, gone = locks.lock("guard-kept"), locks.lock("guard-gone")
+    await kept.acquire()
+    await gone.acquire()
+    holds = [engine.registry.get(lock._resource, locks._owner()) for lock in (kept, gone)]
+    assert holds[0] is not None and holds[1] is not None
+    engine.registry.lose(holds[1], "lost for the test")
+    guard = BodyGuard()
+    assert not guard.enter(engine, holds[0], holds[1])
+    assert holds[0].scopes == [] and holds[1].scopes == []
+    with pytest.raises(aiolock.LockLostError, match=r"guard-gone.*did not run"):
+        await guard.refuse(engine, holds[0], holds[1])
+    assert locks.statistics().held == 0
+    assert not await kept.locked()
+    with pytest.raises(aiolock.LockNotOwnedError, match="not held"):
+        await gone.release()  # reported once, by refuse()

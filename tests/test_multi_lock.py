@@ -7,7 +7,8 @@ import json
 import os
 import random
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 from urllib.parse import urlparse
 
 import anyio
@@ -377,3 +378,107 @@ async def test_an_unwind_past_its_bound_still_raises_the_timeout(
     await blocker.release()
     for name in ("a", "b", "c"):
         assert await free(other, name)
+
+
+# -- a name lost while the others were waited for (issue 18, item 1) --------------------
+#
+# The multi-lock takes "lost-a" with a fixed lease of 1 s, then waits for "lost-b" (held
+# by another manager) longer than that; meanwhile "lost-a"'s lease ends and another
+# owner takes it. The acquire must not return holding "lost-b" alone: it used to, and
+# its body ran uncancelled with fencing_tokens == {}, LockLostError only at the exit.
+
+
+async def _lose_the_first_name_while_waiting(
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    acquire: Callable[[], Coroutine[Any, Any, object]],
+) -> BaseException | None:
+    """Run *acquire* (a multi-acquire of lost-a and lost-b) through that scenario; what
+    it raised. Checks that it holds nothing after and that the new owner of lost-a keeps it."""
+    blocker = other.lock("lost-b")
+    await blocker.acquire()
+    task = asyncio.create_task(acquire())
+    try:
+        await eventually(
+            lambda: locks.statistics().held == 1 and locks.statistics().hub.waiters == 1,
+            what="lost-a held, waiting for lost-b",
+        )
+        taker = other.lock("lost-a")
+        await taker.acquire(timeout=30)  # once lost-a's lease of 1 s has ended
+        await eventually(lambda: locks.statistics().held == 0, what="lost-a lost locally")
+        await blocker.release()
+        outcome = (await asyncio.wait([task], timeout=30))[0]
+        assert outcome, "the multi-acquire did not return"
+    finally:
+        task.cancel()
+    assert locks.statistics().held == 0
+    assert await free(other, "lost-b")  # given back
+    assert await taker.owned()  # the give-back did not free the new owner's hold
+    await taker.release()
+    return task.exception()
+
+
+async def test_an_acquire_never_returns_a_name_lost_meanwhile(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    ml = locks.multi_lock(["lost-a", "lost-b"], lease=1.0)
+    error = await _lose_the_first_name_while_waiting(locks, other, ml.acquire)
+    assert isinstance(error, aiolock.LockLostError)
+    assert "lost-a" in str(error) and "holds none of them" in str(error)
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await ml.release()  # the acquire raised: nothing is held, nothing is lost
+
+
+async def test_async_with_never_runs_its_body_without_every_name(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    ml = locks.multi_lock(["lost-a", "lost-b"], lease=1.0)
+    tokens: list[dict[str, int]] = []
+
+    async def enter() -> None:
+        async with ml:
+            tokens.append(ml.fencing_tokens)
+
+    error = await _lose_the_first_name_while_waiting(locks, other, enter)
+    assert isinstance(error, aiolock.LockLostError)
+    assert tokens == []
+
+
+async def test_the_locked_decorator_never_runs_without_every_name(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    ran: list[str] = []
+
+    @locks.locked(["lost-{x}", "lost-{y}"], lease=1.0)
+    async def job(x: str, y: str) -> None:
+        ran.append(x + y)
+
+    async def call() -> None:
+        await job("a", "b")
+
+    error = await _lose_the_first_name_while_waiting(locks, other, call)
+    assert isinstance(error, aiolock.LockLostError)
+    assert ran == []
+
+
+async def test_a_re_entered_fixed_lease_hold_lost_meanwhile_is_not_returned(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    single = locks.lock("lost-a", lease=1.0)
+    ran: list[bool] = []
+    outer: list[BaseException] = []
+
+    async def enter() -> None:
+        await single.acquire()
+        try:
+            async with locks.multi_lock(["lost-a", "lost-b"], lease=1.0):
+                ran.append(True)
+        finally:
+            with pytest.raises(aiolock.LockLostError) as info:
+                await single.release()  # the outer hold was lost too, and says so
+            outer.append(info.value)
+
+    error = await _lose_the_first_name_while_waiting(locks, other, enter)
+    assert isinstance(error, aiolock.LockLostError)
+    assert ran == []
+    assert len(outer) == 1

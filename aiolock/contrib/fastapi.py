@@ -215,6 +215,13 @@ def lock_dependency(
             raise HTTPException(
                 unavailable_status, detail="the lock service is unavailable; try again later"
             ) from exc
+        except LockLostError as exc:  # lost before the endpoint ran: nothing was done
+            logger.warning("%s was lost before the endpoint ran: %s", _describe(formatted), exc)
+            raise HTTPException(
+                lost_status,
+                detail=f"{_describe(formatted)} was lost before the request ran; nothing "
+                "was done: try again",
+            ) from exc
         # What ``async with`` does, split around the yield. The guard's cancel scope,
         # entered by __aenter__, spans the endpoint: a loss cancels it, and the
         # CancelledError comes back here, where __aexit__ turns it into LockLostError.

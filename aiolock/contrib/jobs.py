@@ -235,16 +235,25 @@ class Claim:
         except LockTimeoutError as exc:
             holder = await _busy_holder(self._locks, self.name)
             raise JobBusy(self.name, holder, self.defer) from exc
-        me = Holder(
-            name=self.name,
-            job_id=self.job_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            since=time.time(),
-            token=_token(self._lock),
-        )
-        if not reentry:  # an outer claim of this task already published the record
-            await self._publish(me)
+        # From here the lock is held and its guard's scope entered: a failure or a
+        # cancellation (while the record is written, say) must give both back, as
+        # ``async with`` never calls __aexit__ for an __aenter__ that raised. Otherwise
+        # the lock stays held and renewed for the task's life, and the scope left open
+        # cancels unrelated code of the task once the hold is lost.
+        try:
+            me = Holder(
+                name=self.name,
+                job_id=self.job_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                since=time.time(),
+                token=_token(self._lock),
+            )
+            if not reentry:  # an outer claim of this task already published the record
+                await self._publish(me)
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return me
 
     async def __aexit__(
