@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from ._client import POOL_EXHAUSTED
 from ._errors import LockConnectionError
 
 __all__ = ["LOG_INTERVAL", "Reachability", "describe"]
@@ -90,8 +91,10 @@ class Reachability:
         since = ""
         if self.failure is not None:
             since = f" for {time.monotonic() - self.since:.1f} s"
+        why = f"Redis at {self.address} could not be reached{since}"
+        if POOL_EXHAUSTED in str(failure):
+            why = f"the connection pool of the client of {self.address} was exhausted"
         return LockConnectionError(
-            f"{what} was not acquired within {timeout} s because Redis at {self.address} "
-            f"could not be reached{since} (the last attempt said: {failure}); this is an "
-            "outage, not contention"
+            f"{what} was not acquired within {timeout} s because {why} (the last attempt "
+            f"said: {failure}); this is an outage, not contention"
         )

@@ -42,9 +42,13 @@ async def serve(app: FastAPI, **transport: Any) -> AsyncIterator[httpx.AsyncClie
             yield client
 
 
-def order_app(redis_url: str, prefix: str, **options: Any) -> FastAPI:
+def order_app(
+    redis_url: str, prefix: str, *, check_on_open: bool = True, **options: Any
+) -> FastAPI:
     """An app whose GET /orders/{order_id} holds lock order:{order_id}."""
-    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix, lease=options.pop("lease", 30)))
+    lease = options.pop("lease", 30)
+    lifespan = lock_lifespan(redis_url, prefix=prefix, lease=lease, check_on_open=check_on_open)
+    app = FastAPI(lifespan=lifespan)
     held = Depends(lock_dependency("order:{order_id}", **options), scope="function")
     Held = Annotated[aiolock.Lock, held]
 
@@ -195,7 +199,8 @@ async def test_a_lock_lost_while_the_endpoint_waits_cancels_it_and_gives_409(
 
 async def test_redis_unreachable_or_manager_closed_gives_503(redis_url: str, prefix: str) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    app = order_app(dead, prefix, timeout=0.3)
+    # (an app that starts before Redis: open() does not check the server)
+    app = order_app(dead, prefix, check_on_open=False, timeout=0.3)
     async with serve(app) as client:
         response = await client.get("/orders/1")
         assert response.status_code == 503, response.text

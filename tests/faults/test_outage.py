@@ -24,7 +24,7 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
-from ._support import bounded, unique_prefix
+from ._support import bounded, eventually, unique_prefix
 from .servers import TlsRedisServer, make_tls_material, redis_tls_support
 
 WAITERS = 5
@@ -106,13 +106,155 @@ async def test_an_outage_and_the_recovery_are_logged(
                     pass
 
             waiter = asyncio.create_task(take())
-            deadline = time.monotonic() + 20
-            while "cannot reach Redis" not in caplog.text and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await eventually(lambda: "cannot reach Redis" in caplog.text, what="the warning")
             assert f"127.0.0.1:{own_server.port}" in caplog.text
             assert "cannot reach Redis" in caplog.text
             own_server.start()
             await bounded(waiter, 30, "the waiter after Redis came back")
             assert "reaches Redis at" in caplog.text
+    finally:
+        await client.aclose()
+
+
+# -- open() checks the server (item 7) ---------------------------------------------------
+
+
+async def test_open_refuses_a_dead_port(own_server: RedisServer) -> None:
+    port = own_server.port
+    own_server.stop()
+    client = _client(f"redis://127.0.0.1:{port}/0")
+    try:
+        manager = aiolock.LockManager(client, prefix=unique_prefix("outage"))
+        with pytest.raises(aiolock.LockConnectionError, match=f"127.0.0.1:{port}") as caught:
+            await bounded(manager.open(), 30, "open()")
+        assert "check_on_open=False" in str(caught.value)
+        with pytest.raises(aiolock.ManagerNotOpenError):
+            await manager.lock("x").acquire(timeout=0)
+        # Not opened: it may be opened again once Redis is up.
+        own_server.start()
+        async with manager, manager.lock("x"):
+            pass
+    finally:
+        await client.aclose()
+
+
+async def test_open_refuses_an_unresolvable_host() -> None:
+    manager = aiolock.LockManager.from_url(
+        "redis://no-such-host.invalid:6390/0", socket_connect_timeout=2.0
+    )
+    with pytest.raises(aiolock.LockConnectionError, match=r"no-such-host\.invalid"):
+        await bounded(manager.open(), 30, "open()")
+
+
+async def test_open_refuses_a_wrong_password() -> None:
+    with RedisServer(["--requirepass", "right"], password="right") as server:
+        client = _client(f"redis://:wrong@127.0.0.1:{server.port}/0")
+        try:
+            with pytest.raises(aiolock.LockPermissionError, match="could not open"):
+                await bounded(aiolock.LockManager(client).open(), 30, "open()")
+        finally:
+            await client.aclose()
+
+
+async def test_check_on_open_false_opens_before_redis_is_up(own_server: RedisServer) -> None:
+    port = own_server.port
+    own_server.stop()
+    client = _client(f"redis://127.0.0.1:{port}/0")
+    try:
+        locks = aiolock.LockManager(client, prefix=unique_prefix("outage"), check_on_open=False)
+        async with locks:
+            own_server.start()
+            async with locks.lock("x", timeout=30):
+                pass
+    finally:
+        await client.aclose()
+
+
+def test_check_on_open_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="check_on_open"):
+        aiolock.LockManager(Redis(), check_on_open="no")  # type: ignore[arg-type]
+
+
+# -- permanent errors are raised at once (item 8) ---------------------------------------
+
+
+async def test_a_refused_tls_certificate_is_raised_at_once() -> None:
+    supported, why = redis_tls_support()
+    if not supported:
+        pytest.skip(why)
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        TlsRedisServer(make_tls_material(directory)) as server,
+    ):
+        client = Redis.from_url(server.url, socket_connect_timeout=2.0)  # system CAs only
+        try:
+            async with aiolock.LockManager(client, check_on_open=False) as locks:
+                started = time.monotonic()
+                with pytest.raises(aiolock.LockBackendError, match="TLS certificate") as got:
+                    await bounded(locks.lock("x").acquire(timeout=None), 20, "the acquire")
+                assert not isinstance(got.value, aiolock.LockConnectionError)
+                assert time.monotonic() - started < 5  # not retried until a timeout
+            with pytest.raises(aiolock.LockBackendError, match="could not open"):
+                await aiolock.LockManager(client).open()
+        finally:
+            await client.aclose()
+
+
+# -- a pool too small for the manager (item 9) -------------------------------------------
+
+
+@pytest.mark.parametrize("pool_class", [BlockingConnectionPool, ConnectionPool])
+def test_a_pool_of_one_connection_is_refused(pool_class: type[ConnectionPool]) -> None:
+    client = Redis(connection_pool=pool_class(max_connections=1))
+    with pytest.raises(ValueError, match="at least 2") as caught:
+        aiolock.LockManager(client)
+    assert "pub/sub" in str(caught.value) and "max_connections" in str(caught.value)
+
+
+async def test_a_pool_of_two_connections_runs_at_full_speed(own_server: RedisServer) -> None:
+    """240 acquisitions by 16 tasks on 8 names: as fast as with the default pool (3 x)."""
+
+    async def run(client: Redis) -> float:
+        async with aiolock.LockManager(client, prefix=unique_prefix("pool")) as locks:
+
+            async def worker(i: int) -> None:
+                for _ in range(15):
+                    async with locks.lock(f"n{i % 8}", timeout=30):
+                        pass
+
+            started = time.monotonic()
+            await bounded(asyncio.gather(*(worker(i) for i in range(16))), 60, "the workers")
+            return time.monotonic() - started
+
+    pool = BlockingConnectionPool.from_url(own_server.url, max_connections=2, timeout=5)
+    small, default = Redis(connection_pool=pool), Redis.from_url(own_server.url)
+    try:
+        await run(default)  # warm up (scripts loaded)
+        assert await run(small) < 3 * await run(default) + 0.5
+    finally:
+        await small.aclose()
+        await default.aclose()
+
+
+async def test_pool_exhaustion_is_reported_as_pool_exhaustion(own_server: RedisServer) -> None:
+    """A pool shared with the application and used up: the waiters say so, not 'busy'."""
+    pool = BlockingConnectionPool.from_url(own_server.url, max_connections=2, timeout=0.2)
+    client = Redis(connection_pool=pool)
+    try:
+        async with aiolock.LockManager(client, prefix=unique_prefix("pool")) as locks:
+            await locks.ping()
+            await locks._client.aclose()  # (gives its kept connection back to the pool)
+            taken = [await pool.get_connection() for _ in range(2)]  # type: ignore[no-untyped-call]  # the app takes them all
+            try:
+                outcomes = await asyncio.gather(
+                    *(locks.lock("x").acquire(timeout=1) for _ in range(3)),
+                    return_exceptions=True,
+                )
+            finally:
+                for conn in taken:
+                    await pool.release(conn)
+            for outcome in outcomes:
+                assert isinstance(outcome, aiolock.LockConnectionError), outcome
+                assert "pool" in str(outcome) and "held by another owner" not in str(outcome)
     finally:
         await client.aclose()
