@@ -288,7 +288,9 @@ class Engine:
                     raise LockPermissionError(hub.failure)
                 if should_try:
                     ttl = hub.yielding(channel)  # others' turn first: try when it ends
-                    if ttl <= 0:
+                    if ttl > 0:
+                        waiter.queue.answered = True  # other clients were heard waiting
+                    else:
                         try:
                             outcome = await self._attempt(
                                 kind, keys, owner, lease, permits=permits, field=field
@@ -312,6 +314,7 @@ class Engine:
                                 acquired = True
                                 return outcome
                             failure, backoff = None, MIN_BACKOFF
+                            waiter.queue.answered = True
                             ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
                             if field is not None and not claimed:
                                 claimed = True
@@ -326,6 +329,8 @@ class Engine:
                         what = f"{kind.name} {keys.name!r}"
                         raise self.reach.unreachable_error(what, timeout, failure) from failure
                     self.timeouts[kind.name] += 1
+                    if not waiter.queue.answered:  # nobody was seen holding it
+                        raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
                     raise kind.timeout_error(keys, timeout, permits)
                 woken = await waiter.wait(
                     _shortest(remaining, ttl) if waiter.is_head else remaining

@@ -147,7 +147,7 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("anonymous", "channel", "confirmed", "listen", "queued", "waiters")
+    __slots__ = ("anonymous", "answered", "channel", "confirmed", "listen", "queued", "waiters")
 
     def __init__(self, channel: str, queued: bool = False, anonymous: bool = False) -> None:
         self.channel = channel
@@ -160,6 +160,9 @@ class ChannelQueue:
         self.listen = False
         #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
         self.confirmed = False
+        #: an attempt of this queue found the lock busy: a waiter whose wait runs out may
+        #: say it was held (until then, Redis has not answered the queue at all)
+        self.answered = False
 
     def wake_head(self) -> None:
         if self.queued:  # every waiter is a head: a wake of unknown target reaches all

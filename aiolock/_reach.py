@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ._client import POOL_EXHAUSTED
-from ._errors import LockConnectionError
+from ._errors import LockConnectionError, LockTimeoutError
 
 __all__ = ["LOG_INTERVAL", "Reachability", "describe"]
 
@@ -97,4 +97,17 @@ class Reachability:
         return LockConnectionError(
             f"{what} was not acquired within {timeout} s because {why} (the last attempt "
             f"said: {failure}); this is an outage, not contention"
+        )
+
+    def unanswered_error(self, what: str, timeout: float | None) -> LockTimeoutError:
+        """The error of a wait for *what* that ran out before Redis answered any attempt.
+
+        The wait ran out, but nobody was seen holding the lock: say so. (Whether the
+        server is slow or gone is not known yet; ``command_timeout`` bounds a round trip,
+        after which the waiters report the outage.)
+        """
+        return LockTimeoutError(
+            f"{what} was not acquired within {timeout} s, and nobody was seen holding it: "
+            f"Redis at {self.address} had not answered the attempt for it yet (a slow, "
+            "paused or cut-off server; command_timeout bounds each round trip)"
         )

@@ -28,7 +28,7 @@ from aiolock.contrib.fastapi import (
     lock_dependency,
     lock_lifespan,
 )
-from aiolock.testing import free_port
+from aiolock.testing import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -209,6 +209,20 @@ async def test_redis_unreachable_or_manager_closed_gives_503(redis_url: str, pre
         manager = app.state.aiolock
         await manager.aclose()
         assert (await client.get("/orders/1")).status_code == 503
+
+
+async def test_every_request_waiting_during_an_outage_gives_503(prefix: str) -> None:
+    """Issue 18 item 6: of 10 requests waiting on one free lock while Redis is down, all
+    get 503 (8-9 got 423 "busy": only the head of the manager's queue talked to Redis)."""
+    with RedisServer() as server:
+        app = order_app(server.url, prefix, timeout=2)
+        async with serve(app) as client:
+            assert (await client.get("/orders/1")).status_code == 200
+            server.stop()
+            responses = await asyncio.wait_for(
+                asyncio.gather(*(client.get("/orders/1") for _ in range(10))), 30
+            )
+    assert [r.status_code for r in responses] == [503] * 10, [r.text for r in responses]
 
 
 async def test_the_default_dependency_scope_is_refused(redis_url: str, prefix: str) -> None:

@@ -91,6 +91,35 @@ async def test_a_timeout_while_redis_answers_still_says_held(own_server: RedisSe
         await client.aclose()
 
 
+async def test_a_wait_that_ends_before_redis_answers_does_not_say_held(
+    own_server: RedisServer,
+) -> None:
+    """Redis paused: the waiters behind the head never saw a holder, and must not say so."""
+    client, admin = _client(own_server.url), Redis.from_url(own_server.url)
+    try:
+        async with aiolock.LockManager(client, prefix=unique_prefix("outage")) as locks:
+            await locks.ping()
+            await admin.execute_command("CLIENT", "PAUSE", 2000, "ALL")
+
+            async def take() -> BaseException | None:
+                try:
+                    async with locks.lock("free", timeout=0.5):
+                        return None
+                except aiolock.LockError as exc:
+                    return exc
+
+            outcomes = await bounded(asyncio.gather(*(take() for _ in range(4))), 30, "waiters")
+            errors = [o for o in outcomes if o is not None]
+            assert len(errors) >= 3, outcomes  # (the head's attempt ran once Redis resumed)
+            for error in errors:
+                assert isinstance(error, aiolock.LockTimeoutError), error
+                assert "held by another owner" not in str(error)
+                assert "nobody was seen holding it" in str(error)
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
 async def test_an_outage_and_the_recovery_are_logged(
     own_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
