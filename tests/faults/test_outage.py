@@ -99,7 +99,7 @@ async def test_a_wait_that_ends_before_redis_answers_does_not_say_held(
     try:
         async with aiolock.LockManager(client, prefix=unique_prefix("outage")) as locks:
             await locks.ping()
-            await admin.execute_command("CLIENT", "PAUSE", 2000, "ALL")
+            await admin.execute_command("CLIENT", "PAUSE", 2000, "ALL")  # type: ignore[no-untyped-call]
 
             async def take() -> BaseException | None:
                 try:
