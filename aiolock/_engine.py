@@ -391,7 +391,8 @@ class Engine:
                 self.reach.failed(exc)  # every waiter of the manager may report it
             await self._undo(kind, attempt)  # it may have run (or too few replicas have it)
             raise
-        self.reach.reached()
+        if self.reach.failure is not None:
+            self.reach.reached()
         if isinstance(outcome, Busy):
             return outcome
         if hold is not None:  # a re-entry

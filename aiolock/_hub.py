@@ -51,6 +51,7 @@ from redis.asyncio.client import PubSub
 from ._client import as_text, translate
 from ._errors import LockPermissionError
 from ._kind import Hold
+from ._reach import LOG_INTERVAL
 
 __all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
 
@@ -377,6 +378,7 @@ class WaiterHub:
     async def _pump(self) -> None:
         """Bring the server's subscriptions in line with the queues, in batches."""
         backoff = 0.05
+        warned_at = -LOG_INTERVAL
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -385,7 +387,12 @@ class WaiterHub:
                 backoff = 0.05
             except Exception as exc:  # any failure of this I/O is retried, never fatal
                 self._note_refusal(exc)
-                logger.warning("pub/sub subscription change failed, will retry: %s", exc)
+                # Retried every 2 s at most during an outage: warn at most every
+                # LOG_INTERVAL (the engine logs the outage and its end, see _reach).
+                level = logging.DEBUG
+                if time.monotonic() - warned_at >= LOG_INTERVAL:
+                    level, warned_at = logging.WARNING, time.monotonic()
+                logger.log(level, "pub/sub subscription change failed, will retry: %s", exc)
                 self._dirty.set()
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
