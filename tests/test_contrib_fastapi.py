@@ -211,6 +211,14 @@ async def test_redis_unreachable_or_manager_closed_gives_503(redis_url: str, pre
         assert (await client.get("/orders/1")).status_code == 503
 
 
+async def test_the_lifespan_refuses_a_dead_redis_at_startup(prefix: str) -> None:
+    """Issue 18 item 7: lock_lifespan opened a manager on a dead port without a word."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(aiolock.LockConnectionError, match="could not open"):
+        async with serve(order_app(dead, prefix)):
+            pass
+
+
 async def test_every_request_waiting_during_an_outage_gives_503(prefix: str) -> None:
     """Issue 18 item 6: of 10 requests waiting on one free lock while Redis is down, all
     get 503 (8-9 got 423 "busy": only the head of the manager's queue talked to Redis)."""
