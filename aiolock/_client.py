@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 import sys
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Sequence
@@ -97,6 +98,9 @@ def _current(pool: Any, conn: AbstractConnection) -> bool:
     return primary is not None and tuple(primary) == peer
 
 
+#: The words of a pool-exhaustion error (a waiter's timeout says which outage it was).
+POOL_EXHAUSTED = "the client's connection pool is exhausted"
+
 #: Where Redis points into a script in an error ("script: <sha>, on @user_script:12.";
 #: Valkey 9 leaves out the sha): noise for the caller, who did not write the script.
 _SCRIPT_POSITION = re.compile(r"\s*script: (?:[0-9a-f]{40}, )?on @user_script:\d+\.?")
@@ -123,9 +127,15 @@ def translate(
             f"Redis refused {what}: {text}. The ACL user needs these commands: {needed}; "
             "on keys (~prefix:*) and channels (&prefix:*) under the manager's prefix."
         )
+    if is_permanent(exc):
+        return LockBackendError(
+            f"{what} failed: the TLS certificate of Redis was refused ({text}). Retrying "
+            "cannot mend this: give the client the CA that signed the server's certificate "
+            "(ssl_ca_certs=...) and connect by the host name the certificate names."
+        )
     if isinstance(exc, rex.MaxConnectionsError) or text == "No connection available.":
         return LockConnectionError(
-            f"{what} failed: the client's connection pool is exhausted ({text}). aiolock "
+            f"{what} failed: {POOL_EXHAUSTED} ({text}). aiolock "
             "uses up to max_in_flight connections plus one for pub/sub; make the pool "
             "larger (max_connections) or share it with fewer users."
         )
@@ -165,6 +175,21 @@ def translate(
             f"used as a lock; rename the lock or delete that key (Redis said: {text})"
         )
     return LockBackendError(f"Redis answered {what} with an error: {text}")
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A connection error that no retry mends: the server's TLS certificate was refused.
+
+    redis-py raises its ConnectionError from the handshake's error (as ``__context__``),
+    so the chain is searched.
+    """
+    seen = 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 8:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
 
 
 def key_type_error(key: str, kind: object) -> LockKeyTypeError:
@@ -440,7 +465,7 @@ class Client:
         except (rex.ConnectionError, OSError) as exc:
             # TimeoutError is an OSError: a round trip out of time is not retried, nor is
             # a refused login (the next connection would be refused too).
-            if isinstance(exc, (TimeoutError, rex.AuthenticationError)):
+            if isinstance(exc, (TimeoutError, rex.AuthenticationError)) or is_permanent(exc):
                 raise
             self.connection_errors += 1
         # Whatever broke this connection (server restart, proxy or network drop) most

@@ -64,6 +64,7 @@ from ._hub import Waiter, WaiterHub
 from ._keys import LockKeys
 from ._kind import Attempt, Busy, Hold, LockKind, Released, ReleaseStatus, Successor
 from ._observe import ObserverSet, failure_reason
+from ._reach import Reachability, describe
 from ._registry import HoldRegistry
 from ._replicas import acknowledged_attempt, effective_policy
 from ._runtime import TOMBSTONE_TTL, Runtime
@@ -119,6 +120,9 @@ class Engine:
             observers=self.observers,
         )
         self.cleanup = Cleanup()
+        #: whether the latest attempt reached Redis: waiters that never talk to Redis
+        #: themselves (all but a queue's head) report an outage from it, not contention
+        self.reach = Reachability(describe(runtime.client.redis))
         #: round trips that failed on a connection error and were ridden out or retried
         self.connection_errors = 0
         #: holds released because the task that held them ended
@@ -294,7 +298,9 @@ class Engine:
                     raise LockPermissionError(hub.failure)
                 if should_try:
                     ttl = hub.yielding(channel)  # others' turn first: try when it ends
-                    if ttl <= 0:
+                    if ttl > 0:
+                        waiter.queue.answered = True  # other clients were heard waiting
+                    else:
                         try:
                             outcome = await self._attempt(
                                 kind, keys, owner, lease, permits=permits, field=field
@@ -318,6 +324,7 @@ class Engine:
                                 acquired = True
                                 return outcome
                             failure, backoff = None, MIN_BACKOFF
+                            waiter.queue.answered = True
                             ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
                             if field is not None and not claimed:
                                 claimed = True
@@ -327,9 +334,13 @@ class Engine:
                                 ttl = min(ttl, READY_WAIT)  # the confirmation wakes it
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    if failure is not None:
-                        raise failure
+                    failure = failure or self.reach.failure
+                    if failure is not None:  # an outage, whichever attempt saw it last
+                        what = f"{kind.name} {keys.name!r}"
+                        raise self.reach.unreachable_error(what, timeout, failure) from failure
                     self.timeouts[kind.name] += 1
+                    if not waiter.queue.answered:  # nobody was seen holding it
+                        raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
                     raise kind.timeout_error(keys, timeout, permits)
                 woken = await waiter.wait(
                     _shortest(remaining, ttl) if waiter.is_head else remaining
@@ -385,9 +396,13 @@ class Engine:
                 outcome = await kind.attempt(attempt)
             else:
                 outcome = await acknowledged_attempt(kind, attempt, replicas)
-        except (LockConnectionError, ReplicaAckError, asyncio.CancelledError):
+        except (LockConnectionError, ReplicaAckError, asyncio.CancelledError) as exc:
+            if isinstance(exc, LockConnectionError) and not self.hub.closed:
+                self.reach.failed(exc)  # every waiter of the manager may report it
             await self._undo(kind, attempt)  # it may have run (or too few replicas have it)
             raise
+        if self.reach.failure is not None:
+            self.reach.reached()
         if isinstance(outcome, Busy):
             return outcome
         if hold is not None:  # a re-entry

@@ -51,6 +51,7 @@ from redis.asyncio.client import PubSub
 from ._client import as_text, translate
 from ._errors import LockPermissionError
 from ._kind import Hold
+from ._reach import LOG_INTERVAL
 
 __all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
 
@@ -147,7 +148,7 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("anonymous", "channel", "confirmed", "listen", "queued", "waiters")
+    __slots__ = ("anonymous", "answered", "channel", "confirmed", "listen", "queued", "waiters")
 
     def __init__(self, channel: str, queued: bool = False, anonymous: bool = False) -> None:
         self.channel = channel
@@ -160,6 +161,9 @@ class ChannelQueue:
         self.listen = False
         #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
         self.confirmed = False
+        #: an attempt of this queue found the lock busy: a waiter whose wait runs out may
+        #: say it was held (until then, Redis has not answered the queue at all)
+        self.answered = False
 
     def wake_head(self) -> None:
         if self.queued:  # every waiter is a head: a wake of unknown target reaches all
@@ -374,6 +378,7 @@ class WaiterHub:
     async def _pump(self) -> None:
         """Bring the server's subscriptions in line with the queues, in batches."""
         backoff = 0.05
+        warned_at = -LOG_INTERVAL
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -382,7 +387,12 @@ class WaiterHub:
                 backoff = 0.05
             except Exception as exc:  # any failure of this I/O is retried, never fatal
                 self._note_refusal(exc)
-                logger.warning("pub/sub subscription change failed, will retry: %s", exc)
+                # Retried every 2 s at most during an outage: warn at most every
+                # LOG_INTERVAL (the engine logs the outage and its end, see _reach).
+                level = logging.DEBUG
+                if time.monotonic() - warned_at >= LOG_INTERVAL:
+                    level, warned_at = logging.WARNING, time.monotonic()
+                logger.log(level, "pub/sub subscription change failed, will retry: %s", exc)
                 self._dirty.set()
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

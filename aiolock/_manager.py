@@ -28,7 +28,14 @@ from ._cluster import ClusterClient, check_cluster_support, is_cluster, refuse_c
 from ._cluster_hub import ClusterHub
 from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from ._engine import Engine
-from ._errors import LockError, LockPermissionError, ManagerNotOpenError, WireFormatError
+from ._errors import (
+    LockBackendError,
+    LockConnectionError,
+    LockError,
+    LockPermissionError,
+    ManagerNotOpenError,
+    WireFormatError,
+)
 from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
@@ -36,6 +43,7 @@ from ._kinds.semaphore import check_limit
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
+from ._reach import describe
 from ._redlock import RedlockManager
 from ._replicas import (
     HandlePolicy,
@@ -71,8 +79,14 @@ _MANAGER_OPTIONS = frozenset(
         "replicas",
         "replica_timeout",
         "on_replica_shortfall",
+        "check_on_open",
     }
 )
+
+#: Seconds open()'s check of the server may take when the manager has no command_timeout
+#: (redis-py's own connect timeout is unbounded by default: a black-holed address would
+#: hang the application's startup).
+OPEN_CHECK_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +174,14 @@ class LockManager:
             ``command_timeout`` and the client's ``socket_timeout``).
         on_replica_shortfall: ``"raise"`` (undo and raise) or ``"warn"`` (keep the
             acquisition and log a warning).
+        check_on_open: whether opening the manager checks the server with one round trip
+            (``PING``, bounded by ``command_timeout``, or 10 s without one), so that a wrong
+            address, password or TLS setting fails at startup:
+            :class:`~aiolock.LockConnectionError` if Redis cannot be reached,
+            :class:`~aiolock.LockPermissionError` if it refuses the credentials,
+            :class:`~aiolock.LockBackendError` if its TLS certificate is refused. Pass
+            ``False`` for an application that may start before Redis does: its waiters
+            then retry until their timeout, and the manager logs the outage.
 
     A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
     follow failovers: see ``docs/sentinel.md``.
@@ -180,12 +202,18 @@ class LockManager:
         replicas: int | None = None,
         replica_timeout: float = 1.0,
         on_replica_shortfall: OnShortfall = "raise",
+        check_on_open: bool = True,
     ) -> None:
+        if not isinstance(check_on_open, bool):
+            raise TypeError(f"check_on_open must be True or False, not {check_on_open!r}")
+        self._check_on_open = check_on_open
         cluster = is_cluster(redis)
         if cluster:
             check_cluster_support()
         elif not isinstance(redis, Redis):
             raise TypeError(_client_type_message(redis))
+        else:
+            _check_pool(redis, max_in_flight)
         self._redis = redis
         self._owns_client = False
         self._keyspace = KeySpace(prefix, new_manager_id())
@@ -230,9 +258,9 @@ class LockManager:
         """A manager with its own client made by ``Redis.from_url(url, ...)``.
 
         The manager's own options (``prefix``, ``lease``, ``command_timeout``,
-        ``close_timeout``, ``fence_ttl``, ``max_in_flight``, ``observers``) are taken
-        from *options*;
-        the rest go to ``Redis.from_url``. The client is closed when the manager closes.
+        ``close_timeout``, ``fence_ttl``, ``max_in_flight``, ``observers``,
+        ``check_on_open``, the replica options) are taken from *options*; the rest go to
+        ``Redis.from_url``. The client is closed when the manager closes.
         With ``cluster=True`` the client is a ``RedisCluster.from_url(url, ...)`` for a
         Redis Cluster (*url* names any of its nodes; see ``docs/cluster.md``).
         """
@@ -598,7 +626,8 @@ class LockManager:
         """Open the manager without ``async with`` (a worker's or app's startup hook).
 
         Pair it with :meth:`aclose` in the shutdown hook. Opening and closing may happen
-        in different tasks. Returns the manager. A manager opens once.
+        in different tasks. Returns the manager. A manager opens once; one whose check
+        of the server failed (see ``check_on_open``) is not open and may be opened again.
         """
         return await self.__aenter__()
 
@@ -623,6 +652,10 @@ class LockManager:
                 f"this LockManager is {self._state}; a manager can be opened once; "
                 "create a new LockManager instead"
             )
+        if self._check_on_open:
+            await self._check_server()
+        if self._state != "new":  # opened by another task meanwhile
+            raise ManagerNotOpenError(f"this LockManager is {self._state}; it opens once")
         hub: WaiterHub
         if isinstance(self._client, ClusterClient):
             hub = ClusterHub(self._client, self._keyspace.manager_id)
@@ -643,6 +676,30 @@ class LockManager:
         self._supervisor.add_done_callback(self._supervisor_done)
         self._state = "open"
         return self
+
+    async def _check_server(self) -> None:
+        """One PING before anything starts: a wrong address, password or certificate fails here."""
+        limit = self._client.command_timeout or OPEN_CHECK_TIMEOUT
+        where = f"Redis at {describe(self._redis)}"
+        skip = (
+            " (an application that starts before Redis can pass check_on_open=False to "
+            "open without this check)"
+        )
+        try:
+            with anyio.fail_after(limit):
+                await self._client.call("PING")
+        except TimeoutError as exc:
+            raise LockConnectionError(
+                f"the LockManager could not open: {where} did not answer PING within "
+                f"{limit} s; check the address and that the server is up{skip}"
+            ) from exc
+        except LockConnectionError as exc:
+            raise LockConnectionError(
+                f"the LockManager could not open: {where} could not be reached: {exc}; "
+                f"check the address (host, port, TLS) and that the server is up{skip}"
+            ) from exc
+        except LockBackendError as exc:  # credentials, TLS certificate: no retry mends them
+            raise type(exc)(f"the LockManager could not open: {exc}") from exc
 
     async def _supervise(self, core: Engine) -> None:
         async with anyio.create_task_group() as tg:
@@ -766,6 +823,25 @@ def check_fence_ttl(value: object) -> float:
     if not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0:
         return 0.0
     return check_lease(value, "fence_ttl")
+
+
+def _check_pool(redis: Redis, max_in_flight: object) -> None:
+    """Refuse a connection pool too small to serve the manager at all.
+
+    The hub keeps one connection for its subscriptions for as long as a waiter listens:
+    with a pool of one, every command waited for that connection (a BlockingConnectionPool
+    blocked until its timeout: 240 acquisitions took 40 s instead of 0.03 s, 12 failing).
+    A pool of two runs at full speed (the client then keeps one connection for commands).
+    """
+    capacity = getattr(redis.connection_pool, "max_connections", None)
+    if isinstance(capacity, int) and capacity < 2:
+        raise ValueError(
+            f"the client's connection pool allows {capacity} connection(s); a LockManager "
+            "needs at least 2: one for its pub/sub subscription (which wakes waiting tasks) "
+            f"and at least one for commands (it uses up to max_in_flight={max_in_flight}, "
+            "fewer with a smaller pool). Raise the pool's max_connections to 2 or more, or "
+            "give the manager a client of its own"
+        )
 
 
 def _client_type_message(redis: object) -> str:

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.contrib.aiohttp import LOCK_MANAGER, lock_error_middleware, lock_manager_ctx
-from aiolock.testing import free_port
+from aiolock.testing import RedisServer, free_port
 
 
 @asynccontextmanager
@@ -120,9 +120,26 @@ async def test_a_lost_lock_gives_409_before_the_response(
 
 async def test_redis_unreachable_gives_503(prefix: str) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    async with serve(order_app(_url(dead, prefix))) as client:
+    # (an app that starts before Redis: open() does not check the server)
+    async with serve(order_app(_url(dead, prefix, check_on_open=False))) as client:
         response = await client.post("/orders/1/pay", params={"timeout": "0.3"})
         assert response.status == 503
+
+
+async def test_every_request_waiting_during_an_outage_gives_503(prefix: str) -> None:
+    """Issue 18 item 6: requests queued behind one free lock while Redis is down all get
+    503, not 423 (only the head of the manager's queue talks to Redis)."""
+    with RedisServer() as server:
+        async with serve(order_app(_url(server.url, prefix))) as client:
+            assert (await client.post("/orders/1/pay")).status == 200
+            server.stop()
+            responses = await asyncio.wait_for(
+                asyncio.gather(
+                    *(client.post("/orders/1/pay", params={"timeout": "2"}) for _ in range(10))
+                ),
+                30,
+            )
+            assert [r.status for r in responses] == [503] * 10
 
 
 async def test_a_key_of_ones_own_and_a_manager_given(redis_url: str, prefix: str) -> None:
@@ -143,9 +160,11 @@ def test_arguments_are_checked() -> None:
         lock_error_middleware(lost_status=302)
 
 
-def _url(redis_url: str, prefix: str) -> Any:
+def _url(redis_url: str, prefix: str, *, check_on_open: bool = True) -> Any:
     """A manager factory for *redis_url* with the test's prefix."""
-    return lambda: aiolock.LockManager.from_url(redis_url, prefix=prefix)
+    return lambda: aiolock.LockManager.from_url(
+        redis_url, prefix=prefix, check_on_open=check_on_open
+    )
 
 
 @pytest.mark.parametrize("framework", ["aiohttp", "fastapi"])

@@ -28,7 +28,7 @@ from aiolock.contrib.fastapi import (
     lock_dependency,
     lock_lifespan,
 )
-from aiolock.testing import free_port
+from aiolock.testing import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,9 +42,13 @@ async def serve(app: FastAPI, **transport: Any) -> AsyncIterator[httpx.AsyncClie
             yield client
 
 
-def order_app(redis_url: str, prefix: str, **options: Any) -> FastAPI:
+def order_app(
+    redis_url: str, prefix: str, *, check_on_open: bool = True, **options: Any
+) -> FastAPI:
     """An app whose GET /orders/{order_id} holds lock order:{order_id}."""
-    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix, lease=options.pop("lease", 30)))
+    lease = options.pop("lease", 30)
+    lifespan = lock_lifespan(redis_url, prefix=prefix, lease=lease, check_on_open=check_on_open)
+    app = FastAPI(lifespan=lifespan)
     held = Depends(lock_dependency("order:{order_id}", **options), scope="function")
     Held = Annotated[aiolock.Lock, held]
 
@@ -221,7 +225,8 @@ async def test_a_lock_lost_while_the_endpoint_waits_cancels_it_and_gives_409(
 
 async def test_redis_unreachable_or_manager_closed_gives_503(redis_url: str, prefix: str) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    app = order_app(dead, prefix, timeout=0.3)
+    # (an app that starts before Redis: open() does not check the server)
+    app = order_app(dead, prefix, check_on_open=False, timeout=0.3)
     async with serve(app) as client:
         response = await client.get("/orders/1")
         assert response.status_code == 503, response.text
@@ -230,6 +235,28 @@ async def test_redis_unreachable_or_manager_closed_gives_503(redis_url: str, pre
         manager = app.state.aiolock
         await manager.aclose()
         assert (await client.get("/orders/1")).status_code == 503
+
+
+async def test_the_lifespan_refuses_a_dead_redis_at_startup(prefix: str) -> None:
+    """Issue 18 item 7: lock_lifespan opened a manager on a dead port without a word."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    with pytest.raises(aiolock.LockConnectionError, match="could not open"):
+        async with serve(order_app(dead, prefix)):
+            pass
+
+
+async def test_every_request_waiting_during_an_outage_gives_503(prefix: str) -> None:
+    """Issue 18 item 6: of 10 requests waiting on one free lock while Redis is down, all
+    get 503 (8-9 got 423 "busy": only the head of the manager's queue talked to Redis)."""
+    with RedisServer() as server:
+        app = order_app(server.url, prefix, timeout=2)
+        async with serve(app) as client:
+            assert (await client.get("/orders/1")).status_code == 200
+            server.stop()
+            responses = await asyncio.wait_for(
+                asyncio.gather(*(client.get("/orders/1") for _ in range(10))), 30
+            )
+    assert [r.status_code for r in responses] == [503] * 10, [r.text for r in responses]
 
 
 async def test_the_default_dependency_scope_is_refused(redis_url: str, prefix: str) -> None:

@@ -48,7 +48,7 @@ async def test_ping_says_the_manager_is_not_open(redis_url: str) -> None:
 
 async def test_ping_says_redis_cannot_be_reached() -> None:
     url = f"redis://127.0.0.1:{_closed_port()}/0"
-    async with aiolock.LockManager.from_url(url, command_timeout=2) as manager:
+    async with aiolock.LockManager.from_url(url, command_timeout=2, check_on_open=False) as manager:
         with pytest.raises(aiolock.LockConnectionError, match=r"127\.0\.0\.1"):
             await manager.ping()
 
@@ -56,6 +56,6 @@ async def test_ping_says_redis_cannot_be_reached() -> None:
 async def test_ping_says_the_credentials_are_wrong() -> None:
     with RedisServer(extra_args=["--requirepass", "s3cret"], password="s3cret") as server:
         url = server.url.replace("redis://", "redis://:wrong@")
-        async with aiolock.LockManager.from_url(url) as manager:
+        async with aiolock.LockManager.from_url(url, check_on_open=False) as manager:
             with pytest.raises(aiolock.LockPermissionError):
                 await manager.ping()

@@ -348,6 +348,9 @@ async def _worker(
                 prefix=f"{run}-locks",
                 lease=config.lease,
                 command_timeout=config.command_timeout,
+                # the faults may already cut the link while the worker starts: its
+                # acquisitions, not its startup, are what the checker judges
+                check_on_open=False,
             ) as locks:
                 elapsed = await contend(locks)
                 manager = dataclasses.asdict(locks.statistics())
