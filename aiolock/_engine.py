@@ -457,7 +457,11 @@ class Engine:
         def retry_later() -> None:
             self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
 
-        await finish_despite_cancel(lambda: send_or(send, retry_later))
+        self.cleanup.begin()  # closing waits for it (see release())
+        try:
+            await finish_despite_cancel(lambda: send_or(send, retry_later))
+        finally:
+            self.cleanup.end()
 
     # -- kinds with claims: registrations of waiting tasks -----------------------------
 
@@ -520,6 +524,16 @@ class Engine:
 
     async def release(self, hold: Hold) -> None:
         """Release one hold; the last one frees the lock or hands it to the next local waiter."""
+        # Closing waits for the releases in progress (Cleanup.drain): a holder cancelled
+        # at a graceful shutdown may still be sending its release, or passing on a
+        # hand-over to a waiter that gave up, when the manager closes.
+        self.cleanup.begin()
+        try:
+            await self._release(hold)
+        finally:
+            self.cleanup.end()
+
+    async def _release(self, hold: Hold) -> None:
         if hold.count > 1:
             await self._release_nested(hold)
             return
@@ -694,6 +708,7 @@ class Engine:
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
         hold.count = 1
+        self.cleanup.begin()  # closing waits for it (see release())
         try:
             if pass_on:
                 await self.release(hold)
@@ -703,6 +718,8 @@ class Engine:
         except LockError as exc:
             hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
             logger.warning("could not release lock %r: %s", hold.keys.name, exc)
+        finally:
+            self.cleanup.end()
 
     # -- extend, force release, shutdown -------------------------------------------------
 
@@ -726,7 +743,8 @@ class Engine:
         return held
 
     async def shutdown(self) -> None:
-        """Release every hold (all counts at once) and fail the bodies still using them."""
+        """Release every hold (all counts at once) and fail the bodies still using them;
+        then wait for the releases other tasks are sending (see :meth:`Cleanup.drain`)."""
         holds = list(self.registry)
         for hold in holds:
             self.registry.lose(hold, "the LockManager was closed")
@@ -739,6 +757,7 @@ class Engine:
         async with anyio.create_task_group() as tg:
             for hold in holds:
                 tg.start_soon(release, hold)
+        await self.cleanup.drain()
 
     def manager_closed(self) -> ManagerNotOpenError:
         return ManagerNotOpenError(
