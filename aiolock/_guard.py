@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._kind import Hold
 
-__all__ = ["BodyGuard", "ManagerLike"]
+__all__ = ["Body", "BodyGuard", "ManagerLike"]
 
 logger = logging.getLogger("aiolock")
 
@@ -40,6 +42,60 @@ class ManagerLike(Protocol):
     def _owner(self) -> str: ...
 
 
+#: Tasks that a Body has cancelled natively and whose block has not exited yet: one such
+#: cancellation per task at a time (nested blocks lost together need only one).
+_NATIVELY_CANCELLED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+class Body:
+    """One ``async with`` block: its cancel scope, and its task, cancelled when a hold is lost.
+
+    anyio's scope alone is not enough after a blocked event loop. When the loop runs
+    again, the body's awaited future (a sleep, a reply) is often already done in the
+    same iteration in which the deadline timer finds the lease over; anyio then defers
+    the cancellation to the body's next await, so the body runs one more step, after
+    the lease has ended (issue 23: a write 2 s after another process took the lock).
+    A native ``Task.cancel()`` replaces that result with a CancelledError, so the step
+    the loop resumes into is the cancellation. :meth:`BodyGuard.exit` takes it back.
+    """
+
+    __slots__ = ("cancelling_at_enter", "natively", "scope", "task")
+
+    def __init__(self, scope: anyio.CancelScope, task: asyncio.Task[Any]) -> None:
+        self.scope = scope
+        self.task = task
+        #: the task's cancel requests when the block was entered (3.11+): more at its
+        #: exit, beyond our own, means a cancellation from outside
+        self.cancelling_at_enter = 0
+        if sys.version_info >= (3, 11):
+            self.cancelling_at_enter = task.cancelling()
+        self.natively = False
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+        task = self.task
+        # The task's own call (a failed extend, say) reaches its next await anyway.
+        if task is asyncio.current_task() or task.done() or task in _NATIVELY_CANCELLED:
+            return
+        _NATIVELY_CANCELLED.add(task)
+        self.natively = True
+        task.cancel("aiolock: a lock held by this 'async with' was lost")
+
+    def settle(self, exc: BaseException | None) -> bool:
+        """At exit: take back our native cancellation; whether *exc* was it."""
+        if not self.natively:
+            return False
+        _NATIVELY_CANCELLED.discard(self.task)
+        if not isinstance(exc, asyncio.CancelledError):
+            if sys.version_info >= (3, 11):
+                self.task.uncancel()
+            return False
+        if sys.version_info >= (3, 11):
+            # Ours unless another cancellation is pending (then that one goes on).
+            return self.task.uncancel() <= self.cancelling_at_enter
+        return True  # 3.10 cannot tell: a lost lock is the likelier cause
+
+
 class BodyGuard:
     """Cancels ``async with`` bodies whose holds are lost, and releases them on exit.
 
@@ -51,18 +107,17 @@ class BodyGuard:
 
     def __init__(self) -> None:
         # Per task, the holds and cancel scope of each ``async with`` block it is in.
-        self._entered: dict[
-            asyncio.Task[Any], list[tuple[tuple[Hold, ...], anyio.CancelScope]]
-        ] = {}
+        self._entered: dict[asyncio.Task[Any], list[tuple[tuple[Hold, ...], Body]]] = {}
 
     def enter(self, *holds: Hold) -> None:
         scope = anyio.CancelScope()
         scope.__enter__()
-        for hold in holds:
-            hold.scopes.append(scope)
         task = asyncio.current_task()
         assert task is not None  # the acquire that made the holds checked
-        self._entered.setdefault(task, []).append((holds, scope))
+        body = Body(scope, task)
+        for hold in holds:
+            hold.scopes.append(body)
+        self._entered.setdefault(task, []).append((holds, body))
 
     async def exit(
         self,
@@ -77,13 +132,14 @@ class BodyGuard:
         stack = self._entered.get(task) if task is not None else None
         if not stack:
             raise RuntimeError(f"{handle!r} exited in a task that did not enter it")
-        holds, scope = stack.pop()
+        holds, body = stack.pop()
         if not stack:
             del self._entered[task]  # type: ignore[arg-type]
         for hold in holds:
-            if scope in hold.scopes:
-                hold.scopes.remove(scope)
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+            if body in hold.scopes:
+                hold.scopes.remove(body)
+        ours = body.settle(exc)  # before the scope's exit, which counts cancellations
+        swallowed = bool(body.scope.__exit__(exc_type, exc, tb)) or ours
         cancelled_from_outside = (
             exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
         )
