@@ -209,10 +209,15 @@ class Engine:
         lease: float | None,
         permits: int,
     ) -> Coroutine[Any, Any, Hold]:
+        if self.hub.closed:  # stopping (LockManager.stop_acquiring) or closing
+            return self._refuse()
         if timeout == 0:  # one attempt, queue or no queue, and no claim to withdraw
             return self._attempt_once(kind, keys, owner, lease, timeout, permits)
         deadline = None if timeout is None else time.monotonic() + timeout
         return self._wait(kind, keys, owner, lease, deadline, timeout, permits)
+
+    async def _refuse(self) -> Hold:
+        raise self.manager_closed()
 
     async def _attempt_once(
         self,
@@ -761,8 +766,8 @@ class Engine:
 
     def manager_closed(self) -> ManagerNotOpenError:
         return ManagerNotOpenError(
-            "the LockManager was closed while this task waited for a lock; "
-            "open a new LockManager to keep using locks"
+            "the LockManager is closing (or stopped acquiring) and hands out no more "
+            "locks; waiting tasks gave up. Open a new LockManager to keep using locks"
         )
 
 

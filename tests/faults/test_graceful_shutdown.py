@@ -59,7 +59,7 @@ async def test_cancelled_holders_and_waiters_then_an_immediate_close_leave_no_lo
     turns the first off (a waiter cancelled just after it was chosen looks the same), so
     that the second is tested on its own."""
     if hand_over_to_cancelled:
-        monkeypatch.setattr(Waiter, "cancelling", property(lambda self: False))
+        monkeypatch.setattr(Waiter, "cancelling", property(lambda self: False), raising=False)
     fault_proxy.set_latency(0.001)
     for run in range(3):
         prefix = f"t-{uuid.uuid4().hex[:12]}"
@@ -106,15 +106,36 @@ async def test_aiohttp_graceful_shutdown_leaves_no_lock(
     """A real aiohttp app (AppRunner + TCPSite, lock_manager_ctx) with holders and waiters
     on 10 names is stopped with ``runner.cleanup()``: aiohttp waits ``shutdown_timeout``,
     cancels the handlers, then runs the cleanup_ctx that closes the manager."""
+    fault_proxy.set_latency(0.001)
+    left, _ = await _serve_and_stop(fault_proxy.url, direct)
+    assert left == [], f"{len(left)} of {NAMES} locks left held after the shutdown: {left}"
+
+
+async def test_aiohttp_graceful_shutdown_answers_waiting_requests_with_503(
+    fault_proxy: FaultProxy, direct: Redis
+) -> None:
+    """The documented status: requests waiting for a lock when the server stops get 503
+    (lock_manager_ctx stops the manager acquiring in on_shutdown, before aiohttp cancels
+    the handlers); they used to be cancelled, their connections dropped. The holders,
+    cancelled after shutdown_timeout, have their connections closed (aiohttp's doing)."""
+    left, statuses = await _serve_and_stop(fault_proxy.url, direct)
+    waiting = NAMES * (PER_NAME - 1)
+    assert statuses.count(503) == waiting, statuses
+    assert len(statuses) == NAMES * PER_NAME and left == []
+
+
+async def _serve_and_stop(redis_url: str, direct: Redis) -> tuple[list[bytes], list[int | str]]:
+    """Serve an app whose requests hold a lock until cancelled (PER_NAME per name), stop
+    it gracefully once every name is held; the locks left held and each request's status
+    (or the exception its client saw)."""
     pytest.importorskip("aiohttp")
     from aiohttp import ClientSession, ClientTimeout, web
 
     from aiolock.contrib.aiohttp import LOCK_MANAGER, lock_error_middleware, lock_manager_ctx
 
-    fault_proxy.set_latency(0.001)
     prefix = f"t-{uuid.uuid4().hex[:12]}"
     app = web.Application(middlewares=[lock_error_middleware()])
-    app.cleanup_ctx.append(lock_manager_ctx(fault_proxy.url, prefix=prefix, lease=LEASE))
+    app.cleanup_ctx.append(lock_manager_ctx(redis_url, prefix=prefix, lease=LEASE))
 
     async def hold(request: web.Request) -> web.Response:
         async with request.app[LOCK_MANAGER].lock(request.match_info["name"]):
@@ -154,4 +175,4 @@ async def test_aiohttp_graceful_shutdown_leaves_no_lock(
         left = await _held_locks(direct, prefix)
         await asyncio.wait_for(asyncio.gather(*calls), 30)
     assert not manager.is_open
-    assert left == [], f"{len(left)} of {NAMES} locks left held after the shutdown: {left}"
+    return left, statuses
