@@ -45,6 +45,7 @@ class ManagerLike(Protocol):
 #: Tasks that a Body has cancelled natively and whose block has not exited yet: one such
 #: cancellation per task at a time (nested blocks lost together need only one).
 _NATIVELY_CANCELLED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+_LOST = "aiolock: a lock held by this 'async with' was lost"
 
 
 class Body:
@@ -77,9 +78,11 @@ class Body:
         # The task's own call (a failed extend, say) reaches its next await anyway.
         if task is asyncio.current_task() or task.done() or task in _NATIVELY_CANCELLED:
             return
+        if sys.version_info < (3, 11) and getattr(task, "_must_cancel", False):
+            return  # 3.10: a cancellation already pending would get our message (below)
         _NATIVELY_CANCELLED.add(task)
         self.natively = True
-        task.cancel("aiolock: a lock held by this 'async with' was lost")
+        task.cancel(_LOST)
 
     def settle(self, exc: BaseException | None) -> bool:
         """At exit: take back our native cancellation; whether *exc* was it."""
@@ -93,7 +96,8 @@ class Body:
         if sys.version_info >= (3, 11):
             # Ours unless another cancellation is pending (then that one goes on).
             return self.task.uncancel() <= self.cancelling_at_enter
-        return True  # 3.10 cannot tell: a lost lock is the likelier cause
+        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it).
+        return bool(exc.args) and exc.args[0] == _LOST
 
 
 class BodyGuard:
@@ -138,8 +142,9 @@ class BodyGuard:
         for hold in holds:
             if body in hold.scopes:
                 hold.scopes.remove(body)
-        ours = body.settle(exc)  # before the scope's exit, which counts cancellations
-        swallowed = bool(body.scope.__exit__(exc_type, exc, tb)) or ours
+        swallowed = bool(body.scope.__exit__(exc_type, exc, tb))
+        # After the scope's exit, which takes back anyio's own cancellations first.
+        swallowed = body.settle(exc) or swallowed
         cancelled_from_outside = (
             exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
         )
