@@ -140,7 +140,7 @@ class Cleanup:
     async def run_once(self) -> int:
         """Try every job once; return how many are still pending."""
         jobs, self._jobs = self._jobs, []
-        self._trying = len(jobs)
+        self._trying += len(jobs)  # (drain() may run one alongside the loop's)
         for job in jobs:
             try:
                 await job.action()

@@ -115,7 +115,9 @@ class Waiter:
         (every Python); on 3.11+ ``Task.cancelling()`` also tells a task cancelled while
         it runs an attempt. A hand-over to such a task would land after it left, and the
         lock would then have to be passed on by one more round trip: at a graceful
-        shutdown, after the manager had closed.
+        shutdown, after the manager had closed. (A task that swallowed a cancellation
+        without ``uncancel()`` counts as cancelling: it loses only the hand-over's fast
+        path, and takes the freed lock by its own attempt.)
         """
         future = self._future
         if future is not None and future.cancelled():
