@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock._hub import Waiter
@@ -95,6 +97,36 @@ async def _hold_and_wait(manager: aiolock.LockManager) -> list[asyncio.Task[None
         what=f"{NAMES} holders and {waiting} waiters",
     )
     return tasks
+
+
+async def test_closing_sends_a_release_queued_for_a_background_retry(
+    fault_proxy: FaultProxy, direct: Redis
+) -> None:
+    """A release that could not reach Redis is parked and queued for a background retry.
+    Redis comes back and the manager closes at once: closing tries the queued release
+    once more (it used to stop the retrier first, and the lock stayed for its lease)."""
+    prefix = f"t-{uuid.uuid4().hex[:12]}"
+    client = Redis.from_url(fault_proxy.url, retry=Retry(NoBackoff(), 0))
+    try:
+        manager = aiolock.LockManager(client, prefix=prefix, lease=LEASE, command_timeout=0.3)
+        await manager.open()
+        try:
+            async with manager.lock("warm-up"):  # connect and load the scripts first
+                pass
+            lock = manager.lock("queued")
+            await lock.acquire()
+            fault_proxy.blackhole()
+            with pytest.raises(aiolock.LockConnectionError):
+                await lock.release()
+            assert manager.statistics().pending_cleanups == 1
+            fault_proxy.restore()
+        finally:
+            await manager.aclose()
+        left = await _held_locks(direct, prefix)
+    finally:
+        fault_proxy.restore()
+        await client.aclose()
+    assert left == [], f"locks left held after the close: {left}"
 
 
 # -- aiohttp ------------------------------------------------------------------------------
