@@ -82,8 +82,38 @@ class Cleanup:
         self._jobs: list[_Job] = []
         self._event = asyncio.Event()
         self._trying = 0
+        #: releases and undos being sent right now, by the tasks that started them
+        self._sending = 0
+        #: set whenever a send or a try ends, for drain()
+        self._quieter = asyncio.Event()
         self.done = 0
         self.abandoned = 0
+
+    def begin(self) -> None:
+        """A release or undo is being sent: closing waits for it (pair with :meth:`end`)."""
+        self._sending += 1
+
+    def end(self) -> None:
+        self._sending -= 1
+        self._quieter.set()
+
+    async def drain(self) -> None:
+        """Closing: wait for the sends in progress, then try each queued job once more.
+
+        A task cancelled at a graceful shutdown may still be sending its release (or the
+        hand-over it set off may still have to be passed on) when the manager closes;
+        stopping before it is sent would leave the lock held for a whole lease. Bounded
+        by the caller (``close_timeout``); each send bounds itself too.
+        """
+        await self._quiet()
+        if self._jobs:
+            await self.run_once()
+        await self._quiet()
+
+    async def _quiet(self) -> None:
+        while self._sending or self._trying:
+            self._quieter.clear()
+            await self._quieter.wait()
 
     @property
     def pending(self) -> int:
@@ -110,7 +140,7 @@ class Cleanup:
     async def run_once(self) -> int:
         """Try every job once; return how many are still pending."""
         jobs, self._jobs = self._jobs, []
-        self._trying = len(jobs)
+        self._trying += len(jobs)  # (drain() may run one alongside the loop's)
         for job in jobs:
             try:
                 await job.action()
@@ -123,4 +153,5 @@ class Cleanup:
                     self._jobs.append(job)
             finally:
                 self._trying -= 1
+                self._quieter.set()
         return len(self._jobs)

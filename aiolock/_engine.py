@@ -213,10 +213,15 @@ class Engine:
         lease: float | None,
         permits: int,
     ) -> Coroutine[Any, Any, Hold]:
+        if self.hub.closed:  # stopping (LockManager.stop_acquiring) or closing
+            return self._refuse()
         if timeout == 0:  # one attempt, queue or no queue, and no claim to withdraw
             return self._attempt_once(kind, keys, owner, lease, timeout, permits)
         deadline = None if timeout is None else time.monotonic() + timeout
         return self._wait(kind, keys, owner, lease, deadline, timeout, permits)
+
+    async def _refuse(self) -> Hold:
+        raise self.manager_closed()
 
     async def _attempt_once(
         self,
@@ -499,7 +504,11 @@ class Engine:
         def retry_later() -> None:
             self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
 
-        await finish_despite_cancel(lambda: send_or(send, retry_later))
+        self.cleanup.begin()  # closing waits for it (see release())
+        try:
+            await finish_despite_cancel(lambda: send_or(send, retry_later))
+        finally:
+            self.cleanup.end()
 
     # -- kinds with claims: registrations of waiting tasks -----------------------------
 
@@ -565,6 +574,16 @@ class Engine:
 
     async def release(self, hold: Hold) -> None:
         """Release one hold; the last one frees the lock or hands it to the next local waiter."""
+        # Closing waits for the releases in progress (Cleanup.drain): a holder cancelled
+        # at a graceful shutdown may still be sending its release, or passing on a
+        # hand-over to a waiter that gave up, when the manager closes.
+        self.cleanup.begin()
+        try:
+            await self._release(hold)
+        finally:
+            self.cleanup.end()
+
+    async def _release(self, hold: Hold) -> None:
         if hold.count > 1:
             await self._release_nested(hold)
             return
@@ -741,6 +760,7 @@ class Engine:
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
         hold.count = 1
+        self.cleanup.begin()  # closing waits for it (see release())
         try:
             if pass_on:
                 await self.release(hold)
@@ -750,6 +770,8 @@ class Engine:
         except LockError as exc:
             hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
             logger.warning("could not release lock %r: %s", hold.keys.name, exc)
+        finally:
+            self.cleanup.end()
 
     # -- extend, force release, shutdown -------------------------------------------------
 
@@ -773,7 +795,8 @@ class Engine:
         return held
 
     async def shutdown(self) -> None:
-        """Release every hold (all counts at once) and fail the bodies still using them."""
+        """Release every hold (all counts at once) and fail the bodies still using them;
+        then wait for the releases other tasks are sending (see :meth:`Cleanup.drain`)."""
         holds = list(self.registry)
         for hold in holds:
             self.registry.lose(hold, "the LockManager was closed")
@@ -786,11 +809,12 @@ class Engine:
         async with anyio.create_task_group() as tg:
             for hold in holds:
                 tg.start_soon(release, hold)
+        await self.cleanup.drain()
 
     def manager_closed(self) -> ManagerNotOpenError:
         return ManagerNotOpenError(
-            "the LockManager was closed while this task waited for a lock; "
-            "open a new LockManager to keep using locks"
+            "the LockManager is closing (or stopped acquiring) and hands out no more "
+            "locks; waiting tasks gave up. Open a new LockManager to keep using locks"
         )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._kind import Hold
 
-__all__ = ["BodyGuard", "ManagerLike", "forget_lost"]
+__all__ = ["Body", "BodyGuard", "ManagerLike", "forget_lost"]
 
 logger = logging.getLogger("aiolock")
 
@@ -40,6 +42,64 @@ class ManagerLike(Protocol):
     def _owner(self) -> str: ...
 
 
+#: Tasks that a Body has cancelled natively and whose block has not exited yet: one such
+#: cancellation per task at a time (nested blocks lost together need only one).
+_NATIVELY_CANCELLED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+_LOST = "aiolock: a lock held by this 'async with' was lost"
+
+
+class Body:
+    """One ``async with`` block: its cancel scope, and its task, cancelled when a hold is lost.
+
+    anyio's scope alone is not enough after a blocked event loop. When the loop runs
+    again, the body's awaited future (a sleep, a reply) is often already done in the
+    same iteration in which the deadline timer finds the lease over; anyio then defers
+    the cancellation to the body's next await, so the body runs one more step, after
+    the lease has ended (issue 23: a write 2 s after another process took the lock).
+    A native ``Task.cancel()`` replaces that result with a CancelledError, so the step
+    the loop resumes into is the cancellation. :meth:`BodyGuard.exit` takes it back.
+    """
+
+    __slots__ = ("cancelling_at_enter", "natively", "scope", "task")
+
+    def __init__(self, scope: anyio.CancelScope, task: asyncio.Task[Any]) -> None:
+        self.scope = scope
+        self.task = task
+        #: the task's cancel requests when the block was entered (3.11+): more at its
+        #: exit, beyond our own, means a cancellation from outside
+        self.cancelling_at_enter = 0
+        if sys.version_info >= (3, 11):
+            self.cancelling_at_enter = task.cancelling()
+        self.natively = False
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+        task = self.task
+        # The task's own call (a failed extend, say) reaches its next await anyway.
+        if task is asyncio.current_task() or task.done() or task in _NATIVELY_CANCELLED:
+            return
+        if sys.version_info < (3, 11) and getattr(task, "_must_cancel", False):
+            return  # 3.10: a cancellation already pending would get our message (below)
+        _NATIVELY_CANCELLED.add(task)
+        self.natively = True
+        task.cancel(_LOST)
+
+    def settle(self, exc: BaseException | None) -> bool:
+        """At exit: take back our native cancellation; whether *exc* was it."""
+        if not self.natively:
+            return False
+        _NATIVELY_CANCELLED.discard(self.task)
+        if not isinstance(exc, asyncio.CancelledError):
+            if sys.version_info >= (3, 11):
+                self.task.uncancel()
+            return False
+        if sys.version_info >= (3, 11):
+            # Ours unless another cancellation is pending (then that one goes on).
+            return self.task.uncancel() <= self.cancelling_at_enter
+        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it).
+        return bool(exc.args) and exc.args[0] == _LOST
+
+
 class BodyGuard:
     """Cancels ``async with`` bodies whose holds are lost, and releases them on exit.
 
@@ -51,9 +111,7 @@ class BodyGuard:
 
     def __init__(self) -> None:
         # Per task, the holds and cancel scope of each ``async with`` block it is in.
-        self._entered: dict[
-            asyncio.Task[Any], list[tuple[tuple[Hold, ...], anyio.CancelScope]]
-        ] = {}
+        self._entered: dict[asyncio.Task[Any], list[tuple[tuple[Hold, ...], Body]]] = {}
 
     def enter(self, engine: Engine, *holds: Hold) -> bool:
         """Guard a body with *holds*, which the current task has just acquired.
@@ -69,11 +127,12 @@ class BodyGuard:
                 return False
         scope = anyio.CancelScope()
         scope.__enter__()
-        for hold in holds:
-            hold.scopes.append(scope)
         task = asyncio.current_task()
         assert task is not None  # the acquire that made the holds checked
-        self._entered.setdefault(task, []).append((holds, scope))
+        body = Body(scope, task)
+        for hold in holds:
+            hold.scopes.append(body)
+        self._entered.setdefault(task, []).append((holds, body))
         return True
 
     async def refuse(self, engine: Engine, *holds: Hold) -> NoReturn:
@@ -106,13 +165,15 @@ class BodyGuard:
         stack = self._entered.get(task) if task is not None else None
         if not stack:
             raise RuntimeError(f"{handle!r} exited in a task that did not enter it")
-        holds, scope = stack.pop()
+        holds, body = stack.pop()
         if not stack:
             del self._entered[task]  # type: ignore[arg-type]
         for hold in holds:
-            if scope in hold.scopes:
-                hold.scopes.remove(scope)
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+            if body in hold.scopes:
+                hold.scopes.remove(body)
+        swallowed = bool(body.scope.__exit__(exc_type, exc, tb))
+        # After the scope's exit, which takes back anyio's own cancellations first.
+        swallowed = body.settle(exc) or swallowed
         cancelled_from_outside = (
             exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
         )

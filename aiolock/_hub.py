@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ class Waiter:
         "pending",
         "queue",
         "reserved",
+        "task",
     )
 
     def __init__(
@@ -98,11 +100,32 @@ class Waiter:
         self.left = False
         #: its grants must be acknowledged by replicas (replicas=): never handed over
         self.acknowledged = False
+        #: the waiting task (it joins the queue itself)
+        self.task = asyncio.current_task()
 
     def give(self, hold: Hold) -> None:
         self.reserved = False
         self.handed = hold
         self.wake()
+
+    @property
+    def cancelling(self) -> bool:
+        """Whether the waiting task is being cancelled (it will give up, not take a lock).
+
+        A task cancelled while it sleeps in :meth:`wait` has its future cancelled at once
+        (every Python); on 3.11+ ``Task.cancelling()`` also tells a task cancelled while
+        it runs an attempt. A hand-over to such a task would land after it left, and the
+        lock would then have to be passed on by one more round trip: at a graceful
+        shutdown, after the manager had closed. (A task that swallowed a cancellation
+        without ``uncancel()`` counts as cancelling: it loses only the hand-over's fast
+        path, and takes the freed lock by its own attempt.)
+        """
+        future = self._future
+        if future is not None and future.cancelled():
+            return True
+        if sys.version_info >= (3, 11) and self.task is not None:
+            return self.task.cancelling() > 0
+        return False
 
     @property
     def is_head(self) -> bool:
@@ -329,7 +352,11 @@ class WaiterHub:
         if queue is None or self.closed or not queue.waiters or queue.queued:
             return None
         head = queue.waiters[0]  # first come, first served: only the head
-        return head if not head.reserved and head.handed is None else None
+        # A head being cancelled is about to leave (and to wake the next in line): the
+        # lock is freed for it rather than handed to a task that will not take it.
+        if head.reserved or head.handed is not None or head.cancelling:
+            return None
+        return head
 
     def listening(self, channel: str) -> bool:
         """Whether the server may count this manager among *channel*'s subscribers."""

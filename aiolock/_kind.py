@@ -45,8 +45,6 @@ from ._keys import ms
 from ._reply import as_int
 
 if TYPE_CHECKING:
-    from anyio import CancelScope
-
     from ._keys import LockKeys
     from ._scripts import Script
 
@@ -64,6 +62,12 @@ __all__ = [
     "decode_attempt",
     "decode_release",
 ]
+
+
+class Cancellable(Protocol):
+    """What a loss cancels: an ``async with`` body (aiolock._guard.Body)."""
+
+    def cancel(self) -> None: ...
 
 
 class Hold:
@@ -132,8 +136,8 @@ class Hold:
         self.timer: asyncio.TimerHandle | None = None
         self.lost = False
         self.lost_reason = ""
-        #: cancel scopes of the ``async with`` bodies running under this hold
-        self.scopes: list[CancelScope] = []
+        #: the ``async with`` bodies running under this hold (see aiolock._guard)
+        self.scopes: list[Cancellable] = []
         #: the id of a final release sent but not confirmed (reused when it is sent
         #: again), and when it was first sent: Redis remembers it for a while only
         self.release_id: str | None = None

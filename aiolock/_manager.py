@@ -725,6 +725,19 @@ class LockManager:
         if self._engine is not None:
             self._engine.hub.close()
 
+    def stop_acquiring(self) -> None:
+        """Begin a graceful stop: no task of this manager gets a lock any more.
+
+        Waiting tasks, and every new acquisition, fail at once with
+        :class:`ManagerNotOpenError` (a 503 in the web helpers); tasks that hold locks keep
+        them until they release them or :meth:`aclose` runs, so their work can finish.
+        Call it when the service stops taking requests, before the server cancels the
+        handlers: aiohttp's ``on_shutdown`` (:func:`aiolock.contrib.aiohttp.lock_manager_ctx`
+        does it). Idempotent; a no-op unless the manager is open.
+        """
+        if self._state == "open" and self._engine is not None:
+            self._engine.hub.close()
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,

@@ -206,3 +206,50 @@ async def test_the_body_guard_refuses_a_lost_hold_and_gives_back_the_rest(
     assert not await kept.locked()
     with pytest.raises(aiolock.LockNotOwnedError, match="not held"):
         await gone.release()  # reported once, by refuse()
+
+
+# -- issue 23, item 3: the step a blocked loop resumes into ---------------------------------
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed lease", "renewed lease"])
+async def test_a_body_does_not_run_a_step_after_a_lease_lost_on_a_blocked_loop(
+    redis: Redis, prefix: str, fixed: bool
+) -> None:
+    """The loop is blocked past the lease while the body awaits a short sleep. When the
+    loop runs again, the sleep is over and the deadline has passed in the same iteration;
+    anyio deferred its cancellation to the body's next await, so the body wrote once
+    more, after the lease had ended. No write may land after the deadline."""
+    lease = 1.0
+    async with aiolock.LockManager(redis, prefix=prefix, lease=lease) as locks:
+        writes: list[float] = []
+        with pytest.raises(aiolock.LockLostError):
+            async with locks.lock("blocked", lease=lease if fixed else None):
+                deadline = time.monotonic() + lease  # later than the hold's own
+                asyncio.get_running_loop().call_later(0.01, time.sleep, lease + 0.5)
+                for _ in range(3):
+                    await asyncio.sleep(0.05)
+                    writes.append(time.monotonic())
+        late = [round(t - deadline, 3) for t in writes if t > deadline]
+        assert late == [], f"the body wrote {late} s after the lease had ended"
+
+
+async def test_an_outside_cancellation_with_the_loss_still_propagates(
+    redis: Redis, prefix: str
+) -> None:
+    """The task is also cancelled from outside in the iteration the loop resumes into:
+    that cancellation must propagate (not turn into LockLostError and be lost)."""
+    lease = 1.0
+    async with aiolock.LockManager(redis, prefix=prefix, lease=lease) as locks:
+
+        async def body() -> None:
+            async with locks.lock("blocked-and-cancelled", lease=lease):
+                loop = asyncio.get_running_loop()
+                loop.call_later(lease + 0.1, task.cancel)  # due when the loop resumes
+                loop.call_later(0.01, time.sleep, lease + 0.5)
+                await asyncio.sleep(0.05)
+                raise AssertionError("the body ran on after the loss")
+
+        task = asyncio.create_task(body())
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled()

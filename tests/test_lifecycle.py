@@ -6,6 +6,7 @@ import asyncio
 import socket
 
 import pytest
+from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
@@ -59,3 +60,28 @@ async def test_ping_says_the_credentials_are_wrong() -> None:
         async with aiolock.LockManager.from_url(url, check_on_open=False) as manager:
             with pytest.raises(aiolock.LockPermissionError):
                 await manager.ping()
+
+
+async def test_stop_acquiring_fails_waiters_and_new_acquires_while_holders_finish(
+    redis: Redis, prefix: str
+) -> None:
+    """Issue 23: a graceful stop (aiohttp's on_shutdown) makes waiting tasks and new
+    acquisitions fail with ManagerNotOpenError (a 503 in the web helpers) while a holder
+    keeps its lock, and its release still works, until the manager closes."""
+    async with aiolock.LockManager(redis, prefix=prefix) as locks:
+        held = locks.lock("stopping")
+        await held.acquire()
+        waiter = asyncio.create_task(locks.lock("stopping").acquire())
+        for _ in range(500):  # bounded: the waiter queues within a few loop steps
+            if locks.statistics().hub.waiters == 1:
+                break
+            await asyncio.sleep(0.01)
+        locks.stop_acquiring()
+        with pytest.raises(aiolock.ManagerNotOpenError):
+            await asyncio.wait_for(waiter, 10)
+        for timeout in (0, 5):
+            with pytest.raises(aiolock.ManagerNotOpenError, match="hands out no more locks"):
+                await locks.lock("another").acquire(timeout=timeout)
+        assert locks.is_open and await held.owned()
+        await held.release()
+        assert not await held.locked()

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -181,3 +182,45 @@ async def test_no_handoff_starves_a_waiter_of_another_process(redis_url: str, pr
         assert waited < 1.0  # woken by a message: hand-overs stop once it listens too
         await busy.redis.aclose()
         await other.redis.aclose()
+
+
+@pytest.mark.parametrize("asleep", [True, False], ids=["waiting", "trying"])
+async def test_a_release_does_not_hand_the_lock_to_a_waiter_being_cancelled(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch, asleep: bool
+) -> None:
+    """Issue 23: the waiter's task is cancelled in the loop step in which the holder
+    releases. A hand-over to it would land after it left and cost one more release to
+    pass the lock on (at a graceful shutdown, after the manager had closed): the release
+    frees the lock instead. *asleep*: the waiter sleeps for its turn (its future is
+    cancelled at once) or is about to try (only Task.cancelling() tells, 3.11+)."""
+    if not asleep and sys.version_info < (3, 11):
+        pytest.skip("Python 3.10 has no Task.cancelling(): only a sleeping waiter is seen")
+    from aiolock._engine import Engine
+
+    handed: list[str] = []
+    deliver = Engine._deliver
+
+    async def spy(self: Engine, hold: Any, handoff: Any, token: int) -> None:
+        handed.append(hold.keys.name)
+        await deliver(self, hold, handoff, token)
+
+    monkeypatch.setattr(Engine, "_deliver", spy)
+    engine = locks._engine
+    assert engine is not None
+    holder = locks.lock("cancelled-waiter")
+    await holder.acquire()
+    waiter = asyncio.create_task(locks.lock("cancelled-waiter").acquire())
+
+    def sleeping() -> bool:  # the waiter sleeps in Waiter.wait() after a busy attempt
+        queues = engine.hub._queues.values()
+        return any(w._future is not None for q in queues for w in q.waiters)
+
+    await eventually(sleeping, what="the waiter asleep")
+    if not asleep:
+        engine.hub.wake(holder._kind.channel(holder._keys))  # it will try next
+    waiter.cancel()
+    await holder.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert handed == [], "the lock was handed to a waiter being cancelled"
+    assert not await holder.locked()

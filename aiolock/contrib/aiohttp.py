@@ -51,6 +51,13 @@ def lock_manager_ctx(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A ``cleanup_ctx`` that opens a manager at startup, as ``app[key]``, and closes it.
 
+    At a graceful shutdown, the app's ``on_shutdown`` stops the manager from handing out
+    locks (:meth:`~aiolock.LockManager.stop_acquiring`): waiting handlers and new
+    acquisitions fail with :class:`~aiolock.ManagerNotOpenError` (503 from
+    :func:`lock_error_middleware`), while holders may finish within aiohttp's
+    ``shutdown_timeout``; handlers still running then are cancelled by aiohttp (their
+    clients see the connection close) and the manager closes, releasing every lock.
+
     *source* is a Redis URL (the manager is ``LockManager.from_url(url, **options)``,
     with a client of its own, closed with it), a function returning a new manager, or a
     manager (which opens once). ``app.cleanup_ctx.append(lock_manager_ctx(url))``.
@@ -62,6 +69,14 @@ def lock_manager_ctx(
         manager = make_manager(source, dict(options))
         await manager.open()
         app[key] = manager
+
+        async def stop_acquiring(app: web.Application) -> None:
+            manager.stop_acquiring()
+
+        # aiohttp runs on_shutdown before it cancels the handlers still running (after
+        # shutdown_timeout) and the cleanup contexts after: waiting handlers give up with
+        # a 503 there, instead of a dropped connection when they are cancelled.
+        app.on_shutdown.append(stop_acquiring)
         try:
             yield
         finally:
