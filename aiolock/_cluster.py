@@ -54,6 +54,7 @@ from redis.crc import key_slot
 
 from ._client import Arg, Client, as_text, translate
 from ._errors import LockBackendError, LockConnectionError, LockError
+from ._reach import describe
 from ._scripts import Script
 
 __all__ = [
@@ -140,7 +141,7 @@ async def refuse_cluster_node(client: Client) -> None:
     if _server_mode(reply) != "cluster":
         return
     raise LockBackendError(
-        f"the Redis server at {_address(client.redis)} is a node of a Redis Cluster, and a "
+        f"the Redis server at {describe(client.redis)} is a node of a Redis Cluster, and a "
         "plain redis.asyncio.Redis client talks to that one node only: locks whose slots "
         "other nodes own would fail with MOVED, and renewals with CROSSSLOT. Pass a "
         "redis.asyncio.cluster.RedisCluster client to LockManager, or use "
@@ -158,13 +159,6 @@ def _server_mode(hello: Any) -> str | None:
         if as_text(name) == "mode":
             return as_text(value)
     return None
-
-
-def _address(redis: Redis) -> str:
-    kwargs = redis.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return str(kwargs["path"])
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
 def _cause(exc: BaseException) -> BaseException | None:

@@ -175,8 +175,9 @@ class LockManager:
         on_replica_shortfall: ``"raise"`` (undo and raise) or ``"warn"`` (keep the
             acquisition and log a warning).
         check_on_open: whether opening the manager checks the server with one round trip
-            (``PING``, bounded by ``command_timeout``, or 10 s without one), so that a wrong
-            address, password or TLS setting fails at startup:
+            (``PING``, bounded by ``command_timeout``, or 10 s without one; then ``HELLO``
+            to refuse a plain client of a Redis Cluster node), so that a wrong address,
+            password, TLS setting or client type fails at startup:
             :class:`~aiolock.LockConnectionError` if Redis cannot be reached,
             :class:`~aiolock.LockPermissionError` if it refuses the credentials,
             :class:`~aiolock.LockBackendError` if its TLS certificate is refused. Pass
@@ -660,11 +661,6 @@ class LockManager:
         if isinstance(self._client, ClusterClient):
             hub = ClusterHub(self._client, self._keyspace.manager_id)
         else:
-            self._state = "opening"  # a second open() meanwhile is refused
-            try:
-                await refuse_cluster_node(self._client)
-            finally:
-                self._state = "new"
             hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
         # The background tasks run in a task group owned by a supervisor task, not by
@@ -678,7 +674,8 @@ class LockManager:
         return self
 
     async def _check_server(self) -> None:
-        """One PING before anything starts: a wrong address, password or certificate fails here."""
+        """One PING before anything starts: a wrong address, password or certificate fails
+        here; then a plain client of a Cluster node is refused."""
         limit = self._client.command_timeout or OPEN_CHECK_TIMEOUT
         where = f"Redis at {describe(self._redis)}"
         skip = (
@@ -700,6 +697,10 @@ class LockManager:
             ) from exc
         except LockBackendError as exc:  # credentials, TLS certificate: no retry mends them
             raise type(exc)(f"the LockManager could not open: {exc}") from exc
+        if not isinstance(self._client, ClusterClient):
+            # A plain client of a Cluster node would lose every hold at its first
+            # renewal (CROSSSLOT): refused here, where the server answers anyway.
+            await refuse_cluster_node(self._client)
 
     async def _supervise(self, core: Engine) -> None:
         async with anyio.create_task_group() as tg:
