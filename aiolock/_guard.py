@@ -1,19 +1,33 @@
 """The ``async with`` guard shared by every kind's handle.
 
-Entering registers a cancel scope with the hold, so that a loss (noticed by the
-watchdog, a lease timer or another call) cancels the body; exiting turns that
-cancellation into :class:`~aiolock.LockLostError`, or releases the hold. One handle may
-be entered by many tasks, and nested in one task: the guard keeps a stack per task.
+Entering records a block with the hold, so that a loss (noticed by the watchdog, a
+lease timer or another call) cancels the body; exiting turns that cancellation into
+:class:`~aiolock.LockLostError`, or releases the hold. One handle may be entered by many
+tasks, and nested in one task.
+
+A block may be held across a ``yield`` (an async generator, a streaming response's
+body, a dependency with ``yield``), so two hazards shape it:
+
+* No cancel scope is left on the task while the block is open. An anyio scope entered
+  in a generator stays on the task's scope stack while the generator is suspended, and
+  the framework's own scopes (a task group around a streaming body) then exit out of
+  order: anyio raises "Attempted to exit a cancel scope that isn't the current task's
+  current cancel scope". A loss cancels the task natively instead (``task.cancel()``,
+  as ``asyncio.timeout`` does), and the exit recognises its own cancellation by a flag
+  and, on Python >= 3.11, by the task's cancellation count.
+* The exit may run in another task: asyncio finalises an abandoned generator in a task
+  of its own, and ``aclose()`` may be awaited anywhere. The block belongs to the frame
+  that entered it (the generator's), so the exit finds it by that frame and releases
+  its holds whichever task runs it; it never touches another task's cancellation state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from types import TracebackType
+import sys
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
-
-import anyio
 
 from ._errors import LockConnectionError, LockError, LockLostError
 
@@ -24,6 +38,11 @@ if TYPE_CHECKING:
 __all__ = ["BodyGuard", "ManagerLike"]
 
 logger = logging.getLogger("aiolock")
+
+#: How many frames above ``__aexit__``'s caller are searched for the frame that entered
+#: a block (a helper may call ``__aenter__`` and ``__aexit__`` from different frames of
+#: its own, like the FastAPI dependency's exit function).
+_FRAME_DEPTH = 4
 
 
 class ManagerLike(Protocol):
@@ -40,6 +59,30 @@ class ManagerLike(Protocol):
     def _owner(self) -> str: ...
 
 
+class _Block:
+    """One ``async with`` block in progress: its holds, the task and frame that entered it."""
+
+    __slots__ = ("cancelling", "frame", "holds", "requested", "task")
+
+    def __init__(self, holds: tuple[Hold, ...], task: asyncio.Task[Any], frame: FrameType) -> None:
+        self.holds = holds
+        self.task = task
+        self.frame: FrameType | None = frame
+        #: the task's cancellation count at entry (Python >= 3.11): an exit that finds
+        #: it higher after taking back its own cancellation was cancelled from outside too
+        self.cancelling = _cancelling(task)
+        #: whether a loss has cancelled the task (the hold calls cancel())
+        self.requested = False
+
+    def cancel(self) -> None:
+        """A hold of the block was lost: cancel the task running the body, once."""
+        if self.requested:
+            return
+        self.requested = True
+        lost = next((hold for hold in self.holds if hold.lost), self.holds[0])
+        self.task.cancel(f"aiolock: lock {lost.keys.name!r} was lost inside 'async with'")
+
+
 class BodyGuard:
     """Cancels ``async with`` bodies whose holds are lost, and releases them on exit.
 
@@ -50,19 +93,18 @@ class BodyGuard:
     __slots__ = ("_entered",)
 
     def __init__(self) -> None:
-        # Per task, the holds and cancel scope of each ``async with`` block it is in.
-        self._entered: dict[
-            asyncio.Task[Any], list[tuple[tuple[Hold, ...], anyio.CancelScope]]
-        ] = {}
+        # Per task that entered, its open blocks, innermost last.
+        self._entered: dict[asyncio.Task[Any], list[_Block]] = {}
 
     def enter(self, *holds: Hold) -> None:
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        for hold in holds:
-            hold.scopes.append(scope)
+        """Open a block; call it from the handle's ``__aenter__`` itself, whose caller's
+        frame (the ``async with`` statement's) the block is recorded under."""
         task = asyncio.current_task()
         assert task is not None  # the acquire that made the holds checked
-        self._entered.setdefault(task, []).append((holds, scope))
+        block = _Block(holds, task, sys._getframe(2))
+        for hold in holds:
+            hold.scopes.append(block)
+        self._entered.setdefault(task, []).append(block)
 
     async def exit(
         self,
@@ -72,20 +114,23 @@ class BodyGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Leave the innermost block of the current task; *engine* is None once closed."""
+        """Leave a block (the one entered by the calling frame, else the current task's
+        innermost, else its only open block); *engine* is None once the manager closed."""
         task = asyncio.current_task()
-        stack = self._entered.get(task) if task is not None else None
-        if not stack:
-            raise RuntimeError(f"{handle!r} exited in a task that did not enter it")
-        holds, scope = stack.pop()
-        if not stack:
-            del self._entered[task]  # type: ignore[arg-type]
+        block = self._take(task, sys._getframe(2))
+        if block is None:
+            raise RuntimeError(
+                f"{handle!r} was exited by a frame and a task that did not enter it: call "
+                "__aenter__ and __aexit__ from the same function (an 'async with' does)"
+            )
+        holds = block.holds
         for hold in holds:
-            if scope in hold.scopes:
-                hold.scopes.remove(scope)
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
+            if block in hold.scopes:
+                hold.scopes.remove(block)
+        here = block.task is task
+        ours = here and block.requested and await _take_back(block, exc_type)
         cancelled_from_outside = (
-            exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
+            exc_type is not None and not ours and issubclass(exc_type, asyncio.CancelledError)
         )
         lost = [hold for hold in holds if hold.lost]
         if lost and not cancelled_from_outside:
@@ -94,19 +139,92 @@ class BodyGuard:
                     engine.registry.pop_lost(hold.resource, hold.owner)
                     engine.release_lost(hold)  # Redis may still have it if renewal was cut off
                 await _release_all(engine, [h for h in holds if not h.lost], quiet=True)
+            if not here and exc_type is GeneratorExit:
+                return  # a generator closed by another task: nobody awaits its outcome
             first = lost[0]
             raise LockLostError(
                 f"lock {first.keys.name!r} was lost inside 'async with' ({first.lost_reason}); "
                 "the body was cancelled because another owner may have entered"
-            ) from (None if swallowed else exc)
+            ) from (None if ours else exc)
         if engine is None:
             return  # the manager closed meanwhile and released them
         # Cancelled from outside with a hold lost: that cancellation goes on, and the
         # holds still held are released. A hold the body released itself (a semaphore
         # Permit's release()) is no longer registered: releasing it again would find it
-        # gone in Redis and report it lost.
+        # gone in Redis and report it lost. So is a hold the task-exit safety net
+        # released because the task ended with the block still open.
         live = [h for h in holds if not h.lost and engine.registry.holds(h)]
         await _release_all(engine, live, quiet=bool(lost))
+
+    def _take(self, task: asyncio.Task[Any] | None, caller: FrameType) -> _Block | None:
+        """Remove and return the block the exiting code entered.
+
+        Found by frame first: the exit of a generator finalised by asyncio (or closed
+        with ``aclose()``) runs in another task, and one task may interleave the blocks
+        of several generators. Else the current task's innermost block.
+        """
+        frames: list[FrameType] = []
+        frame: FrameType | None = caller
+        while frame is not None and len(frames) < _FRAME_DEPTH:
+            frames.append(frame)
+            frame = frame.f_back
+        owners = [task] if task in self._entered else []
+        owners += [other for other in self._entered if other is not task]
+        for owner in owners:
+            blocks = self._entered[owner]
+            for index in range(len(blocks) - 1, -1, -1):
+                if any(blocks[index].frame is frame for frame in frames):
+                    return self._pop(owner, index)
+        if task is not None and task in self._entered:
+            return self._pop(task, len(self._entered[task]) - 1)
+        # Entered and exited by unrelated frames in different tasks (a helper that
+        # acquires in an endpoint and releases in a response): only the sole open block
+        # of this handle can be meant; with several, guessing could release another's.
+        if len(self._entered) == 1:
+            ((owner, blocks),) = self._entered.items()
+            if len(blocks) == 1:
+                return self._pop(owner, 0)
+        return None
+
+    def _pop(self, owner: asyncio.Task[Any], index: int) -> _Block:
+        stack = self._entered[owner]
+        block = stack.pop(index)
+        block.frame = None  # no reference cycle through the generator's frame
+        if not stack:
+            del self._entered[owner]
+        return block
+
+
+def _cancelling(task: asyncio.Task[Any]) -> int:
+    """The task's count of cancellation requests (0 before Python 3.11, which has none)."""
+    if sys.version_info >= (3, 11):
+        return task.cancelling()
+    return 0
+
+
+async def _take_back(block: _Block, exc_type: type[BaseException] | None) -> bool:
+    """Withdraw the cancellation a loss sent to *block*'s task; True if *exc_type* was it.
+
+    The body may have ended before the cancellation reached it (the loss was noticed
+    while the task ran, or the body caught it): then it is still pending, and is
+    absorbed here rather than let through to the release or to the code after the
+    block. A cancellation from outside (the count stays above the entry's) goes on.
+    """
+    task = block.task
+    if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+        if sys.version_info >= (3, 11):
+            return task.uncancel() <= block.cancelling
+        return True  # no count to tell ours from another's: the loss is reported
+    if sys.version_info >= (3, 11):
+        if task.cancelling() <= block.cancelling:
+            return False  # already taken back (the body caught it and went on)
+        task.uncancel()
+    try:
+        await asyncio.sleep(0)  # where a pending cancellation of ours lands
+    except asyncio.CancelledError:
+        if _cancelling(task) > block.cancelling:
+            raise  # another one came with it: it goes on
+    return False
 
 
 async def _release_all(engine: Engine, holds: list[Hold], *, quiet: bool) -> None:

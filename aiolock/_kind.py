@@ -45,8 +45,6 @@ from ._keys import ms
 from ._reply import as_int
 
 if TYPE_CHECKING:
-    from anyio import CancelScope
-
     from ._keys import LockKeys
     from ._scripts import Script
 
@@ -132,8 +130,9 @@ class Hold:
         self.timer: asyncio.TimerHandle | None = None
         self.lost = False
         self.lost_reason = ""
-        #: cancel scopes of the ``async with`` bodies running under this hold
-        self.scopes: list[CancelScope] = []
+        #: the ``async with`` blocks running under this hold: a loss cancels each
+        #: (aiolock._guard's blocks; anything with a cancel() method)
+        self.scopes: list[Cancellable] = []
         #: the id of a final release sent but not confirmed (reused when it is sent
         #: again), and when it was first sent: Redis remembers it for a while only
         self.release_id: str | None = None
@@ -264,6 +263,12 @@ def decode_release(reply: Any, bad_key: BadKey) -> Released:
     if status is None:  # -1: a key holds another type
         raise bad_key(reply)
     return Released(status, max(as_int(reply[1]), 0))
+
+
+class Cancellable(Protocol):
+    """What a hold cancels when it is lost: the body of an ``async with`` block."""
+
+    def cancel(self) -> object: ...
 
 
 class LockKind(Protocol):

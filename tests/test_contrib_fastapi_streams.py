@@ -1,0 +1,105 @@
+"""Locks and streaming responses under a real uvicorn in this process (issue 23, item 2).
+
+A ``StreamingResponse`` whose body holds a lock across its ``yield``, behind an
+``@app.middleware("http")``, with the client leaving mid-stream: anyio raised
+"Attempted to exit a cancel scope that isn't the current task's current cancel scope"
+(a 500 logged by uvicorn), because the guard's cancel scope stayed on the task while
+the body was suspended.
+"""
+
+# No "from __future__ import annotations": FastAPI reads the endpoints' annotations.
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
+from redis.asyncio import Redis
+
+from aiolock.contrib.fastapi import get_lock_manager, lock_lifespan
+from aiolock.testing import free_port
+
+CHUNK = b"x" * 65536  # large: the body soon waits for the client to read (back-pressure)
+
+
+@asynccontextmanager
+async def uvicorn_serving(app: FastAPI) -> AsyncIterator[str]:
+    """Serve *app* with uvicorn in this process on a free loopback port; yield its URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert not task.done(), "uvicorn did not start"
+            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
+            await asyncio.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+def streaming_app(redis_url: str, prefix: str, entered: asyncio.Event) -> FastAPI:
+    app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix, lease=30))
+
+    @app.middleware("http")
+    async def passthrough(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        return await call_next(request)
+
+    @app.get("/export")
+    async def export(request: Request) -> StreamingResponse:
+        locks = get_lock_manager(request)
+
+        async def body() -> AsyncIterator[bytes]:
+            async with locks.lock("export"):
+                entered.set()
+                for _ in range(10_000):
+                    yield CHUNK
+
+        return StreamingResponse(body())
+
+    return app
+
+
+async def read_one_chunk_and_leave(url: str) -> None:
+    async with httpx.AsyncClient() as client, client.stream("GET", url) as response:
+        assert response.status_code == 200
+        async for _ in response.aiter_bytes():
+            break  # and the connection closes mid-stream
+
+
+async def test_a_client_leaving_a_locked_stream_behind_a_middleware_frees_the_lock_cleanly(
+    redis_url: str, prefix: str, admin: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    entered = asyncio.Event()
+    app = streaming_app(redis_url, prefix, entered)
+    key = f"{prefix}:{{export}}"
+    with caplog.at_level(logging.WARNING):
+        async with uvicorn_serving(app) as base:
+            for _ in range(3):
+                entered.clear()
+                await read_one_chunk_and_leave(f"{base}/export")
+                assert entered.is_set()
+                started = time.monotonic()
+                while await admin.exists(key):  # freed while the server runs (lease 30 s)
+                    assert time.monotonic() - started < 10, "the lock stayed held"
+                    await asyncio.sleep(0.01)
+    logged = "\n".join(
+        record.getMessage() + (repr(record.exc_info[1]) if record.exc_info else "")
+        for record in caplog.records
+    )
+    assert "cancel scope" not in logged
+    assert "Exception in ASGI application" not in logged
+    assert "did not enter it" not in logged
+    assert "task of its own" not in logged  # the warning names the open block instead
