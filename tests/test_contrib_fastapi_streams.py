@@ -13,39 +13,18 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from redis.asyncio import Redis
 
 from aiolock.contrib.fastapi import get_lock_manager, lock_lifespan
-from aiolock.testing import free_port
+
+from .web_servers import uvicorn_serving
 
 CHUNK = b"x" * 65536  # large: the body soon waits for the client to read (back-pressure)
-
-
-@asynccontextmanager
-async def uvicorn_serving(app: FastAPI) -> AsyncIterator[str]:
-    """Serve *app* with uvicorn in this process on a free loopback port; yield its URL."""
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert not task.done(), "uvicorn did not start"
-            assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
-            await asyncio.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
 
 
 def streaming_app(redis_url: str, prefix: str, entered: asyncio.Event) -> FastAPI:

@@ -29,23 +29,26 @@ query parameter of 5000 bytes) -> 422.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import string
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from .._decorators import LOCK_MAKERS, LockKindName
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from .._keys import check_lease, check_timeout
 from .._manager import LockManager
+from ._disconnect import CLIENT_LEFT_STATUS, ClientWatch
 from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
 
 try:
     from fastapi import Depends, HTTPException, Request
     from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing("fastapi", exc) from exc
 
@@ -147,6 +150,8 @@ def lock_dependency(
     lost_status: int = 409,
     unavailable_status: int = 503,
     manager: LockManager | None = None,
+    watch_disconnect: bool = True,
+    cancel_on_disconnect: bool = False,
 ) -> Callable[..., AsyncIterator[Any]]:
     """A dependency that holds the lock *name* while the endpoint runs; use it with
     ``Depends(lock_dependency(...), scope="function")``.
@@ -167,6 +172,16 @@ def lock_dependency(
     closed, 422 when the formatted name is not a valid lock name.
 
     *manager* overrides the app's manager (by default :func:`get_lock_manager`'s).
+
+    Client disconnects: uvicorn and FastAPI never cancel an endpoint whose client left.
+    With *watch_disconnect* (the default) the dependency watches the ASGI ``receive``
+    channel while it waits: a client that disconnects stops the wait (the request ends
+    with 499, which nobody reads), so it never takes the lock later to run the endpoint
+    for nobody. To watch, it reads the request body first (Starlette keeps it for the
+    endpoint); an endpoint that streams a large upload should pass
+    ``watch_disconnect=False``. With *cancel_on_disconnect* the watch goes on while the
+    endpoint runs and cancels it (then releases the lock) if the client leaves; leave
+    it off for work that must finish once started.
     """
     if kind not in LOCK_MAKERS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, LOCK_MAKERS))}, got {kind!r}")
@@ -205,24 +220,44 @@ def lock_dependency(
             handle = make(locks, formatted[0] if single else formatted, timeout, lease)
         except ValueError as exc:  # a name too long, say, from a client's parameter
             raise HTTPException(422, detail=f"not a valid lock name: {exc}") from exc
+        watch = await _watch_client(request) if watch_disconnect else None
         try:
             await handle.__aenter__()
         except LockTimeoutError as exc:
+            await _settle(watch, exc)
             raise HTTPException(
                 timeout_status, detail=f"{_describe(formatted)} is busy; try again later"
             ) from exc
         except (LockBackendError, ManagerNotOpenError) as exc:
+            await _settle(watch, exc)
             raise HTTPException(
                 unavailable_status, detail="the lock service is unavailable; try again later"
             ) from exc
-        # What ``async with`` does, split around the yield. The guard's cancel scope,
-        # entered by __aenter__, spans the endpoint: a loss cancels it, and the
-        # CancelledError comes back here, where __aexit__ turns it into LockLostError.
+        except asyncio.CancelledError as exc:
+            await _settle(watch, exc)  # the client left: 499 (else the cancellation goes on)
+            raise
+        if watch is not None and not cancel_on_disconnect:
+            watch.stop()
+            if await watch.settle(None):  # it left just as the lock was granted
+                await _exit(handle, None, formatted, lost_status, unavailable_status)
+                _client_left("got the lock")
+            watch = None
+        # What ``async with`` does, split around the yield. The guard's block, entered by
+        # __aenter__, spans the endpoint: a loss cancels it, and the CancelledError comes
+        # back here, where __aexit__ turns it into LockLostError.
         try:
             yield handle
         except BaseException as exc:
+            if watch is not None:
+                watch.stop()
+                if await watch.settle(exc):  # the client left: the endpoint was cancelled
+                    await _exit(handle, exc, formatted, lost_status, unavailable_status)
+                    _client_left("ran")
             await _exit(handle, exc, formatted, lost_status, unavailable_status)
             raise
+        if watch is not None:
+            watch.stop()
+            await watch.settle(None)  # left at the very end: the endpoint finished anyway
         await _exit(handle, None, formatted, lost_status, unavailable_status)
 
     parameters = [
@@ -237,6 +272,37 @@ def lock_dependency(
     hold_lock.__name__ = hold_lock.__qualname__ = f"lock_dependency({name!r})"
     setattr(hold_lock, _MARK, True)
     return hold_lock
+
+
+async def _watch_client(request: Request) -> ClientWatch:
+    """Read the body (Starlette keeps it for the endpoint), then watch for the client
+    leaving: the next ASGI message is ``http.disconnect``."""
+    try:
+        await request.body()
+    except ClientDisconnect:
+        _client_left("waited")  # gone while sending the body
+    except RuntimeError:
+        pass  # already read as a stream (a form): only the disconnect is left to receive
+
+    async def left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return ClientWatch(left)
+
+
+async def _settle(watch: ClientWatch | None, exc: BaseException) -> None:
+    """After a failed acquire: if the client left meanwhile, end the request with 499."""
+    if watch is not None:
+        watch.stop()
+        if await watch.settle(exc):
+            _client_left("waited")
+
+
+def _client_left(what: str) -> NoReturn:
+    raise HTTPException(
+        CLIENT_LEFT_STATUS, detail=f"the client disconnected while the request {what}"
+    )
 
 
 async def _exit(
