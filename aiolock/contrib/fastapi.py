@@ -34,7 +34,7 @@ import inspect
 import logging
 import string
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn
 
@@ -49,6 +49,8 @@ try:
     from fastapi import Depends, HTTPException, Request
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect
+    from starlette.responses import StreamingResponse
+    from starlette.types import Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing("fastapi", exc) from exc
 
@@ -58,6 +60,7 @@ __all__ = [
     "get_lock_manager",
     "lock_dependency",
     "lock_lifespan",
+    "locked_streaming_response",
 ]
 
 logger = logging.getLogger("aiolock")
@@ -354,6 +357,75 @@ def _fields(templates: list[str]) -> list[str]:
             if field not in fields:
                 fields.append(field)
     return fields
+
+
+# -- streaming responses ------------------------------------------------------------------
+
+
+async def locked_streaming_response(
+    handle: AbstractAsyncContextManager[Any],
+    content: AsyncIterable[bytes | str],
+    *,
+    timeout_status: int = 423,
+    unavailable_status: int = 503,
+    **options: Any,
+) -> StreamingResponse:
+    """Acquire *handle* now, and return a ``StreamingResponse`` of *content* that holds
+    it until the stream ends, fails, or the client leaves.
+
+    ``return await locked_streaming_response(locks.lock("export"), rows(), media_type=...)``.
+    A busy lock is a *timeout_status* (423) and Redis failing a *unavailable_status*
+    (503), before anything is sent. The lock is released, and *content* closed, when
+    the response is done, however it ends: Starlette cancels a stream whose client left
+    without closing its body, so a lock held inside the body generator itself would
+    wait for the task's end or the garbage collector. A loss while streaming cancels
+    the stream (the client sees it cut short) and raises ``LockLostError`` from the
+    response. *options* are ``StreamingResponse``'s (``media_type``, ``headers``, ...).
+    """
+    check_statuses(timeout_status, 409, unavailable_status)
+    try:
+        await handle.__aenter__()
+    except LockTimeoutError as exc:
+        raise HTTPException(timeout_status, detail="the lock is busy; try again later") from exc
+    except (LockBackendError, ManagerNotOpenError) as exc:
+        raise HTTPException(
+            unavailable_status, detail="the lock service is unavailable; try again later"
+        ) from exc
+    return _LockedStreamingResponse(handle, content, **options)
+
+
+class _LockedStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that leaves its lock's ``async with`` when it is done."""
+
+    def __init__(
+        self, handle: AbstractAsyncContextManager[Any], content: AsyncIterable[bytes | str],
+        **options: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(content, **options)
+        self._handle = handle
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failure: BaseException | None = None
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            try:
+                await self._close()
+            finally:
+                if failure is None:
+                    await self._handle.__aexit__(None, None, None)
+                else:
+                    await self._handle.__aexit__(type(failure), failure, failure.__traceback__)
+
+    async def _close(self) -> None:
+        """Close the body: blocks of its own (a lock it holds itself) end here too."""
+        aclose = getattr(self._content, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 # -- the scope check ----------------------------------------------------------------------
