@@ -163,6 +163,9 @@ class BodyGuard:
         with ``aclose()``) runs in another task, and one task may interleave the blocks
         of several generators. Else the current task's innermost block.
         """
+        stack = self._entered.get(task) if task is not None else None
+        if stack and stack[-1].frame is caller:  # the common case: a plain 'async with'
+            return self._pop(stack[-1].task, len(stack) - 1)
         frames: list[FrameType] = []
         frame: FrameType | None = caller
         while frame is not None and len(frames) < _FRAME_DEPTH:
