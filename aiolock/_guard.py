@@ -79,8 +79,12 @@ class _Block:
         if self.requested:
             return
         self.requested = True
-        lost = next((hold for hold in self.holds if hold.lost), self.holds[0])
-        self.task.cancel(f"aiolock: lock {lost.keys.name!r} was lost inside 'async with'")
+        self.task.cancel(self.message)
+
+    @property
+    def message(self) -> str:
+        """The message of the cancellation a loss sends (Python 3.10 tells it by this)."""
+        return f"aiolock: a lock of the 'async with' block {id(self):#x} was lost"
 
 
 class BodyGuard:
@@ -128,7 +132,7 @@ class BodyGuard:
             if block in hold.scopes:
                 hold.scopes.remove(block)
         here = block.task is task
-        ours = here and block.requested and await _take_back(block, exc_type)
+        ours = here and block.requested and await _take_back(block, exc)
         cancelled_from_outside = (
             exc_type is not None and not ours and issubclass(exc_type, asyncio.CancelledError)
         )
@@ -205,8 +209,8 @@ def _cancelling(task: asyncio.Task[Any]) -> int:
     return 0
 
 
-async def _take_back(block: _Block, exc_type: type[BaseException] | None) -> bool:
-    """Withdraw the cancellation a loss sent to *block*'s task; True if *exc_type* was it.
+async def _take_back(block: _Block, exc: BaseException | None) -> bool:
+    """Withdraw the cancellation a loss sent to *block*'s task; True if *exc* was it.
 
     The body may have ended before the cancellation reached it (the loss was noticed
     while the task ran, or the body caught it): then it is still pending, and is
@@ -214,10 +218,12 @@ async def _take_back(block: _Block, exc_type: type[BaseException] | None) -> boo
     block. A cancellation from outside (the count stays above the entry's) goes on.
     """
     task = block.task
-    if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+    if isinstance(exc, asyncio.CancelledError):
         if sys.version_info >= (3, 11):
             return task.uncancel() <= block.cancelling
-        return True  # no count to tell ours from another's: the loss is reported
+        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it;
+        # a CancelledError raised anew, without one, is taken for ours).
+        return not exc.args or exc.args[0] == block.message
     if sys.version_info >= (3, 11):
         if task.cancelling() <= block.cancelling:
             return False  # already taken back (the body caught it and went on)
