@@ -221,9 +221,9 @@ async def _take_back(block: _Block, exc: BaseException | None) -> bool:
     if isinstance(exc, asyncio.CancelledError):
         if sys.version_info >= (3, 11):
             return task.uncancel() <= block.cancelling
-        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it;
-        # a CancelledError raised anew, without one, is taken for ours).
-        return not exc.args or exc.args[0] == block.message
+        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it,
+        # with None when it gives none).
+        return bool(exc.args) and exc.args[0] == block.message
     if sys.version_info >= (3, 11):
         if task.cancelling() <= block.cancelling:
             return False  # already taken back (the body caught it and went on)
