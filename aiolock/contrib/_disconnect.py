@@ -24,6 +24,8 @@ logger = logging.getLogger("aiolock")
 #: reads it, but logs and metrics see it rather than a 200 or a 500.
 CLIENT_LEFT_STATUS = 499
 
+_MESSAGE = "aiolock: the client disconnected"
+
 
 class ClientWatch:
     """Cancels the current task when ``left()`` returns (the client disconnected).
@@ -50,7 +52,7 @@ class ClientWatch:
         await left()
         if not self._host.done():
             self.left = True
-            self._host.cancel("aiolock: the client disconnected")
+            self._host.cancel(_MESSAGE)
 
     def stop(self) -> None:
         """Stop watching (synchronous: the watcher only waits, it has nothing to finish)."""
@@ -67,7 +69,8 @@ class ClientWatch:
         if isinstance(exc, asyncio.CancelledError):
             if sys.version_info >= (3, 11):
                 return self._host.uncancel() <= self._cancelling
-            return True
+            # 3.10 has no count: a Task.cancel() after ours replaces the message.
+            return bool(exc.args) and exc.args[0] == _MESSAGE
         # The code ended before the cancellation reached it: absorb it here, or the
         # caller's next await (a release) would be cancelled instead.
         if sys.version_info >= (3, 11) and self._host.cancelling() > self._cancelling:
