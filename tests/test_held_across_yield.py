@@ -188,3 +188,48 @@ async def test_a_cancellation_from_outside_goes_on_after_a_loss(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not await lock.locked()
+
+
+async def test_one_handle_in_generators_of_two_tasks_each_closed_elsewhere(
+    redis: Redis, prefix: str
+) -> None:
+    """A shared handle entered by two tasks' generators: each block is found by the frame
+    that entered it, so closing one (from a third task) releases that one's permit only."""
+    errors = loop_errors()
+    async with aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as locks:
+        slots = locks.semaphore("slots", 2)
+
+        async def permits(tag: str) -> AsyncGenerator[str, None]:
+            async with slots:
+                yield tag
+                yield tag
+
+        first, second = permits("a"), permits("b")
+        entered = asyncio.Event()
+        keep = asyncio.Event()
+
+        async def consume(generator: AsyncGenerator[str, None]) -> None:
+            await generator.__anext__()
+            if generator is second:
+                entered.set()
+            await keep.wait()  # alive, its generator suspended inside the block
+
+        tasks = [asyncio.create_task(consume(g)) for g in (first, second)]
+        await entered.wait()
+        await until_holders(slots, 2)
+        await asyncio.create_task(first.aclose())  # closed by a third task
+        assert await slots.holders() == 1
+        assert await second.__anext__() == "b"  # the other block is untouched, and goes on
+        await second.aclose()
+        assert await slots.holders() == 0
+        keep.set()
+        await asyncio.gather(*tasks)
+        assert locks.statistics().released_on_task_exit == 0
+    assert errors == []
+
+
+async def until_holders(slots: aiolock.Semaphore, count: int) -> None:
+    started = time.monotonic()
+    while await slots.holders() != count:
+        assert time.monotonic() - started < 5
+        await asyncio.sleep(0.01)
