@@ -9,11 +9,13 @@ Each test counts who ran under the lock: the next holder is the next *live* clie
 # No "from __future__ import annotations": FastAPI reads the endpoints' annotations.
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 import httpx
+import pytest
 from aiohttp import web
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request, Response
 
 import aiolock
 from aiolock.contrib.aiohttp import LOCK_MANAGER, client_lock, lock_manager_ctx
@@ -23,10 +25,24 @@ from .web_servers import aiohttp_serving, leaving_client, until, uvicorn_serving
 
 
 def fastapi_app(
-    redis_url: str, prefix: str, ran: list[str], gate: asyncio.Event, *, cancel: bool = False
+    redis_url: str,
+    prefix: str,
+    ran: list[str],
+    gate: asyncio.Event,
+    *,
+    cancel: bool = False,
+    middleware: bool = False,
 ) -> FastAPI:
     """GET /jobs/{who} holds lock 'job'; 'first' waits at *gate* while holding it."""
     app = FastAPI(lifespan=lock_lifespan(redis_url, prefix=prefix, lease=30))
+    if middleware:  # a BaseHTTPMiddleware wraps the receive channel the watch listens on
+
+        @app.middleware("http")
+        async def passthrough(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            return await call_next(request)
+
     held = Depends(lock_dependency("job", cancel_on_disconnect=cancel), scope="function")
 
     @app.get("/jobs/{who}")
@@ -45,12 +61,13 @@ def waiters(app: FastAPI) -> int:
     return manager.statistics().hub.waiters
 
 
+@pytest.mark.parametrize("middleware", [False, True], ids=["plain", "http middleware"])
 async def test_uvicorn_a_waiter_whose_client_left_never_takes_the_lock(
-    redis_url: str, prefix: str
+    redis_url: str, prefix: str, middleware: bool
 ) -> None:
     ran: list[str] = []
     gate = asyncio.Event()
-    app = fastapi_app(redis_url, prefix, ran, gate)
+    app = fastapi_app(redis_url, prefix, ran, gate, middleware=middleware)
     async with uvicorn_serving(app) as base, httpx.AsyncClient(base_url=base) as client:
         first = asyncio.create_task(client.get("/jobs/first"))
         await until(lambda: ran == ["first"], "the first request holds the lock")
