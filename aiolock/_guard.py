@@ -27,7 +27,7 @@ import asyncio
 import logging
 import sys
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ._errors import LockConnectionError, LockError, LockLostError
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._kind import Hold
 
-__all__ = ["BodyGuard", "ManagerLike"]
+__all__ = ["Block", "Blocks", "BodyGuard", "ManagerLike", "take_back"]
 
 logger = logging.getLogger("aiolock")
 
@@ -59,12 +59,15 @@ class ManagerLike(Protocol):
     def _owner(self) -> str: ...
 
 
-class _Block:
+H = TypeVar("H")
+
+
+class Block(Generic[H]):
     """One ``async with`` block in progress: its holds, the task and frame that entered it."""
 
     __slots__ = ("cancelling", "frame", "holds", "requested", "task")
 
-    def __init__(self, holds: tuple[Hold, ...], task: asyncio.Task[Any], frame: FrameType) -> None:
+    def __init__(self, holds: tuple[H, ...], task: asyncio.Task[Any], frame: FrameType) -> None:
         self.holds = holds
         self.task = task
         self.frame: FrameType | None = frame
@@ -87,6 +90,67 @@ class _Block:
         return f"aiolock: a lock of the 'async with' block {id(self):#x} was lost"
 
 
+class Blocks(Generic[H]):
+    """The open ``async with`` blocks of one handle, per task that entered them (one
+    handle may be entered by many tasks, and nested in one task)."""
+
+    __slots__ = ("_entered",)
+
+    def __init__(self) -> None:
+        # Per task that entered, its open blocks, innermost last.
+        self._entered: dict[asyncio.Task[Any], list[Block[H]]] = {}
+
+    def open(self, holds: tuple[H, ...], frame: FrameType) -> Block[H]:
+        """A block of the current task, entered by *frame* (the ``async with``'s)."""
+        task = asyncio.current_task()
+        assert task is not None  # the acquire that made the holds checked
+        block = Block(holds, task, frame)
+        self._entered.setdefault(task, []).append(block)
+        return block
+
+    def take(self, caller: FrameType) -> Block[H] | None:
+        """Remove and return the block the exiting code (*caller*) entered.
+
+        Found by frame first: the exit of a generator finalised by asyncio (or closed
+        with ``aclose()``) runs in another task, and one task may interleave the blocks
+        of several generators. Else the current task's innermost block.
+        """
+        task = asyncio.current_task()
+        stack = self._entered.get(task) if task is not None else None
+        if stack and stack[-1].frame is caller:  # the common case: a plain 'async with'
+            return self._pop(stack[-1].task, len(stack) - 1)
+        frames: list[FrameType] = []
+        frame: FrameType | None = caller
+        while frame is not None and len(frames) < _FRAME_DEPTH:
+            frames.append(frame)
+            frame = frame.f_back
+        owners = [task] if task in self._entered else []
+        owners += [other for other in self._entered if other is not task]
+        for owner in owners:
+            blocks = self._entered[owner]
+            for index in range(len(blocks) - 1, -1, -1):
+                if any(blocks[index].frame is frame for frame in frames):
+                    return self._pop(owner, index)
+        if task is not None and task in self._entered:
+            return self._pop(task, len(self._entered[task]) - 1)
+        # Entered and exited by unrelated frames in different tasks (a helper that
+        # acquires in an endpoint and releases in a response): only the sole open block
+        # of this handle can be meant; with several, guessing could release another's.
+        if len(self._entered) == 1:
+            ((owner, blocks),) = self._entered.items()
+            if len(blocks) == 1:
+                return self._pop(owner, 0)
+        return None
+
+    def _pop(self, owner: asyncio.Task[Any], index: int) -> Block[H]:
+        stack = self._entered[owner]
+        block = stack.pop(index)
+        block.frame = None  # no reference cycle through the generator's frame
+        if not stack:
+            del self._entered[owner]
+        return block
+
+
 class BodyGuard:
     """Cancels ``async with`` bodies whose holds are lost, and releases them on exit.
 
@@ -94,21 +158,17 @@ class BodyGuard:
     any of them cancels the body.
     """
 
-    __slots__ = ("_entered",)
+    __slots__ = ("_blocks",)
 
     def __init__(self) -> None:
-        # Per task that entered, its open blocks, innermost last.
-        self._entered: dict[asyncio.Task[Any], list[_Block]] = {}
+        self._blocks: Blocks[Hold] = Blocks()
 
     def enter(self, *holds: Hold) -> None:
         """Open a block; call it from the handle's ``__aenter__`` itself, whose caller's
         frame (the ``async with`` statement's) the block is recorded under."""
-        task = asyncio.current_task()
-        assert task is not None  # the acquire that made the holds checked
-        block = _Block(holds, task, sys._getframe(2))
+        block = self._blocks.open(holds, sys._getframe(2))
         for hold in holds:
             hold.scopes.append(block)
-        self._entered.setdefault(task, []).append(block)
 
     async def exit(
         self,
@@ -120,8 +180,7 @@ class BodyGuard:
     ) -> None:
         """Leave a block (the one entered by the calling frame, else the current task's
         innermost, else its only open block); *engine* is None once the manager closed."""
-        task = asyncio.current_task()
-        block = self._take(task, sys._getframe(2))
+        block = self._blocks.take(sys._getframe(2))
         if block is None:
             raise RuntimeError(
                 f"{handle!r} was exited by a frame and a task that did not enter it: call "
@@ -131,8 +190,8 @@ class BodyGuard:
         for hold in holds:
             if block in hold.scopes:
                 hold.scopes.remove(block)
-        here = block.task is task
-        ours = here and block.requested and await _take_back(block, exc)
+        here = block.task is asyncio.current_task()
+        ours = here and block.requested and await take_back(block, exc)
         cancelled_from_outside = (
             exc_type is not None and not ours and issubclass(exc_type, asyncio.CancelledError)
         )
@@ -160,47 +219,6 @@ class BodyGuard:
         live = [h for h in holds if not h.lost and engine.registry.holds(h)]
         await _release_all(engine, live, quiet=bool(lost))
 
-    def _take(self, task: asyncio.Task[Any] | None, caller: FrameType) -> _Block | None:
-        """Remove and return the block the exiting code entered.
-
-        Found by frame first: the exit of a generator finalised by asyncio (or closed
-        with ``aclose()``) runs in another task, and one task may interleave the blocks
-        of several generators. Else the current task's innermost block.
-        """
-        stack = self._entered.get(task) if task is not None else None
-        if stack and stack[-1].frame is caller:  # the common case: a plain 'async with'
-            return self._pop(stack[-1].task, len(stack) - 1)
-        frames: list[FrameType] = []
-        frame: FrameType | None = caller
-        while frame is not None and len(frames) < _FRAME_DEPTH:
-            frames.append(frame)
-            frame = frame.f_back
-        owners = [task] if task in self._entered else []
-        owners += [other for other in self._entered if other is not task]
-        for owner in owners:
-            blocks = self._entered[owner]
-            for index in range(len(blocks) - 1, -1, -1):
-                if any(blocks[index].frame is frame for frame in frames):
-                    return self._pop(owner, index)
-        if task is not None and task in self._entered:
-            return self._pop(task, len(self._entered[task]) - 1)
-        # Entered and exited by unrelated frames in different tasks (a helper that
-        # acquires in an endpoint and releases in a response): only the sole open block
-        # of this handle can be meant; with several, guessing could release another's.
-        if len(self._entered) == 1:
-            ((owner, blocks),) = self._entered.items()
-            if len(blocks) == 1:
-                return self._pop(owner, 0)
-        return None
-
-    def _pop(self, owner: asyncio.Task[Any], index: int) -> _Block:
-        stack = self._entered[owner]
-        block = stack.pop(index)
-        block.frame = None  # no reference cycle through the generator's frame
-        if not stack:
-            del self._entered[owner]
-        return block
-
 
 def _cancelling(task: asyncio.Task[Any]) -> int:
     """The task's count of cancellation requests (0 before Python 3.11, which has none)."""
@@ -209,7 +227,7 @@ def _cancelling(task: asyncio.Task[Any]) -> int:
     return 0
 
 
-async def _take_back(block: _Block, exc: BaseException | None) -> bool:
+async def take_back(block: Block[Any], exc: BaseException | None) -> bool:
     """Withdraw the cancellation a loss sent to *block*'s task; True if *exc* was it.
 
     The body may have ended before the cancellation reached it (the loss was noticed
