@@ -12,7 +12,7 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock.testing import RedisServer
 
 #: Long enough that an expiry can never be what frees a lock in these tests.
 LEASE = 30.0
@@ -233,3 +234,48 @@ async def until_holders(slots: aiolock.Semaphore, count: int) -> None:
     while await slots.holders() != count:
         assert time.monotonic() - started < 5
         await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def masters() -> Iterator[list[RedisServer]]:
+    started: list[RedisServer] = []
+    try:
+        for _ in range(3):
+            started.append(RedisServer().start())
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+async def test_a_redlock_held_in_a_generator_is_released_when_finalised(
+    masters: list[RedisServer], prefix: str
+) -> None:
+    errors = loop_errors()
+    clients = [Redis.from_url(server.url) for server in masters]
+    try:
+        async with aiolock.LockManager.redlock(
+            clients, prefix=prefix, node_timeout=0.1, lease=LEASE
+        ) as red:
+            lock = red.lock("rows")
+
+            async def rows() -> AsyncGenerator[int, None]:
+                async with lock:
+                    for number in range(10):
+                        yield number
+
+            async for _ in rows():
+                break
+            gc.collect()
+
+            async def other() -> bool:
+                async with red.lock("rows", timeout=5):
+                    return True
+
+            started = time.monotonic()
+            assert await asyncio.create_task(other())
+            assert time.monotonic() - started < 4  # not after the consumer task ends
+    finally:
+        for client in clients:
+            await client.aclose()
+    assert errors == []
