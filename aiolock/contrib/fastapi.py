@@ -24,7 +24,8 @@ response is sent. A lock dependency in the default scope is refused: at startup 
 Status codes: the lock busy past ``timeout`` -> 423 (``timeout_status``); the lock lost
 while the endpoint ran -> 409 (``lost_status``); Redis unreachable or refusing, or the
 manager closed -> 503 (``unavailable_status``); a lock name that is not valid (say, a
-query parameter of 5000 bytes) -> 422.
+query parameter of 5000 bytes) -> 422; the client gone while the request waited for the
+lock -> 499 (uvicorn and FastAPI never cancel such a request: the dependency watches).
 """
 
 from __future__ import annotations
