@@ -89,6 +89,21 @@ MIN_BACKOFF, MAX_BACKOFF = 0.05, 2.0
 #: Owner of a hold handed over to a task that had given up: it belongs to no task.
 ORPHAN = ""
 
+#: The task-exit warning for a hold whose 'async with' block is still open: the task
+#: left it suspended, at a yield.
+_LEFT_OPEN = (
+    "Its 'async with' block is still open: the lock is held across a 'yield' (an async "
+    "generator, a streaming response's body) that the task stopped iterating without "
+    "closing it. Close the generator (contextlib.aclosing), or see docs/semantics.md "
+    "for streaming responses"
+)
+#: The task-exit warning for a hold acquired without 'async with', never released.
+_NEVER_RELEASED = (
+    "A hold belongs to the task that acquired it: a likely cause is a helper that runs "
+    "the acquire in a task of its own (asyncio.wait_for on Python 3.10/3.11, "
+    "create_task, gather), or a missing release()"
+)
+
 
 @dataclass(frozen=True)
 class _Handoff:
@@ -557,13 +572,11 @@ class Engine:
             # Name the kind: a semaphore's permits are no "lock" to whoever reads this.
             what = "a permit of semaphore" if hold.kind.name == "semaphore" else hold.kind.name
             logger.warning(
-                "%s %r was still held by task %r when the task ended; aiolock releases "
-                "it now. A hold belongs to the task that acquired it: a likely cause is a "
-                "helper that runs the acquire in a task of its own (asyncio.wait_for on "
-                "Python 3.10/3.11, create_task, gather), or a missing release()",
+                "%s %r was still held by task %r when the task ended; aiolock releases it now. %s",
                 what,
                 hold.keys.name,
                 task.get_name(),
+                _LEFT_OPEN if hold.scopes else _NEVER_RELEASED,
             )
             self.registry.remove(hold)
             self._ended(hold)

@@ -1,9 +1,24 @@
 """The ``async with`` guard shared by every kind's handle.
 
-Entering registers a cancel scope with the hold, so that a loss (noticed by the
-watchdog, a lease timer or another call) cancels the body; exiting turns that
-cancellation into :class:`~aiolock.LockLostError`, or releases the hold. One handle may
-be entered by many tasks, and nested in one task: the guard keeps a stack per task.
+Entering records a block with the hold, so that a loss (noticed by the watchdog, a
+lease timer or another call) cancels the body; exiting turns that cancellation into
+:class:`~aiolock.LockLostError`, or releases the hold. One handle may be entered by many
+tasks, and nested in one task.
+
+A block may be held across a ``yield`` (an async generator, a streaming response's
+body, a dependency with ``yield``), so two hazards shape it:
+
+* No cancel scope is left on the task while the block is open. An anyio scope entered
+  in a generator stays on the task's scope stack while the generator is suspended, and
+  the framework's own scopes (a task group around a streaming body) then exit out of
+  order: anyio raises "Attempted to exit a cancel scope that isn't the current task's
+  current cancel scope". A loss cancels the task natively instead (``task.cancel()``,
+  as ``asyncio.timeout`` does), and the exit recognises its own cancellation by a flag
+  and, on Python >= 3.11, by the task's cancellation count.
+* The exit may run in another task: asyncio finalises an abandoned generator in a task
+  of its own, and ``aclose()`` may be awaited anywhere. The block belongs to the frame
+  that entered it (the generator's), so the exit finds it by that frame and releases
+  its holds whichever task runs it; it never touches another task's cancellation state.
 """
 
 from __future__ import annotations
@@ -11,11 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import weakref
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
-
-import anyio
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 from ._errors import LockConnectionError, LockError, LockLostError
 
@@ -23,9 +35,14 @@ if TYPE_CHECKING:
     from ._engine import Engine
     from ._kind import Hold
 
-__all__ = ["Body", "BodyGuard", "ManagerLike", "forget_lost"]
+__all__ = ["Block", "Blocks", "BodyGuard", "ManagerLike", "forget_lost", "take_back"]
 
 logger = logging.getLogger("aiolock")
+
+#: How many frames above ``__aexit__``'s caller are searched for the frame that entered
+#: a block (a helper may call ``__aenter__`` and ``__aexit__`` from different frames of
+#: its own, like the FastAPI dependency's exit function).
+_FRAME_DEPTH = 4
 
 
 class ManagerLike(Protocol):
@@ -42,62 +59,96 @@ class ManagerLike(Protocol):
     def _owner(self) -> str: ...
 
 
-#: Tasks that a Body has cancelled natively and whose block has not exited yet: one such
-#: cancellation per task at a time (nested blocks lost together need only one).
-_NATIVELY_CANCELLED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
-_LOST = "aiolock: a lock held by this 'async with' was lost"
+H = TypeVar("H")
 
 
-class Body:
-    """One ``async with`` block: its cancel scope, and its task, cancelled when a hold is lost.
+class Block(Generic[H]):
+    """One ``async with`` block in progress: its holds, the task and frame that entered it."""
 
-    anyio's scope alone is not enough after a blocked event loop. When the loop runs
-    again, the body's awaited future (a sleep, a reply) is often already done in the
-    same iteration in which the deadline timer finds the lease over; anyio then defers
-    the cancellation to the body's next await, so the body runs one more step, after
-    the lease has ended (issue 23: a write 2 s after another process took the lock).
-    A native ``Task.cancel()`` replaces that result with a CancelledError, so the step
-    the loop resumes into is the cancellation. :meth:`BodyGuard.exit` takes it back.
-    """
+    __slots__ = ("cancelling", "frame", "holds", "requested", "task")
 
-    __slots__ = ("cancelling_at_enter", "natively", "scope", "task")
-
-    def __init__(self, scope: anyio.CancelScope, task: asyncio.Task[Any]) -> None:
-        self.scope = scope
+    def __init__(self, holds: tuple[H, ...], task: asyncio.Task[Any], frame: FrameType) -> None:
+        self.holds = holds
         self.task = task
-        #: the task's cancel requests when the block was entered (3.11+): more at its
-        #: exit, beyond our own, means a cancellation from outside
-        self.cancelling_at_enter = 0
-        if sys.version_info >= (3, 11):
-            self.cancelling_at_enter = task.cancelling()
-        self.natively = False
+        self.frame: FrameType | None = frame
+        #: the task's cancellation count at entry (Python >= 3.11): an exit that finds
+        #: it higher after taking back its own cancellation was cancelled from outside too
+        self.cancelling = _cancelling(task)
+        #: whether a loss has cancelled the task (the hold calls cancel())
+        self.requested = False
 
     def cancel(self) -> None:
-        self.scope.cancel()
-        task = self.task
-        # The task's own call (a failed extend, say) reaches its next await anyway.
-        if task is asyncio.current_task() or task.done() or task in _NATIVELY_CANCELLED:
+        """A hold of the block was lost: cancel the task running the body, once."""
+        if self.requested:
             return
-        if sys.version_info < (3, 11) and getattr(task, "_must_cancel", False):
-            return  # 3.10: a cancellation already pending would get our message (below)
-        _NATIVELY_CANCELLED.add(task)
-        self.natively = True
-        task.cancel(_LOST)
+        self.requested = True
+        self.task.cancel(self.message)
 
-    def settle(self, exc: BaseException | None) -> bool:
-        """At exit: take back our native cancellation; whether *exc* was it."""
-        if not self.natively:
-            return False
-        _NATIVELY_CANCELLED.discard(self.task)
-        if not isinstance(exc, asyncio.CancelledError):
-            if sys.version_info >= (3, 11):
-                self.task.uncancel()
-            return False
-        if sys.version_info >= (3, 11):
-            # Ours unless another cancellation is pending (then that one goes on).
-            return self.task.uncancel() <= self.cancelling_at_enter
-        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it).
-        return bool(exc.args) and exc.args[0] == _LOST
+    @property
+    def message(self) -> str:
+        """The message of the cancellation a loss sends (Python 3.10 tells it by this)."""
+        return f"aiolock: a lock of the 'async with' block {id(self):#x} was lost"
+
+
+class Blocks(Generic[H]):
+    """The open ``async with`` blocks of one handle, per task that entered them (one
+    handle may be entered by many tasks, and nested in one task)."""
+
+    __slots__ = ("_entered",)
+
+    def __init__(self) -> None:
+        # Per task that entered, its open blocks, innermost last.
+        self._entered: dict[asyncio.Task[Any], list[Block[H]]] = {}
+
+    def open(self, holds: tuple[H, ...], frame: FrameType) -> Block[H]:
+        """A block of the current task, entered by *frame* (the ``async with``'s)."""
+        task = asyncio.current_task()
+        assert task is not None  # the acquire that made the holds checked
+        block = Block(holds, task, frame)
+        self._entered.setdefault(task, []).append(block)
+        return block
+
+    def take(self, caller: FrameType) -> Block[H] | None:
+        """Remove and return the block the exiting code (*caller*) entered.
+
+        Found by frame first: the exit of a generator finalised by asyncio (or closed
+        with ``aclose()``) runs in another task, and one task may interleave the blocks
+        of several generators. Else the current task's innermost block.
+        """
+        task = asyncio.current_task()
+        stack = self._entered.get(task) if task is not None else None
+        if stack and stack[-1].frame is caller:  # the common case: a plain 'async with'
+            return self._pop(stack[-1].task, len(stack) - 1)
+        frames: list[FrameType] = []
+        frame: FrameType | None = caller
+        while frame is not None and len(frames) < _FRAME_DEPTH:
+            frames.append(frame)
+            frame = frame.f_back
+        owners = [task] if task in self._entered else []
+        owners += [other for other in self._entered if other is not task]
+        for owner in owners:
+            blocks = self._entered[owner]
+            for index in range(len(blocks) - 1, -1, -1):
+                if any(blocks[index].frame is frame for frame in frames):
+                    return self._pop(owner, index)
+        if task is not None and task in self._entered:
+            return self._pop(task, len(self._entered[task]) - 1)
+        # Entered and exited by unrelated frames in different tasks (a helper that
+        # acquires in an endpoint and releases in a response): only the sole open block
+        # of this handle can be meant; with several, guessing could release another's.
+        if len(self._entered) == 1:
+            ((owner, blocks),) = self._entered.items()
+            if len(blocks) == 1:
+                return self._pop(owner, 0)
+        return None
+
+    def _pop(self, owner: asyncio.Task[Any], index: int) -> Block[H]:
+        stack = self._entered[owner]
+        block = stack.pop(index)
+        block.frame = None  # no reference cycle through the generator's frame
+        if not stack:
+            del self._entered[owner]
+        return block
 
 
 class BodyGuard:
@@ -107,32 +158,27 @@ class BodyGuard:
     any of them cancels the body.
     """
 
-    __slots__ = ("_entered",)
+    __slots__ = ("_blocks",)
 
     def __init__(self) -> None:
-        # Per task, the holds and cancel scope of each ``async with`` block it is in.
-        self._entered: dict[asyncio.Task[Any], list[tuple[tuple[Hold, ...], Body]]] = {}
+        self._blocks: Blocks[Hold] = Blocks()
 
     def enter(self, engine: Engine, *holds: Hold) -> bool:
-        """Guard a body with *holds*, which the current task has just acquired.
+        """Open a block guarding *holds*, which the current task has just acquired; call
+        it from the handle's ``__aenter__`` itself, whose caller's frame (the ``async
+        with`` statement's) the block is recorded under.
 
-        False, entering nothing, if one of them is lost already (its lease ended while
-        the acquire waited, or before its reply arrived): a scope registered now would
-        never be cancelled, and the body would run without the lock. The caller then
-        awaits :meth:`refuse`.
+        False, opening nothing, if one of them is lost already (its lease ended while
+        the acquire waited, or before its reply arrived): a block opened now would never
+        be cancelled, and the body would run without the lock. The caller then awaits
+        :meth:`refuse`.
         """
         registry = engine.registry
+        if not all(registry.alive(hold) for hold in holds):
+            return False
+        block = self._blocks.open(holds, sys._getframe(2))
         for hold in holds:
-            if not registry.alive(hold):
-                return False
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        task = asyncio.current_task()
-        assert task is not None  # the acquire that made the holds checked
-        body = Body(scope, task)
-        for hold in holds:
-            hold.scopes.append(body)
-        self._entered.setdefault(task, []).append((holds, body))
+            hold.scopes.append(block)
         return True
 
     async def refuse(self, engine: Engine, *holds: Hold) -> NoReturn:
@@ -160,22 +206,22 @@ class BodyGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Leave the innermost block of the current task; *engine* is None once closed."""
-        task = asyncio.current_task()
-        stack = self._entered.get(task) if task is not None else None
-        if not stack:
-            raise RuntimeError(f"{handle!r} exited in a task that did not enter it")
-        holds, body = stack.pop()
-        if not stack:
-            del self._entered[task]  # type: ignore[arg-type]
+        """Leave a block (the one entered by the calling frame, else the current task's
+        innermost, else its only open block); *engine* is None once the manager closed."""
+        block = self._blocks.take(sys._getframe(2))
+        if block is None:
+            raise RuntimeError(
+                f"{handle!r} was exited by a frame and a task that did not enter it: call "
+                "__aenter__ and __aexit__ from the same function (an 'async with' does)"
+            )
+        holds = block.holds
         for hold in holds:
-            if body in hold.scopes:
-                hold.scopes.remove(body)
-        swallowed = bool(body.scope.__exit__(exc_type, exc, tb))
-        # After the scope's exit, which takes back anyio's own cancellations first.
-        swallowed = body.settle(exc) or swallowed
+            if block in hold.scopes:
+                hold.scopes.remove(block)
+        here = block.task is asyncio.current_task()
+        ours = here and block.requested and await take_back(block, exc)
         cancelled_from_outside = (
-            exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
+            exc_type is not None and not ours and issubclass(exc_type, asyncio.CancelledError)
         )
         lost = [hold for hold in holds if hold.lost]
         if lost and not cancelled_from_outside:
@@ -184,19 +230,56 @@ class BodyGuard:
                     engine.registry.pop_lost(hold.resource, hold.owner)
                     engine.release_lost(hold)  # Redis may still have it if renewal was cut off
                 await _release_all(engine, [h for h in holds if not h.lost], quiet=True)
+            if not here and exc_type is GeneratorExit:
+                return  # a generator closed by another task: nobody awaits its outcome
             first = lost[0]
             raise LockLostError(
                 f"lock {first.keys.name!r} was lost inside 'async with' ({first.lost_reason}); "
                 "the body was cancelled because another owner may have entered"
-            ) from (None if swallowed else exc)
+            ) from (None if ours else exc)
         if engine is None:
             return  # the manager closed meanwhile and released them
         # Cancelled from outside with a hold lost: that cancellation goes on, and the
         # holds still held are released. A hold the body released itself (a semaphore
         # Permit's release()) is no longer registered: releasing it again would find it
-        # gone in Redis and report it lost.
+        # gone in Redis and report it lost. So is a hold the task-exit safety net
+        # released because the task ended with the block still open.
         live = [h for h in holds if not h.lost and engine.registry.holds(h)]
         await _release_all(engine, live, quiet=bool(lost))
+
+
+def _cancelling(task: asyncio.Task[Any]) -> int:
+    """The task's count of cancellation requests (0 before Python 3.11, which has none)."""
+    if sys.version_info >= (3, 11):
+        return task.cancelling()
+    return 0
+
+
+async def take_back(block: Block[Any], exc: BaseException | None) -> bool:
+    """Withdraw the cancellation a loss sent to *block*'s task; True if *exc* was it.
+
+    The body may have ended before the cancellation reached it (the loss was noticed
+    while the task ran, or the body caught it): then it is still pending, and is
+    absorbed here rather than let through to the release or to the code after the
+    block. A cancellation from outside (the count stays above the entry's) goes on.
+    """
+    task = block.task
+    if isinstance(exc, asyncio.CancelledError):
+        if sys.version_info >= (3, 11):
+            return task.uncancel() <= block.cancelling
+        # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it,
+        # with None when it gives none).
+        return bool(exc.args) and exc.args[0] == block.message
+    if sys.version_info >= (3, 11):
+        if task.cancelling() <= block.cancelling:
+            return False  # already taken back (the body caught it and went on)
+        task.uncancel()
+    try:
+        await asyncio.sleep(0)  # where a pending cancellation of ours lands
+    except asyncio.CancelledError:
+        if _cancelling(task) > block.cancelling:
+            raise  # another one came with it: it goes on
+    return False
 
 
 def forget_lost(engine: Engine, hold: Hold) -> None:

@@ -64,12 +64,6 @@ __all__ = [
 ]
 
 
-class Cancellable(Protocol):
-    """What a loss cancels: an ``async with`` body (aiolock._guard.Body)."""
-
-    def cancel(self) -> None: ...
-
-
 class Hold:
     """One grant of one kind to one owner task: the registry's unit."""
 
@@ -136,7 +130,8 @@ class Hold:
         self.timer: asyncio.TimerHandle | None = None
         self.lost = False
         self.lost_reason = ""
-        #: the ``async with`` bodies running under this hold (see aiolock._guard)
+        #: the ``async with`` blocks running under this hold: a loss cancels each
+        #: (aiolock._guard's blocks; anything with a cancel() method)
         self.scopes: list[Cancellable] = []
         #: the id of a final release sent but not confirmed (reused when it is sent
         #: again), and when it was first sent: Redis remembers it for a while only
@@ -268,6 +263,12 @@ def decode_release(reply: Any, bad_key: BadKey) -> Released:
     if status is None:  # -1: a key holds another type
         raise bad_key(reply)
     return Released(status, max(as_int(reply[1]), 0))
+
+
+class Cancellable(Protocol):
+    """What a hold cancels when it is lost: the body of an ``async with`` block."""
+
+    def cancel(self) -> object: ...
 
 
 class LockKind(Protocol):

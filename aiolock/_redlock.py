@@ -351,7 +351,12 @@ class RedlockManager:
         for key, hold in list(self._holds.items()):
             if key[1] == owner:
                 logger.warning(
-                    "redlock %r was still held when its task ended; releasing it", hold.keys.name
+                    "redlock %r was still held when its task ended; releasing it%s",
+                    hold.keys.name,
+                    ". Its 'async with' block is still open: it is held across a 'yield' "
+                    "the task stopped iterating without closing it (contextlib.aclosing)"
+                    if hold.scopes
+                    else "",
                 )
                 self._lose(hold, "its task ended")
 
@@ -667,9 +672,17 @@ class RedlockManager:
                 f"redlock {keys.name!r} is not held by the current task; locks belong to "
                 "the task that acquired them"
             )
+        await self.release_hold(hold)
+
+    async def release_hold(self, hold: RedlockHold) -> None:
+        """Release one count of *hold*, whichever task calls (an ``async with`` block
+        closed in another task, such as a generator's finaliser, releases its own)."""
+        keys = hold.keys
         if hold.count > 1:
             hold.count -= 1
             return
+        if self._holds.get((keys.lock, hold.owner)) is not hold:
+            return  # released already, or lost (its task ended, say)
         self._forget(hold, keep_gate=True)
         try:
             gone = await self._send_release(hold)
@@ -837,6 +850,11 @@ class RedlockManager:
 
     def pop_lost(self, keys: LockKeys) -> RedlockHold | None:
         return self._lost.pop((keys.lock, self._owner()), None)
+
+    def forget_lost(self, hold: RedlockHold) -> None:
+        """*hold*'s loss was reported (by its ``async with``): not again at release()."""
+        if self._lost.get((hold.keys.lock, hold.owner)) is hold:
+            del self._lost[(hold.keys.lock, hold.owner)]
 
 
 async def _skipped() -> str:

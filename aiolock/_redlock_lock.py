@@ -9,17 +9,18 @@ try_acquire, release, owned, ``async with`` whose body a loss cancels) over
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-
-import anyio
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._errors import LockError, LockLostError, LockTimeoutError
+from ._guard import Blocks, take_back
 from ._lock import _DEFAULT, resolve
 
 if TYPE_CHECKING:
     from ._keys import LockKeys
+    from ._kind import Cancellable
 
 __all__ = ["FENCING_MESSAGE", "Busy", "Gate", "RedlockHold", "RedlockLock", "RedlockOps"]
 
@@ -102,7 +103,8 @@ class RedlockHold:
         self.next_check = time.monotonic() + lease / 3
         self.lost = False
         self.lost_reason = ""
-        self.scopes: list[anyio.CancelScope] = []
+        #: the ``async with`` blocks running under it (aiolock._guard's): a loss cancels each
+        self.scopes: list[Cancellable] = []
         self.timer: asyncio.TimerHandle | None = None
         #: the local gate it keeps while held (None for a single-round acquisition)
         self.gate: Gate | None = None
@@ -129,6 +131,10 @@ class RedlockOps(Protocol):
 
     async def release(self, keys: LockKeys) -> None: ...
 
+    async def release_hold(self, hold: RedlockHold) -> None: ...
+
+    def forget_lost(self, hold: RedlockHold) -> None: ...
+
     async def votes(self, keys: LockKeys) -> int: ...
 
     def pop_lost(self, keys: LockKeys) -> RedlockHold | None: ...
@@ -142,7 +148,7 @@ class RedlockLock:
     ``async with`` and raises :class:`~aiolock.LockLostError`.
     """
 
-    __slots__ = ("_entered", "_keys", "_lease", "_manager", "_timeout")
+    __slots__ = ("_blocks", "_keys", "_lease", "_manager", "_timeout")
 
     def __init__(
         self, manager: RedlockOps, keys: LockKeys, timeout: float | None, lease: float | None
@@ -151,7 +157,7 @@ class RedlockLock:
         self._keys = keys
         self._timeout = timeout
         self._lease = lease
-        self._entered: dict[asyncio.Task[Any], list[tuple[RedlockHold, anyio.CancelScope]]] = {}
+        self._blocks: Blocks[RedlockHold] = Blocks()
 
     @property
     def name(self) -> str:
@@ -208,12 +214,9 @@ class RedlockLock:
 
     async def __aenter__(self) -> RedlockLock:
         hold = await self._acquire(_DEFAULT, _DEFAULT)
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        hold.scopes.append(scope)
-        task = asyncio.current_task()
-        assert task is not None
-        self._entered.setdefault(task, []).append((hold, scope))
+        # A block, not a cancel scope, so that it may be held across a yield (see
+        # aiolock._guard): recorded under the frame of the 'async with'.
+        hold.scopes.append(self._blocks.open((hold,), sys._getframe(1)))
         return self
 
     async def __aexit__(
@@ -222,28 +225,27 @@ class RedlockLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        task = asyncio.current_task()
-        stack = self._entered.get(task) if task is not None else None
-        if not stack:
-            raise RuntimeError(f"{self!r} exited in a task that did not enter it")
-        hold, scope = stack.pop()
-        if not stack:
-            del self._entered[task]  # type: ignore[arg-type]
-        if scope in hold.scopes:
-            hold.scopes.remove(scope)
-        swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        outside = (
-            exc_type is not None and not swallowed and issubclass(exc_type, asyncio.CancelledError)
-        )
+        block = self._blocks.take(sys._getframe(1))
+        if block is None:
+            raise RuntimeError(
+                f"{self!r} was exited by a frame and a task that did not enter it: call "
+                "__aenter__ and __aexit__ from the same function (an 'async with' does)"
+            )
+        (hold,) = block.holds
+        if block in hold.scopes:
+            hold.scopes.remove(block)
+        here = block.task is asyncio.current_task()
+        ours = here and block.requested and await take_back(block, exc)
+        outside = exc_type is not None and not ours and issubclass(exc_type, asyncio.CancelledError)
         if hold.lost:
             if self._manager.is_open:
-                self._manager.pop_lost(self._keys)
-            if outside:
-                return  # that cancellation goes on
+                self._manager.forget_lost(hold)
+            if outside or (not here and exc_type is GeneratorExit):
+                return  # that cancellation goes on; or nobody awaits a closed generator
             raise LockLostError(
                 f"redlock {self.name!r} was lost inside 'async with' ({hold.lost_reason}); "
                 "the body was cancelled because another owner may have entered"
-            ) from (None if swallowed else exc)
+            ) from (None if ours else exc)
         if not self._manager.is_open:
             return
-        await self._manager.release(self._keys)
+        await self._manager.release_hold(hold)  # the block's own, whichever task exits it

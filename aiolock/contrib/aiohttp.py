@@ -17,16 +17,24 @@
 A handler's ``async with`` ends before it returns its response, so a lost lock raises
 :class:`~aiolock.LockLostError` from the handler, never after the response went out;
 :func:`lock_error_middleware` turns it (and timeouts, and Redis failures) into a status.
+
+Client disconnects: ``web.run_app`` does not cancel a handler whose client left (only
+``handler_cancellation=True`` does, which aiohttp's ``TestServer`` turns on). Enter the
+lock through :func:`client_lock` to stop waiting when the client leaves, and optionally
+to cancel the body of a holder whose client left.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
 
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from .._manager import LockManager
+from ._disconnect import CLIENT_LEFT_STATUS, ClientWatch
 from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
 
 try:
@@ -35,9 +43,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing("aiohttp", exc) from exc
 
-__all__ = ["LOCK_MANAGER", "lock_error_middleware", "lock_manager_ctx"]
+__all__ = ["LOCK_MANAGER", "ClientLeft", "client_lock", "lock_error_middleware", "lock_manager_ctx"]
 
 logger = logging.getLogger("aiolock")
+T = TypeVar("T")
+
+#: How often :func:`client_lock` looks at the connection (aiohttp has no awaitable for
+#: a peer that left once the request's body was read).
+POLL_INTERVAL = 0.05
 
 #: Where :func:`lock_manager_ctx` puts the app's manager: ``request.app[LOCK_MANAGER]``.
 LOCK_MANAGER: web.AppKey[LockManager] = web.AppKey("aiolock.manager", LockManager)
@@ -120,3 +133,63 @@ def lock_error_middleware(
 
 def _error(status: int, detail: str) -> web.Response:
     return web.json_response({"detail": detail}, status=status)
+
+
+class ClientLeft(web.HTTPClientError):
+    """The client disconnected while the request waited for a lock (or held one, with
+    ``cancel_on_disconnect``): status 499, which nobody reads."""
+
+    status_code = CLIENT_LEFT_STATUS
+
+
+@asynccontextmanager
+async def client_lock(
+    request: web.BaseRequest,
+    handle: AbstractAsyncContextManager[T],
+    *,
+    cancel_on_disconnect: bool = False,
+) -> AsyncIterator[T]:
+    """``async with handle`` that gives up when the request's client disconnects.
+
+    ``async with client_lock(request, locks.lock(name, timeout=5)) as lock:``. While the
+    lock is awaited, the connection is looked at every :data:`POLL_INTERVAL` seconds;
+    if the client left, the wait stops and :class:`ClientLeft` (499) is raised, so the
+    request never takes the lock later to run its body for nobody. With
+    *cancel_on_disconnect* the body is watched too: it is cancelled, the lock released
+    and :class:`ClientLeft` raised if the client leaves while it runs. Needed under
+    ``web.run_app``, whose default ``handler_cancellation=False`` cancels nothing.
+    """
+    watch = ClientWatch(lambda: _gone(request))
+    try:
+        entered = await handle.__aenter__()
+    except BaseException as exc:
+        watch.stop()
+        if await watch.settle(exc):
+            raise ClientLeft(reason="the client disconnected while the request waited") from None
+        raise
+    if not cancel_on_disconnect:
+        watch.stop()
+        if await watch.settle(None):  # it left just as the lock was granted
+            await handle.__aexit__(None, None, None)
+            raise ClientLeft(reason="the client disconnected while the request waited")
+    try:
+        yield entered
+    except BaseException as exc:
+        watch.stop()
+        left = await watch.settle(exc)
+        await handle.__aexit__(type(exc), exc, exc.__traceback__)
+        if left:
+            raise ClientLeft(reason="the client disconnected while the request ran") from None
+        raise
+    watch.stop()
+    await watch.settle(None)  # left at the very end: the body finished anyway
+    await handle.__aexit__(None, None, None)
+
+
+async def _gone(request: web.BaseRequest) -> None:
+    """Return once the request's connection is closed or closing."""
+    while True:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+        await asyncio.sleep(POLL_INTERVAL)

@@ -24,28 +24,34 @@ response is sent. A lock dependency in the default scope is refused: at startup 
 Status codes: the lock busy past ``timeout`` -> 423 (``timeout_status``); the lock lost
 while the endpoint ran -> 409 (``lost_status``); Redis unreachable or refusing, or the
 manager closed -> 503 (``unavailable_status``); a lock name that is not valid (say, a
-query parameter of 5000 bytes) -> 422.
+query parameter of 5000 bytes) -> 422; the client gone while the request waited for the
+lock -> 499 (uvicorn and FastAPI never cancel such a request: the dependency watches).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import string
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 from .._decorators import LOCK_MAKERS, LockKindName, check_spec, distinct
 from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from .._keys import check_lease, check_timeout
 from .._manager import LockManager
+from ._disconnect import CLIENT_LEFT_STATUS, ClientWatch
 from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
 
 try:
     from fastapi import Depends, HTTPException, Request
     from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import StreamingResponse
+    from starlette.types import Receive, Scope, Send
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise missing("fastapi", exc) from exc
 
@@ -55,6 +61,7 @@ __all__ = [
     "get_lock_manager",
     "lock_dependency",
     "lock_lifespan",
+    "locked_streaming_response",
 ]
 
 logger = logging.getLogger("aiolock")
@@ -147,6 +154,8 @@ def lock_dependency(
     lost_status: int = 409,
     unavailable_status: int = 503,
     manager: LockManager | None = None,
+    watch_disconnect: bool = True,
+    cancel_on_disconnect: bool = False,
 ) -> Callable[..., AsyncIterator[Any]]:
     """A dependency that holds the lock *name* while the endpoint runs; use it with
     ``Depends(lock_dependency(...), scope="function")``.
@@ -167,6 +176,16 @@ def lock_dependency(
     closed, 422 when the formatted name is not a valid lock name.
 
     *manager* overrides the app's manager (by default :func:`get_lock_manager`'s).
+
+    Client disconnects: uvicorn and FastAPI never cancel an endpoint whose client left.
+    With *watch_disconnect* (the default) the dependency watches the ASGI ``receive``
+    channel while it waits: a client that disconnects stops the wait (the request ends
+    with 499, which nobody reads), so it never takes the lock later to run the endpoint
+    for nobody. To watch, it reads the request body first (Starlette keeps it for the
+    endpoint); an endpoint that streams a large upload should pass
+    ``watch_disconnect=False``. With *cancel_on_disconnect* the watch goes on while the
+    endpoint runs and cancels it (then releases the lock) if the client leaves; leave
+    it off for work that must finish once started.
     """
     if kind not in LOCK_MAKERS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, LOCK_MAKERS))}, got {kind!r}")
@@ -205,13 +224,16 @@ def lock_dependency(
             handle = make(locks, formatted[0] if single else formatted, timeout, lease)
         except ValueError as exc:  # a name too long, say, from a client's parameter
             raise HTTPException(422, detail=f"not a valid lock name: {exc}") from exc
+        watch = await _watch_client(request) if watch_disconnect else None
         try:
             await handle.__aenter__()
         except LockTimeoutError as exc:
+            await _settle(watch, exc)
             raise HTTPException(
                 timeout_status, detail=f"{_describe(formatted)} is busy; try again later"
             ) from exc
         except (LockBackendError, ManagerNotOpenError) as exc:
+            await _settle(watch, exc)
             raise HTTPException(
                 unavailable_status, detail="the lock service is unavailable; try again later"
             ) from exc
@@ -222,14 +244,31 @@ def lock_dependency(
                 detail=f"{_describe(formatted)} was lost before the request ran; nothing "
                 "was done: try again",
             ) from exc
-        # What ``async with`` does, split around the yield. The guard's cancel scope,
-        # entered by __aenter__, spans the endpoint: a loss cancels it, and the
-        # CancelledError comes back here, where __aexit__ turns it into LockLostError.
+        except asyncio.CancelledError as exc:
+            await _settle(watch, exc)  # the client left: 499 (else the cancellation goes on)
+            raise
+        if watch is not None and not cancel_on_disconnect:
+            watch.stop()
+            if await watch.settle(None):  # it left just as the lock was granted
+                await _exit(handle, None, formatted, lost_status, unavailable_status)
+                _client_left("got the lock")
+            watch = None
+        # What ``async with`` does, split around the yield. The guard's block, entered by
+        # __aenter__, spans the endpoint: a loss cancels it, and the CancelledError comes
+        # back here, where __aexit__ turns it into LockLostError.
         try:
             yield handle
         except BaseException as exc:
+            if watch is not None:
+                watch.stop()
+                if await watch.settle(exc):  # the client left: the endpoint was cancelled
+                    await _exit(handle, exc, formatted, lost_status, unavailable_status)
+                    _client_left("ran")
             await _exit(handle, exc, formatted, lost_status, unavailable_status)
             raise
+        if watch is not None:
+            watch.stop()
+            await watch.settle(None)  # left at the very end: the endpoint finished anyway
         await _exit(handle, None, formatted, lost_status, unavailable_status)
 
     parameters = [
@@ -244,6 +283,37 @@ def lock_dependency(
     hold_lock.__name__ = hold_lock.__qualname__ = f"lock_dependency({name!r})"
     setattr(hold_lock, _MARK, True)
     return hold_lock
+
+
+async def _watch_client(request: Request) -> ClientWatch:
+    """Read the body (Starlette keeps it for the endpoint), then watch for the client
+    leaving: the next ASGI message is ``http.disconnect``."""
+    try:
+        await request.body()
+    except ClientDisconnect:
+        _client_left("waited")  # gone while sending the body
+    except RuntimeError:
+        pass  # already read as a stream (a form): only the disconnect is left to receive
+
+    async def left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return ClientWatch(left)
+
+
+async def _settle(watch: ClientWatch | None, exc: BaseException) -> None:
+    """After a failed acquire: if the client left meanwhile, end the request with 499."""
+    if watch is not None:
+        watch.stop()
+        if await watch.settle(exc):
+            _client_left("waited")
+
+
+def _client_left(what: str) -> NoReturn:
+    raise HTTPException(
+        CLIENT_LEFT_STATUS, detail=f"the client disconnected while the request {what}"
+    )
 
 
 async def _exit(
@@ -296,6 +366,75 @@ def _fields(templates: list[str]) -> list[str]:
             if field not in fields:
                 fields.append(field)
     return fields
+
+
+# -- streaming responses ------------------------------------------------------------------
+
+
+async def locked_streaming_response(
+    handle: AbstractAsyncContextManager[Any],
+    content: AsyncIterable[bytes | str],
+    *,
+    timeout_status: int = 423,
+    unavailable_status: int = 503,
+    **options: Any,
+) -> StreamingResponse:
+    """Acquire *handle* now, and return a ``StreamingResponse`` of *content* that holds
+    it until the stream ends, fails, or the client leaves.
+
+    ``return await locked_streaming_response(locks.lock("export"), rows(), media_type=...)``.
+    A busy lock is a *timeout_status* (423) and Redis failing a *unavailable_status*
+    (503), before anything is sent. The lock is released, and *content* closed, when
+    the response is done, however it ends: Starlette cancels a stream whose client left
+    without closing its body, so a lock held inside the body generator itself would
+    wait for the task's end or the garbage collector. A loss while streaming cancels
+    the stream (the client sees it cut short) and raises ``LockLostError`` from the
+    response. *options* are ``StreamingResponse``'s (``media_type``, ``headers``, ...).
+    """
+    check_statuses(timeout_status, 409, unavailable_status)
+    try:
+        await handle.__aenter__()
+    except LockTimeoutError as exc:
+        raise HTTPException(timeout_status, detail="the lock is busy; try again later") from exc
+    except (LockBackendError, ManagerNotOpenError) as exc:
+        raise HTTPException(
+            unavailable_status, detail="the lock service is unavailable; try again later"
+        ) from exc
+    return _LockedStreamingResponse(handle, content, **options)
+
+
+class _LockedStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that leaves its lock's ``async with`` when it is done."""
+
+    def __init__(
+        self, handle: AbstractAsyncContextManager[Any], content: AsyncIterable[bytes | str],
+        **options: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(content, **options)
+        self._handle = handle
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failure: BaseException | None = None
+        try:
+            await super().__call__(scope, receive, send)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            try:
+                await self._close()
+            finally:
+                if failure is None:
+                    await self._handle.__aexit__(None, None, None)
+                else:
+                    await self._handle.__aexit__(type(failure), failure, failure.__traceback__)
+
+    async def _close(self) -> None:
+        """Close the body: blocks of its own (a lock it holds itself) end here too."""
+        aclose = getattr(self._content, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 # -- the scope check ----------------------------------------------------------------------
