@@ -64,7 +64,7 @@ async def test_a_client_leaving_a_locked_stream_behind_a_middleware_frees_the_lo
 ) -> None:
     entered = asyncio.Event()
     app = streaming_app(redis_url, prefix, entered)
-    key = f"{prefix}:{{export}}"
+    key = f"{prefix}:lock:{{export}}"
     with caplog.at_level(logging.WARNING):
         async with uvicorn_serving(app) as base:
             for _ in range(3):
@@ -115,7 +115,7 @@ async def test_locked_streaming_response_holds_the_lock_for_the_stream_and_frees
 ) -> None:
     sent: list[int] = []
     app = helper_app(redis_url, prefix, sent)
-    key = f"{prefix}:{{export}}"
+    key = f"{prefix}:lock:{{export}}"
     with caplog.at_level(logging.WARNING):
         async with uvicorn_serving(app) as base, httpx.AsyncClient(base_url=base) as client:
             async with client.stream("GET", "/export") as streaming:

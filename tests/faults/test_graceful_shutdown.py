@@ -41,8 +41,10 @@ async def direct(fault_redis_server: RedisServer) -> AsyncIterator[Redis]:
 
 
 async def _held_locks(admin: Redis, prefix: str) -> list[bytes]:
-    """The lock keys (``P:{name}``) under *prefix*, not the tombstones or fence keys."""
-    return [key async for key in admin.scan_iter(f"{prefix}:*", count=1000) if key.endswith(b"}")]
+    """The lock keys (``P:lock:{name}``) under *prefix*, not the tombstones or fence keys."""
+    return [
+        key async for key in admin.scan_iter(f"{prefix}:lock:*", count=1000) if key.endswith(b"}")
+    ]
 
 
 @pytest.mark.parametrize("hand_over_to_cancelled", [False, True])
