@@ -238,6 +238,7 @@ def lock_dependency(
                 unavailable_status, detail="the lock service is unavailable; try again later"
             ) from exc
         except LockLostError as exc:  # lost before the endpoint ran: nothing was done
+            await _settle(watch, exc)
             logger.warning("%s was lost before the endpoint ran: %s", _describe(formatted), exc)
             raise HTTPException(
                 lost_status,
