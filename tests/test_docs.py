@@ -29,6 +29,9 @@ RUNNABLE = (
     "getting-started.md",
     "recipes/workers.md",
     "migrating/redis-py.md",
+    "migrating/python-redis-lock.md",
+    "migrating/pottery.md",
+    "migrating/redisson.md",
 )
 _FENCE = re.compile(r"^```(?P<lang>\w*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```\s*$", re.M | re.S)
 
