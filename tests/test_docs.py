@@ -64,6 +64,17 @@ def test_every_example_shows_its_output() -> None:
     ]
 
 
+def test_blocks_marked_no_run_are_shown_but_not_run() -> None:
+    """Another library's program (not installed here) is marked ``{.no-run}``; the
+    aiolock programs of the same page still run."""
+    page = "migrating/python-redis-lock.md"
+    assert "```python {.no-run" in (ROOT / "docs" / page).read_text("utf-8")
+    programs = [program for _, program, _ in _examples(page)]
+    assert programs
+    assert not any("import redis_lock" in program for program in programs)
+    assert all("import aiolock" in program for program in programs)
+
+
 @pytest.fixture(scope="module")
 def docs_redis_url() -> Iterator[str]:
     """A server of this module's own: the programs use the page's fixed prefix."""
