@@ -2,7 +2,9 @@
 
 Every ``python`` block of the pages in ``RUNNABLE`` is a complete program; each is run in a
 process of its own against a redis-server this module starts, and its output is compared
-with the ``text title="Output"`` block under it (``<n>`` stands for a number). The site
+with the ``text title="Output"`` block under it (``<n>`` stands for a number). A python
+block marked ``{.no-run}`` (```` ```python {.no-run title="..."} ````) is shown but not run:
+the code of another library that the test environment does not install. The site
 itself is built by ``mkdocs build --strict`` in CI (.ci/run); the test here builds it too
 when mkdocs is installed (the ``docs`` extra), so a broken link fails the suite locally.
 """
@@ -23,7 +25,14 @@ from aiolock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 #: pages whose every python block is a complete program, with its output under it
-RUNNABLE = ("getting-started.md", "recipes/workers.md")
+RUNNABLE = (
+    "getting-started.md",
+    "recipes/workers.md",
+    "migrating/redis-py.md",
+    "migrating/python-redis-lock.md",
+    "migrating/pottery.md",
+    "migrating/redisson.md",
+)
 _FENCE = re.compile(r"^```(?P<lang>\w*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```\s*$", re.M | re.S)
 
 
@@ -33,7 +42,7 @@ def _examples(page: str) -> list[tuple[str, str, str | None]]:
     found: list[tuple[str, str, str | None]] = []
     for match in _FENCE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
-        if match["lang"] == "python":
+        if match["lang"] == "python" and ".no-run" not in match["attrs"]:
             found.append((f"docs/{page}:{line}", match["body"], None))
         elif match["lang"] == "text" and 'title="Output"' in match["attrs"]:
             assert found and found[-1][2] is None, f"line {line}: an Output block with no program"
@@ -53,6 +62,17 @@ def test_every_example_shows_its_output() -> None:
     assert all(expected is not None for _, _, expected in EXAMPLES), [
         where for where, _, expected in EXAMPLES if expected is None
     ]
+
+
+def test_blocks_marked_no_run_are_shown_but_not_run() -> None:
+    """Another library's program (not installed here) is marked ``{.no-run}``; the
+    aiolock programs of the same page still run."""
+    page = "migrating/python-redis-lock.md"
+    assert "```python {.no-run" in (ROOT / "docs" / page).read_text("utf-8")
+    programs = [program for _, program, _ in _examples(page)]
+    assert programs
+    assert not any("import redis_lock" in program for program in programs)
+    assert all("import aiolock" in program for program in programs)
 
 
 @pytest.fixture(scope="module")
