@@ -106,6 +106,7 @@ class ClusterHub(WaiterHub):
             link = self._link(node.name, node)
             try:
                 await link.pubsub.ssubscribe(channel)
+                self._count_reconnects(link.pubsub)
             except Exception:
                 # The node cannot be reached: drop the link; the pump retries with a
                 # fresh slot map (the node may have been failed over meanwhile).
@@ -152,6 +153,7 @@ class ClusterHub(WaiterHub):
         while self._links.get(link.name) is link:
             try:
                 message = await link.pubsub.get_message(timeout=self.PING_INTERVAL)
+                self._settle_reconnects()
                 if message is None:
                     if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
                         raise rex.ConnectionError("no answer to PING on a pub/sub connection")
@@ -204,6 +206,7 @@ class ClusterHub(WaiterHub):
             self.moves += 1
         else:
             self._reconnects += 1
+            self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
         self._links.pop(link.name, None)
         self._forget(link)
         await self._close_link(link, by_reader=True)
@@ -246,6 +249,7 @@ class ClusterHub(WaiterHub):
         if not by_reader and link.scope is not None:
             link.scope.cancel()
             await link.done.wait()
+        self._uncount_reconnects(link.pubsub)
         try:
             await link.pubsub.aclose()  # type: ignore[no-untyped-call]
         except Exception as exc:  # the connection is already broken

@@ -250,6 +250,8 @@ class WaiterHub:
         self._pubsub: PubSub | None = None
         self._messages = 0
         self._reconnects = 0
+        #: reconnects redis-py made by itself, not yet counted (see _count_reconnects)
+        self._client_reconnects = 0
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -431,6 +433,7 @@ class WaiterHub:
         if to_add:
             pubsub = self._ensure_pubsub()
             await pubsub.subscribe(*to_add)
+            self._count_reconnects(pubsub)
             self._subscribed.update(to_add)
             self._connected.set()
         if to_drop and self._pubsub is not None:
@@ -445,6 +448,40 @@ class WaiterHub:
         idle = [n for n, q in self._queues.items() if not q.waiters and n not in self._subscribed]
         for name in idle:
             del self._queues[name]
+
+    def _count_reconnects(self, pubsub: PubSub) -> None:
+        """Count the reconnects redis-py makes by itself on *pubsub*'s connection.
+
+        Its retry policy re-establishes a dropped pub/sub connection inside a read and
+        subscribes every channel again, so the reader sees no failure; the connection's
+        connect callbacks (ours after redis-py's own, registered after its first connect)
+        are how this side learns of it. Registering twice registers once.
+        """
+        connection = pubsub.connection
+        if connection is not None:
+            connection.register_connect_callback(self._reconnected_by_client)
+
+    def _uncount_reconnects(self, pubsub: PubSub) -> None:
+        """Before *pubsub* gives its connection back to the pool, where other commands'
+        reconnects are none of the hub's business."""
+        connection = pubsub.connection
+        if connection is not None:
+            connection.deregister_connect_callback(self._reconnected_by_client)
+
+    def _reconnected_by_client(self, connection: object) -> None:
+        # Counted once a read on it succeeds (_settle_reconnects): if the connection
+        # fails again first, the hub's own reconnect counts that one loss instead.
+        self._client_reconnects += 1
+
+    def _settle_reconnects(self) -> None:
+        """A read succeeded: the reconnects redis-py made for it are done, count them."""
+        if self._client_reconnects:
+            self._reconnects += self._client_reconnects
+            self._client_reconnects = 0
+            logger.warning(
+                "pub/sub connection lost and re-established by the Redis client; "
+                "its channels are subscribed again"
+            )
 
     def _ensure_pubsub(self) -> PubSub:
         if self._pubsub is None:
@@ -463,6 +500,7 @@ class WaiterHub:
                 continue
             try:
                 message = await pubsub.get_message(timeout=self.PING_INTERVAL)
+                self._settle_reconnects()
                 if message is None:
                     if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
                         raise rex.ConnectionError("no answer to PING on the pub/sub connection")
@@ -528,6 +566,7 @@ class WaiterHub:
         """The connection failed: wake every head, then start over on a new connection."""
         logger.warning("pub/sub connection lost, reconnecting: %s", exc)
         self._reconnects += 1
+        self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
         for queue in self._queues.values():
             queue.confirmed = False
             queue.wake_head()  # a release may have been missed; heads fall back to TTL waits
@@ -541,6 +580,7 @@ class WaiterHub:
         self._unsubscribing.clear()
         self._connected.clear()
         if pubsub is not None:
+            self._uncount_reconnects(pubsub)
             try:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             except Exception as exc:  # the connection is already broken
