@@ -84,10 +84,8 @@ class ClusterHub(WaiterHub):
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 await self._drop_connection()
 
-    async def _sync_subscriptions(self) -> None:
-        wanted = {name for name, queue in self._queues.items() if queue.listen}
-        to_add = sorted(wanted - self._subscribed)
-        to_drop = sorted(self._subscribed - wanted)
+    async def _sync_subscriptions(self, changed: set[str]) -> None:
+        to_add, to_drop = self._differences(changed)
         for channel in to_drop:
             self._subscribed.discard(channel)
             queue = self._queues.get(channel)
@@ -121,9 +119,7 @@ class ClusterHub(WaiterHub):
             if not link.reading and self._tg is not None:
                 link.reading = True
                 self._tg.start_soon(self._node_reader, link)
-        idle = [n for n, q in self._queues.items() if not q.waiters and n not in self._subscribed]
-        for name in idle:
-            del self._queues[name]
+        self._forget_idle(changed)
         # A node with nothing subscribed any more gives its connection back, once the
         # server confirmed every unsubscription (until then it counts us as listening).
         for name, link in list(self._links.items()):
@@ -193,6 +189,7 @@ class ClusterHub(WaiterHub):
                 link.pubsub.shard_channels.pop(channel, None)
                 self._where.pop(channel, None)
                 self._subscribed.discard(channel)
+                self._changed.add(channel)  # subscribed again where the slot lives now
                 queue = self._queues.get(channel)
                 if queue is not None:
                     queue.confirmed = False
@@ -225,6 +222,7 @@ class ClusterHub(WaiterHub):
                 queue.confirmed = False
                 queue.wake_head()  # a release may have been missed
         if link.channels:
+            self._changed.update(link.channels)
             self._dirty.set()  # the pump subscribes them again, wherever they live now
         link.channels.clear()
         link.leaving.clear()
