@@ -84,10 +84,8 @@ class ClusterHub(WaiterHub):
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 await self._drop_connection()
 
-    async def _sync_subscriptions(self) -> None:
-        wanted = {name for name, queue in self._queues.items() if queue.listen}
-        to_add = sorted(wanted - self._subscribed)
-        to_drop = sorted(self._subscribed - wanted)
+    async def _sync_subscriptions(self, changed: set[str]) -> None:
+        to_add, to_drop = self._differences(changed)
         for channel in to_drop:
             self._subscribed.discard(channel)
             queue = self._queues.get(channel)
@@ -106,6 +104,7 @@ class ClusterHub(WaiterHub):
             link = self._link(node.name, node)
             try:
                 await link.pubsub.ssubscribe(channel)
+                self._count_reconnects(link.pubsub)
             except Exception:
                 # The node cannot be reached: drop the link; the pump retries with a
                 # fresh slot map (the node may have been failed over meanwhile).
@@ -120,9 +119,7 @@ class ClusterHub(WaiterHub):
             if not link.reading and self._tg is not None:
                 link.reading = True
                 self._tg.start_soon(self._node_reader, link)
-        idle = [n for n, q in self._queues.items() if not q.waiters and n not in self._subscribed]
-        for name in idle:
-            del self._queues[name]
+        self._forget_idle(changed)
         # A node with nothing subscribed any more gives its connection back, once the
         # server confirmed every unsubscription (until then it counts us as listening).
         for name, link in list(self._links.items()):
@@ -152,6 +149,7 @@ class ClusterHub(WaiterHub):
         while self._links.get(link.name) is link:
             try:
                 message = await link.pubsub.get_message(timeout=self.PING_INTERVAL)
+                self._settle_reconnects()
                 if message is None:
                     if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
                         raise rex.ConnectionError("no answer to PING on a pub/sub connection")
@@ -191,6 +189,7 @@ class ClusterHub(WaiterHub):
                 link.pubsub.shard_channels.pop(channel, None)
                 self._where.pop(channel, None)
                 self._subscribed.discard(channel)
+                self._changed.add(channel)  # subscribed again where the slot lives now
                 queue = self._queues.get(channel)
                 if queue is not None:
                     queue.confirmed = False
@@ -204,6 +203,7 @@ class ClusterHub(WaiterHub):
             self.moves += 1
         else:
             self._reconnects += 1
+            self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
         self._links.pop(link.name, None)
         self._forget(link)
         await self._close_link(link, by_reader=True)
@@ -222,6 +222,7 @@ class ClusterHub(WaiterHub):
                 queue.confirmed = False
                 queue.wake_head()  # a release may have been missed
         if link.channels:
+            self._changed.update(link.channels)
             self._dirty.set()  # the pump subscribes them again, wherever they live now
         link.channels.clear()
         link.leaving.clear()
@@ -246,6 +247,7 @@ class ClusterHub(WaiterHub):
         if not by_reader and link.scope is not None:
             link.scope.cancel()
             await link.done.wait()
+        self._uncount_reconnects(link.pubsub)
         try:
             await link.pubsub.aclose()  # type: ignore[no-untyped-call]
         except Exception as exc:  # the connection is already broken

@@ -224,11 +224,15 @@ class BodyGuard:
             exc_type is not None and not ours and issubclass(exc_type, asyncio.CancelledError)
         )
         lost = [hold for hold in holds if hold.lost]
+        if lost and engine is not None:
+            # Whichever way the block ends, its exit is where the loss is settled: the
+            # registry forgets it (reported here, or by the cancellation that goes on),
+            # and Redis may still have it if renewal was cut off.
+            for hold in lost:
+                engine.registry.forget_lost(hold)
+                engine.release_lost(hold)
         if lost and not cancelled_from_outside:
             if engine is not None:
-                for hold in lost:
-                    engine.registry.pop_lost(hold.resource, hold.owner)
-                    engine.release_lost(hold)  # Redis may still have it if renewal was cut off
                 await _release_all(engine, [h for h in holds if not h.lost], quiet=True)
             if not here and exc_type is GeneratorExit:
                 return  # a generator closed by another task: nobody awaits its outcome

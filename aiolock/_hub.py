@@ -246,10 +246,17 @@ class WaiterHub:
         self._subscribed: set[str] = set()  # SUBSCRIBE sent on the current connection
         self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
         self._dirty = asyncio.Event()
+        #: channels whose subscription may have to change: each pump pass looks at
+        #: these only, so its cost follows what changed, not how many names are waited on
+        self._changed: set[str] = set()
+        #: channels the pump has looked at, over all passes (a count for tests)
+        self.examined = 0
         self._connected = asyncio.Event()
         self._pubsub: PubSub | None = None
         self._messages = 0
         self._reconnects = 0
+        #: reconnects redis-py made by itself, not yet counted (see _count_reconnects)
+        self._client_reconnects = 0
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -285,7 +292,7 @@ class WaiterHub:
         if not queue.listen:
             queue.listen = True
             if queue.channel not in self._subscribed:
-                self._dirty.set()
+                self._mark(queue.channel)
 
     def yield_to_others(self, channel: str, window: float) -> None:
         """Other clients heard our release: keep our tasks off *channel* for *window* s."""
@@ -340,11 +347,16 @@ class WaiterHub:
         if not queue.waiters:
             if queue.listen or queue.channel in self._subscribed:
                 queue.listen = False
-                self._dirty.set()  # the pump unsubscribes and forgets the queue
+                self._mark(queue.channel)  # the pump unsubscribes and forgets the queue
             elif self._queues.get(queue.channel) is queue:
                 # Never subscribed (the common, uncontended case): forget it now, without
                 # waking the pump on every acquisition.
                 del self._queues[queue.channel]
+
+    def _mark(self, channel: str) -> None:
+        """*channel*'s subscription may have to change: the pump looks at it."""
+        self._changed.add(channel)
+        self._dirty.set()
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
@@ -409,10 +421,13 @@ class WaiterHub:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            changed, self._changed = self._changed, set()
+            self.examined += len(changed)
             try:
-                await self._sync_subscriptions()
+                await self._sync_subscriptions(changed)
                 backoff = 0.05
             except Exception as exc:  # any failure of this I/O is retried, never fatal
+                self._changed |= changed  # looked at again (what was done is skipped)
                 self._note_refusal(exc)
                 # Retried every 2 s at most during an outage: warn at most every
                 # LOG_INTERVAL (the engine logs the outage and its end, see _reach).
@@ -424,13 +439,33 @@ class WaiterHub:
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    async def _sync_subscriptions(self) -> None:
-        wanted = {name for name, queue in self._queues.items() if queue.listen}
-        to_add = sorted(wanted - self._subscribed)
-        to_drop = sorted(self._subscribed - wanted)
+    def _differences(self, changed: set[str]) -> tuple[list[str], list[str]]:
+        """Of *changed*, the channels to subscribe and those to unsubscribe."""
+        to_add: list[str] = []
+        to_drop: list[str] = []
+        for name in sorted(changed):
+            queue = self._queues.get(name)
+            wanted = queue is not None and queue.listen
+            if wanted and name not in self._subscribed:
+                to_add.append(name)
+            elif not wanted and name in self._subscribed:
+                to_drop.append(name)
+        return to_add, to_drop
+
+    def _forget_idle(self, changed: set[str]) -> None:
+        """Forget the queues of *changed* that nobody uses any more (nor the server)."""
+        for name in changed:
+            queue = self._queues.get(name)
+            if queue is not None and not queue.waiters and name not in self._subscribed:
+                del self._queues[name]
+
+    async def _sync_subscriptions(self, changed: set[str]) -> None:
+        """Bring the subscriptions of the *changed* channels in line with their queues."""
+        to_add, to_drop = self._differences(changed)
         if to_add:
             pubsub = self._ensure_pubsub()
             await pubsub.subscribe(*to_add)
+            self._count_reconnects(pubsub)
             self._subscribed.update(to_add)
             self._connected.set()
         if to_drop and self._pubsub is not None:
@@ -441,10 +476,41 @@ class WaiterHub:
                 if queue is not None:
                     queue.confirmed = False
             await self._pubsub.unsubscribe(*to_drop)
-        # Forget queues nobody uses any more (including ones never subscribed).
-        idle = [n for n, q in self._queues.items() if not q.waiters and n not in self._subscribed]
-        for name in idle:
-            del self._queues[name]
+        self._forget_idle(changed)
+
+    def _count_reconnects(self, pubsub: PubSub) -> None:
+        """Count the reconnects redis-py makes by itself on *pubsub*'s connection.
+
+        Its retry policy re-establishes a dropped pub/sub connection inside a read and
+        subscribes every channel again, so the reader sees no failure; the connection's
+        connect callbacks (ours after redis-py's own, registered after its first connect)
+        are how this side learns of it. Registering twice registers once.
+        """
+        connection = pubsub.connection
+        if connection is not None:
+            connection.register_connect_callback(self._reconnected_by_client)
+
+    def _uncount_reconnects(self, pubsub: PubSub) -> None:
+        """Before *pubsub* gives its connection back to the pool, where other commands'
+        reconnects are none of the hub's business."""
+        connection = pubsub.connection
+        if connection is not None:
+            connection.deregister_connect_callback(self._reconnected_by_client)
+
+    def _reconnected_by_client(self, connection: object) -> None:
+        # Counted once a read on it succeeds (_settle_reconnects): if the connection
+        # fails again first, the hub's own reconnect counts that one loss instead.
+        self._client_reconnects += 1
+
+    def _settle_reconnects(self) -> None:
+        """A read succeeded: the reconnects redis-py made for it are done, count them."""
+        if self._client_reconnects:
+            self._reconnects += self._client_reconnects
+            self._client_reconnects = 0
+            logger.warning(
+                "pub/sub connection lost and re-established by the Redis client; "
+                "its channels are subscribed again"
+            )
 
     def _ensure_pubsub(self) -> PubSub:
         if self._pubsub is None:
@@ -463,6 +529,7 @@ class WaiterHub:
                 continue
             try:
                 message = await pubsub.get_message(timeout=self.PING_INTERVAL)
+                self._settle_reconnects()
                 if message is None:
                     if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
                         raise rex.ConnectionError("no answer to PING on the pub/sub connection")
@@ -528,11 +595,13 @@ class WaiterHub:
         """The connection failed: wake every head, then start over on a new connection."""
         logger.warning("pub/sub connection lost, reconnecting: %s", exc)
         self._reconnects += 1
+        self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
         for queue in self._queues.values():
             queue.confirmed = False
             queue.wake_head()  # a release may have been missed; heads fall back to TTL waits
         await self._drop_connection()
         await anyio.sleep(backoff)
+        self._changed.update(self._queues)  # nothing is subscribed on the next connection
         self._dirty.set()
 
     async def _drop_connection(self) -> None:
@@ -541,6 +610,7 @@ class WaiterHub:
         self._unsubscribing.clear()
         self._connected.clear()
         if pubsub is not None:
+            self._uncount_reconnects(pubsub)
             try:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             except Exception as exc:  # the connection is already broken

@@ -359,6 +359,11 @@ class RedlockManager:
                     else "",
                 )
                 self._lose(hold, "its task ended")
+        # No task can ask about the task's lost holds any more (release() or a re-entry
+        # would report them): forgotten, or they would be kept until the cap. Entries go
+        # when their task ends, so this scans only losses of tasks still running.
+        for key in [key for key in self._lost if key[1] == owner]:
+            del self._lost[key]
 
     # -- acquire -----------------------------------------------------------------------
 

@@ -53,6 +53,8 @@ class HoldRegistry:
         #: owner -> its live holds (to release them when its task ends)
         self._by_owner: dict[str, dict[int, Hold]] = {}
         self._lost: OrderedDict[tuple[str, str], Hold] = OrderedDict()
+        #: owner -> the resources of its remembered lost holds (forgotten when its task ends)
+        self._lost_of: dict[str, set[str]] = {}
         self._parked: dict[tuple[str, str], Hold] = {}
         #: parked holds whose release the background retrier has since confirmed
         self._settled: OrderedDict[tuple[str, str], Hold] = OrderedDict()
@@ -78,7 +80,7 @@ class HoldRegistry:
         if hold.kind.reentrant:
             self._index[(hold.resource, hold.owner)] = hold
         self._by_owner.setdefault(hold.owner, {})[id(hold)] = hold
-        self._lost.pop((hold.resource, hold.owner), None)
+        self.pop_lost(hold.resource, hold.owner)
         if hold.renew:
             self._arm_shared(hold.valid_until)
         else:
@@ -138,9 +140,7 @@ class HoldRegistry:
         hold.lost = True
         hold.lost_reason = reason
         self.remove(hold)
-        self._lost[(hold.resource, hold.owner)] = hold
-        while len(self._lost) > LOST_MEMORY:
-            self._lost.popitem(last=False)
+        self._remember_lost(hold)
         logger.warning("lock %r lost: %s", hold.keys.name, reason)
         for scope in hold.scopes:
             scope.cancel()
@@ -155,8 +155,42 @@ class HoldRegistry:
         self.lose(hold, reason)
         self.pop_lost(hold.resource, hold.owner)
 
+    def _remember_lost(self, hold: Hold) -> None:
+        """Keep *hold* for its owner's next release()/extend() to report as lost.
+
+        A hold whose task has ended (orphaned: the empty owner) is not kept, as no task
+        can ask about it.
+        """
+        if not hold.owner:
+            return
+        self._lost[(hold.resource, hold.owner)] = hold
+        self._lost_of.setdefault(hold.owner, set()).add(hold.resource)
+        while len(self._lost) > LOST_MEMORY:
+            (resource, owner), _ = self._lost.popitem(last=False)
+            self._unindex_lost(resource, owner)
+
     def pop_lost(self, resource: str, owner: str) -> Hold | None:
-        return self._lost.pop((resource, owner), None)
+        hold = self._lost.pop((resource, owner), None)
+        if hold is not None:
+            self._unindex_lost(resource, owner)
+        return hold
+
+    def forget_lost(self, hold: Hold) -> None:
+        """The owner was told of *hold*'s loss: forget it (not another hold of the key)."""
+        if self._lost.get((hold.resource, hold.owner)) is hold:
+            self.pop_lost(hold.resource, hold.owner)
+
+    def forget_owner(self, owner: str) -> None:
+        """*owner*'s task ended: nobody can ask about its lost holds any more."""
+        for resource in self._lost_of.pop(owner, ()):
+            self._lost.pop((resource, owner), None)
+
+    def _unindex_lost(self, resource: str, owner: str) -> None:
+        resources = self._lost_of.get(owner)
+        if resources is not None:
+            resources.discard(resource)
+            if not resources:
+                del self._lost_of[owner]
 
     def park(self, hold: Hold) -> None:
         """Its final release is unconfirmed: stop counting it as held, stop renewing it."""

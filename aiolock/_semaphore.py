@@ -122,6 +122,11 @@ class Permit:
         await engine.extend(hold, seconds)
 
     def _lost_error(self) -> LockLostError:
+        # Reported here: the registry need not remember it for a later call any more
+        # (this Permit tells by its hold's own state).
+        engine = self._manager._engine
+        if engine is not None:
+            engine.registry.forget_lost(self._hold)
         return LockLostError(
             f"this permit of semaphore {self.name!r} was lost ({self._hold.lost_reason}); "
             "its permits may have been granted to others"

@@ -124,3 +124,47 @@ async def test_waiters_survive_a_killed_pubsub_connection(
         await eventually(lambda: locks.statistics().hub.subscriptions == 0, what="unsubscribe")
         await holder_side.redis.aclose()
         await locks.redis.aclose()
+
+
+async def test_a_subscription_pass_looks_only_at_the_channels_that_changed(
+    redis_url: str, prefix: str
+) -> None:
+    """Issue 24: each pass of the subscription pump scanned every waited-on name, so
+    waking N waiters one after another cost O(N^2). With N waiters subscribed, one that
+    gets its lock and leaves makes a pass that looks at its own channel only."""
+    n = 300
+    async with (
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as holder_side,
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as locks,
+    ):
+        held = [holder_side.lock(f"many-{i}") for i in range(n)]
+        for lock in held:
+            await lock.acquire()
+        done: list[int] = []
+
+        async def waiter(i: int) -> None:
+            async with locks.lock(f"many-{i}", timeout=60):
+                done.append(i)
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(n)]
+        try:
+            await eventually(
+                lambda: locks.statistics().hub.subscriptions == n, timeout=30, what="n subscribed"
+            )
+            hub = locks._engine.hub  # type: ignore[union-attr]
+            # Subscribing n waiters looked at each channel about once (passes batch them).
+            assert hub.examined <= 2 * n, hub.examined
+            before = hub.examined
+            await held[0].release()
+            await eventually(
+                lambda: locks.statistics().hub.subscriptions == n - 1, what="one unsubscribed"
+            )
+            assert done == [0]
+            assert 1 <= hub.examined - before <= 2, hub.examined - before
+        finally:
+            for lock in held[1:]:
+                await lock.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert sorted(done) == list(range(n))
+        await holder_side.redis.aclose()
+        await locks.redis.aclose()

@@ -703,3 +703,26 @@ async def test_local_tasks_are_served_in_order_and_a_cancelled_one_leaves_no_tra
         assert order == [0, 2, 3]
         assert locks.statistics().held == 0
         assert await values(masters, lock.key) == [None] * 3
+
+
+async def test_a_task_that_ends_holding_a_redlock_leaves_no_loss_remembered(
+    servers: list[RedisServer],
+) -> None:
+    """Issue 24: the hold released for an ended task was remembered as lost for that
+    task, which can never ask, until the cap of 10,000."""
+    masters = servers[:3]
+    async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}") as locks:
+        lock = locks.lock("ended")
+
+        async def holder() -> None:
+            await lock.acquire()
+
+        await asyncio.wait_for(asyncio.create_task(holder()), 10)
+        await asyncio.sleep(0)  # the task's done callbacks run one loop step after it ends
+        assert locks.statistics().held == 0
+        assert len(locks._lost) == 0
+        assert await until(lambda: _freed(masters, lock.key), 10)
+
+
+async def _freed(masters: Sequence[RedisServer], key: str) -> bool:
+    return await values(masters, key) == [None] * len(masters)

@@ -180,3 +180,46 @@ async def test_redis_down_longer_than_the_lease(own_server: RedisServer) -> None
         f"\ndown: holders lost after {lost_after:.2f} s without Redis; "
         f"connection errors seen by waiters: {scene.connection_errors}"
     )
+
+
+async def test_a_reconnect_made_by_the_redis_client_is_counted(own_server: RedisServer) -> None:
+    """Issue 24, item 7: with a patient retry policy redis-py re-establishes the pub/sub
+    connection inside a read and subscribes again by itself, so the hub's reader sees
+    no failure; ``hub.reconnects`` stayed 0 although the connection was lost."""
+    prefix = unique_prefix("reconnect")
+    patient = Redis.from_url(
+        own_server.url,
+        socket_timeout=2.0,
+        socket_connect_timeout=1.0,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 60),
+    )
+    holder_client = _client(own_server.url)
+    try:
+        async with (
+            aiolock.LockManager(holder_client, prefix=prefix, lease=30) as holder,
+            aiolock.LockManager(patient, prefix=prefix, lease=30) as waiting,
+        ):
+            await holder.lock("busy").acquire()  # lost with the restart (no persistence)
+            acquired = asyncio.Event()
+
+            async def waiter() -> None:
+                async with waiting.lock("busy", timeout=60):
+                    acquired.set()
+
+            task = asyncio.create_task(waiter())
+            await eventually(
+                lambda: waiting.statistics().hub.subscriptions == 1, what="the subscription"
+            )
+            assert waiting.statistics().hub.reconnects == 0
+            await bounded(asyncio.to_thread(own_server.restart), 30, "the restart")
+            await eventually(
+                lambda: waiting.statistics().hub.reconnects >= 1,
+                timeout=30,
+                what="the reconnect to be counted",
+            )
+            # Woken by the repeated confirmation: the lock went with the restart.
+            await bounded(acquired.wait(), 30, "the waiter, after the restart")
+            await bounded(task, 10, "the waiter's exit")
+    finally:
+        await patient.aclose()
+        await holder_client.aclose()
