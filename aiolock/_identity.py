@@ -82,8 +82,9 @@ def process_name() -> str:
 
 def record(app_name: str | None) -> str:
     """The record's value, as this process publishes it."""
-    from . import __version__  # here: the package imports this module
-
+    # Read from the package at call time (it is imported by then): importing it here
+    # would be an import cycle, the package importing the manager, which imports this.
+    version = getattr(sys.modules.get(__package__ or "aiolock"), "__version__", "?")
     data: dict[str, Any] = {
         "h": socket.gethostname()[:_MAX_TEXT],
         "p": os.getpid(),
@@ -91,7 +92,7 @@ def record(app_name: str | None) -> str:
     }
     if app_name is not None:
         data["n"] = app_name
-    data["v"] = __version__
+    data["v"] = version
     data["t"] = int(time.time())
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
