@@ -16,7 +16,9 @@ one-letter fields, to keep it within about 200 bytes of server memory:
 The manager id is the key's hash tag, and every owner, attempt and release id of the
 manager starts with it (``<manager id>:<serial>``), so any field in a lock's structure
 leads to its record. The record is written with ``SET ... PX <lease>`` when the manager
-opens and again by each watchdog round (every ``lease / 3``): no command per acquire. It
+opens (by open() itself after its check of the server, so that it exists once open()
+returns; by the watchdog as it starts with ``check_on_open=False``, when Redis may not be
+up yet) and again by each watchdog round (every ``lease / 3``): no command per acquire. It
 disappears within one lease after the process dies, and is deleted when the manager
 closes. ``LockManager(identity=False)`` writes none.
 """
@@ -130,6 +132,20 @@ class Identity:
         self._value: str | None = None
         #: whether the last write failed (a failure is logged once, not every round)
         self._failing = False
+        #: written by open() itself: the watchdog's start need not write it again
+        self._fresh = False
+
+    async def publish_at_open(self) -> None:
+        """The first write, by open() itself (a failure is logged: the rounds retry)."""
+        await self.publish()
+        self._fresh = not self._failing
+
+    async def beat(self) -> None:
+        """The watchdog's beat: write the record, unless open() just did."""
+        if self._fresh:
+            self._fresh = False
+            return
+        await self.publish()
 
     async def publish(self) -> None:
         """Write (or refresh) the record; a failure is logged and the next round retries."""
