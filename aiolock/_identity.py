@@ -17,10 +17,10 @@ The manager id is the key's hash tag, and every owner, attempt and release id of
 manager starts with it (``<manager id>:<serial>``), so any field in a lock's structure
 leads to its record. The record is written with ``SET ... PX <lease>`` when the manager
 opens (by open() itself after its check of the server, so that it exists once open()
-returns; by the watchdog as it starts with ``check_on_open=False``, when Redis may not be
-up yet) and again by each watchdog round (every ``lease / 3``): no command per acquire. It
-disappears within one lease after the process dies, and is deleted when the manager
-closes. ``LockManager(identity=False)`` writes none.
+returns; with ``check_on_open=False``, which promises no I/O at open, by the first
+watchdog round, a third of a lease later) and again by every watchdog round (each
+``lease / 3``): no command per acquire. It disappears within one lease after the process
+dies, and is deleted when the manager closes. ``LockManager(identity=False)`` writes none.
 """
 
 from __future__ import annotations
@@ -132,20 +132,6 @@ class Identity:
         self._value: str | None = None
         #: whether the last write failed (a failure is logged once, not every round)
         self._failing = False
-        #: written by open() itself: the watchdog's start need not write it again
-        self._fresh = False
-
-    async def publish_at_open(self) -> None:
-        """The first write, by open() itself (a failure is logged: the rounds retry)."""
-        await self.publish()
-        self._fresh = not self._failing
-
-    async def beat(self) -> None:
-        """The watchdog's beat: write the record, unless open() just did."""
-        if self._fresh:
-            self._fresh = False
-            return
-        await self.publish()
 
     async def publish(self) -> None:
         """Write (or refresh) the record; a failure is logged and the next round retries."""
@@ -158,10 +144,10 @@ class Identity:
                 )
         except (LockError, TimeoutError) as exc:
             if not self._failing:
+                # (not the key: it holds the manager id, which logs never show)
                 logger.warning(
-                    "could not publish the manager's identity record %s (the aiolock "
+                    "could not publish the manager's identity record (the aiolock "
                     "command shows its holds without host and pid until it is): %s",
-                    self.key,
                     str(exc) or "no reply within a third of the lease",
                 )
             self._failing = True
@@ -173,4 +159,4 @@ class Identity:
         try:
             await self._client.call("DEL", self.key, key=self.key)
         except LockError as exc:
-            logger.debug("could not delete the identity record %s: %s", self.key, exc)
+            logger.debug("could not delete the manager's identity record: %s", exc)

@@ -689,7 +689,7 @@ class LockManager:
         if self._check_on_open:
             await self._check_server()
             if self._identity is not None:  # Redis answers: the record exists from now on
-                await self._identity.publish_at_open()
+                await self._identity.publish()
         if self._state != "new":  # opened by another task meanwhile
             raise ManagerNotOpenError(f"this LockManager is {self._state}; it opens once")
         hub: WaiterHub
@@ -699,7 +699,7 @@ class LockManager:
             hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
         if self._identity is not None:
-            core.watchdog.beat = self._identity.beat
+            core.watchdog.beat = self._identity.publish
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in
         # different tasks (pytest fixtures, lifespan hooks), and a crash of a background

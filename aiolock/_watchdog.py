@@ -61,8 +61,7 @@ class Watchdog:
         self._changed = asyncio.Event()
         #: when the loop plans to wake up next (monotonic clock)
         self._wake_at = math.inf
-        #: run when the loop starts and with every renewal round (the identity record);
-        #: it handles its own errors
+        #: run with every renewal round (the identity record); it handles its own errors
         self.beat: Callable[[], Awaitable[None]] | None = None
 
     def reschedule(self, due: float) -> None:
@@ -75,8 +74,6 @@ class Watchdog:
             self._changed.set()
 
     async def run(self) -> None:
-        if self.beat is not None:
-            await self.beat()
         next_round = time.monotonic() + self.period
         while True:
             now = time.monotonic()

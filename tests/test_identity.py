@@ -75,6 +75,15 @@ async def test_the_watchdog_keeps_the_record_alive_beyond_its_lease(
         assert await redis.exists(key) == 1
 
 
+async def test_without_the_open_check_the_first_round_writes_it(redis: Redis, prefix: str) -> None:
+    # check_on_open=False promises no I/O at open (a pool shared with the application):
+    # the record comes with the watchdog's first round, a third of a lease later.
+    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6, check_on_open=False) as m:
+        record = await record_of(redis, m)
+        assert record["p"] == os.getpid()
+        assert m.statistics().renewal_rounds >= 1
+
+
 async def test_identity_false_writes_no_record(redis: Redis, prefix: str) -> None:
     async with aiolock.LockManager(redis, prefix=prefix, lease=0.3, identity=False) as m:
         rounds = m.statistics().renewal_rounds
