@@ -200,6 +200,8 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
             print(f"  limit:      {'?' if info.limit is None else info.limit}")
             print(f"  held:       {info.held}")
         print(f"  listeners:  {info.listeners}")
+        if info.fence is not None:
+            print(f"  fence:      {info.fence} (the last token released or issued)")
         if info.job is not None:
             print(_job_line(info.job))
         print(f"  holders:    {len(info.holders)}")

@@ -140,6 +140,9 @@ class LockInfo:
     #: a ``contrib.jobs`` lock's holder record (job id, host, pid, since), read by
     #: :func:`describe` only
     job: dict[str, Any] | None = None
+    #: the last fencing token released (``<key>:fence``, kept ``fence_ttl``), read by
+    #: :func:`describe` only; None when none is kept
+    fence: int | None = None
 
     @property
     def label(self) -> str:
@@ -218,14 +221,17 @@ async def scan(redis: Redis, prefix: str) -> list[LockInfo]:
 
 
 async def describe(redis: Redis, prefix: str, name: str) -> list[LockInfo]:
-    """Every kind of object that exists under *name* (none: an empty list), with the
-    holder record of a ``contrib.jobs`` lock."""
+    """Every kind of object that exists under *name* (none: an empty list), with its
+    fence state and the holder record of a ``contrib.jobs`` lock."""
     infos = []
     for kind in KINDS:
         key = lock_key(prefix, kind, name)
         parts = [key + suffix for suffix in _OBJECT_SUFFIXES[kind]]
         if await redis.exists(*parts):
             info = await _read(redis, prefix, kind, name)
+            fence = await redis.get(f"{info.key}:fence")
+            if fence is not None:
+                info = replace(info, fence=_int(fence))
             if kind == "lock":
                 info = await _with_job(redis, info)
             infos.append(info)

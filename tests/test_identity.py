@@ -180,12 +180,26 @@ async def test_show_includes_a_job_locks_holder_record(
             shown = await run_cli(redis_url, prefix, "--json", "show", "report:7")
             table = await run_cli(redis_url, prefix, "show", "report:7")
     (obj,) = json.loads(shown.out)["objects"]
+    assert obj["fence"] is None  # nothing released yet (fence state is kept at release)
     assert obj["job"]["job_id"] == "job-77"
     assert obj["job"]["pid"] == os.getpid()
     (holder,) = obj["holders"]
     assert holder["name"] == "reports"
     assert holder["held_for"] is not None and 0 <= holder["held_for"] < 60
     assert f"job:        job-77 on {socket.gethostname()} pid {os.getpid()}" in table.out
+
+
+async def test_show_prints_the_fence_state(redis: Redis, redis_url: str, prefix: str) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix) as locks:
+        lock = locks.lock("fenced")
+        async with lock:
+            first = lock.fencing_token
+        async with lock:
+            shown = await run_cli(redis_url, prefix, "--json", "show", "fenced")
+            table = await run_cli(redis_url, prefix, "show", "fenced")
+    (obj,) = json.loads(shown.out)["objects"]
+    assert obj["fence"] == first
+    assert f"fence:      {first} " in table.out
 
 
 def _start_child(url: str, prefix: str, lease: float) -> subprocess.Popen[str]:
