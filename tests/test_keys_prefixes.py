@@ -212,7 +212,7 @@ def test_all_small_triples_are_injective() -> None:
     """Exhaustively over short prefixes and names: every key names exactly one object."""
     pieces = [":", "a", "lock", "sem", "{", "}", "~"]
     prefixes = ["".join(p) for n in (1, 2) for p in itertools.product(pieces[:4], repeat=n)]
-    prefixes += ["a:sem", "a:lock", "a:fair", "a:rs", "a:token", "a:ts", "a:redlock"]
+    prefixes += ["a:sem", "a:lock", "a:fair", "a:rs", "a:token", "a:ts", "a:redlock", "a:mgr"]
     names = ["".join(p) for n in (1, 2) for p in itertools.product(pieces, repeat=n)]
     seen: dict[str, tuple[str, Kind, str]] = {}
     for prefix in prefixes:
