@@ -130,14 +130,19 @@ def _holders_text(info: LockInfo) -> str:
 
 
 def _hold_line(info: LockInfo, holder: Holder) -> str:
-    unit = "permits" if info.kind == "semaphore" else "holds"
+    unit = "permit" if info.kind == "semaphore" else "hold"
     role = f" ({holder.role})" if holder.role else ""
-    line = f"    {holder.owner}{role}: {holder.count} {unit}, {_who_text(holder)}"
+    line = f"    {holder.owner}{role}: {_plural(holder.count, unit)}, {_who_text(holder)}"
     if holder.lease_left is not None:
         line += f", lease left {holder.lease_left:.1f}s"
     if holder.held_for is not None:
         line += f", held for {holder.held_for:.1f}s"
     return line
+
+
+def _plural(count: int, what: str) -> str:
+    """``1 hold``, ``2 holds``."""
+    return f"{count} {what}" if count == 1 else f"{count} {what}s"
 
 
 def _job_line(job: dict[str, Any]) -> str:
@@ -240,7 +245,8 @@ async def _force_release(redis: Redis, args: argparse.Namespace) -> int:
         )
         return 1
     info = infos[0]
-    question = f"Force-release {info.label} {info.name!r} ({len(info.holders)} holders)?"
+    holders = _plural(len(info.holders), "holder")
+    question = f"Force-release {info.label} {info.name!r} ({holders})?"
     if not args.yes and not _confirm(question):
         print("not released")
         return 1

@@ -200,6 +200,7 @@ async def test_show_prints_the_fence_state(redis: Redis, redis_url: str, prefix:
     (obj,) = json.loads(shown.out)["objects"]
     assert obj["fence"] == first
     assert f"fence:      {first} " in table.out
+    assert ": 1 hold, " in table.out  # not "1 holds"
 
 
 def _start_child(url: str, prefix: str, lease: float) -> subprocess.Popen[str]:
