@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import LockConnectionError
-from ._inspect import KINDS, LABELS, LockInfo, describe, glob_escape, parse_key, scan
+from ._inspect import KINDS, LABELS, Holder, LockInfo, Who, describe, glob_escape, parse_key, scan
 
 __all__ = ["main"]
 
@@ -112,14 +112,48 @@ def _ttl_text(ttl: float | None) -> str:
     return "-" if ttl is None else f"{ttl:.1f}s"
 
 
+def _who_text(who: Holder | Who) -> str:
+    """``billing-worker@web-1 pid 4242``, or ``(no record)`` when the record is gone."""
+    if who.host is None and who.pid is None:
+        return "(no record)"
+    return f"{who.name or '?'}@{who.host or '?'} pid {who.pid if who.pid is not None else '?'}"
+
+
 def _holders_text(info: LockInfo) -> str:
     if not info.holders:
         return "-"
     parts = []
     for holder in info.holders:
         role = f" {holder.role}" if holder.role else ""
-        parts.append(f"{holder.owner}{role} x{holder.count}")
+        parts.append(f"{holder.owner}{role} x{holder.count} {_who_text(holder)}")
     return ", ".join(parts)
+
+
+def _hold_line(info: LockInfo, holder: Holder) -> str:
+    unit = "permit" if info.kind == "semaphore" else "hold"
+    role = f" ({holder.role})" if holder.role else ""
+    line = f"    {holder.owner}{role}: {_plural(holder.count, unit)}, {_who_text(holder)}"
+    if holder.lease_left is not None:
+        line += f", lease left {holder.lease_left:.1f}s"
+    if holder.held_for is not None:
+        line += f", held for {holder.held_for:.1f}s"
+    return line
+
+
+def _plural(count: int, what: str) -> str:
+    """``1 hold``, ``2 holds``."""
+    return f"{count} {what}" if count == 1 else f"{count} {what}s"
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    since = job.get("since")
+    stamp = (
+        datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+        if isinstance(since, (int, float))
+        else "?"
+    )
+    job_id = job.get("job_id") or "-"
+    return f"  job:        {job_id} on {job.get('host')} pid {job.get('pid')} since {stamp}"
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -171,14 +205,16 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
             print(f"  limit:      {'?' if info.limit is None else info.limit}")
             print(f"  held:       {info.held}")
         print(f"  listeners:  {info.listeners}")
+        if info.fence is not None:
+            print(f"  fence:      {info.fence} (the last token released or issued)")
+        if info.job is not None:
+            print(_job_line(info.job))
         print(f"  holders:    {len(info.holders)}")
         for holder in info.holders:
-            unit = "permits" if info.kind == "semaphore" else "holds"
-            role = f" ({holder.role})" if holder.role else ""
-            print(f"    {holder.owner}{role}: {holder.count} {unit}")
+            print(_hold_line(info, holder))
         print(f"  waiters:    {info.waiters}")
-        for waiter in info.waiting:
-            print(f"    {waiter}")
+        for waiter in info.waiting_who or tuple(Who(field) for field in info.waiting):
+            print(f"    {waiter.field}: {_who_text(waiter)}")
     return 0
 
 
@@ -209,7 +245,8 @@ async def _force_release(redis: Redis, args: argparse.Namespace) -> int:
         )
         return 1
     info = infos[0]
-    question = f"Force-release {info.label} {info.name!r} ({len(info.holders)} holders)?"
+    holders = _plural(len(info.holders), "holder")
+    question = f"Force-release {info.label} {info.name!r} ({holders})?"
     if not args.yes and not _confirm(question):
         print("not released")
         return 1

@@ -15,22 +15,32 @@ Everything here reads; nothing writes. The key layout it parses is the wire form
 ``T`` is the hash tag of the name (the name, or ``~`` + name when the name starts with
 ``}`` or ``~``). Helper keys (``:fence``, ``:rel:*``, ``:void:*``) are not lock objects.
 Keys are found with ``SCAN`` (never ``KEYS``, which blocks the server on a large database).
+
+Every holder and waiter field starts with the id of its manager, whose identity record
+``P:mgr:{<manager id>}`` (:mod:`aiolock._identity`) says which host, process and
+application it is: :func:`scan` and :func:`describe` read those records (one ``MGET``)
+and fill in :class:`Holder`'s ``host``, ``pid`` and ``name`` (None when the record is
+gone: the process died, or its manager runs with ``identity=False``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from redis.asyncio import Redis
 
-from ._keys import ESCAPE, hash_tag, split_key
+from ._identity import manager_of, parse_record
+from ._keys import ESCAPE, hash_tag, identity_key, split_key
 
 __all__ = [
     "KINDS",
     "Holder",
     "LockInfo",
+    "Who",
     "describe",
     "glob_escape",
     "lock_key",
@@ -66,13 +76,41 @@ _SEM_TOTAL = "#held"
 
 @dataclass(frozen=True)
 class Holder:
-    """One holder of a lock object: its owner field and its hold count (or permits)."""
+    """One holder of a lock object: its owner field and its hold count (or permits),
+    and who it is, from its manager's identity record (None where there is none)."""
 
     owner: str
     #: hold count (lock, fair, rw) or permits (semaphore)
     count: int
     #: "writer" or "reader" for a read-write lock, "" otherwise
     role: str = ""
+    #: the holder's manager id (the owner field's first part)
+    manager: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    #: the application name of the manager (``name=``), else its process name
+    name: str | None = None
+    #: the process name
+    process: str | None = None
+    #: when the holder's manager opened (Unix time, its own clock)
+    started: float | None = None
+    #: seconds this hold has lasted, where Redis knows (a ``contrib.jobs`` lock's holder
+    #: record); None otherwise: a plain hold's start is kept nowhere in Redis
+    held_for: float | None = None
+    #: seconds left on this hold's lease (the object's PTTL, or the hold's own lease end
+    #: for a read-write lock and a semaphore)
+    lease_left: float | None = None
+
+
+@dataclass(frozen=True)
+class Who:
+    """A waiting field and who it is (from its manager's identity record)."""
+
+    field: str
+    manager: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +135,14 @@ class LockInfo:
     held: int | None = None
     #: the waiting fields, in order (fair queue, rw claims, semaphore claims)
     waiting: tuple[str, ...] = field(default=())
+    #: the same, each with who it is
+    waiting_who: tuple[Who, ...] = field(default=())
+    #: a ``contrib.jobs`` lock's holder record (job id, host, pid, since), read by
+    #: :func:`describe` only
+    job: dict[str, Any] | None = None
+    #: the last fencing token released (``<key>:fence``, kept ``fence_ttl``), read by
+    #: :func:`describe` only; None when none is kept
+    fence: int | None = None
 
     @property
     def label(self) -> str:
@@ -108,6 +154,7 @@ class LockInfo:
         data = asdict(self)
         data["holders"] = [asdict(holder) for holder in self.holders]
         data["waiting"] = list(self.waiting)
+        data["waiting_who"] = [asdict(who) for who in self.waiting_who]
         return data
 
 
@@ -169,18 +216,102 @@ async def scan(redis: Redis, prefix: str) -> list[LockInfo]:
             found.add((kind, name))
     order = list(KINDS)
     objects = sorted(found, key=lambda item: (item[1], order.index(item[0])))
-    return [await _read(redis, prefix, kind, name) for kind, name in objects]
+    infos = [await _read(redis, prefix, kind, name) for kind, name in objects]
+    return await resolve(redis, prefix, infos)
 
 
 async def describe(redis: Redis, prefix: str, name: str) -> list[LockInfo]:
-    """Every kind of object that exists under *name* (none: an empty list)."""
+    """Every kind of object that exists under *name* (none: an empty list), with its
+    fence state and the holder record of a ``contrib.jobs`` lock."""
     infos = []
     for kind in KINDS:
         key = lock_key(prefix, kind, name)
         parts = [key + suffix for suffix in _OBJECT_SUFFIXES[kind]]
         if await redis.exists(*parts):
-            infos.append(await _read(redis, prefix, kind, name))
-    return infos
+            info = await _read(redis, prefix, kind, name)
+            fence = await redis.get(f"{info.key}:fence")
+            if fence is not None:
+                info = replace(info, fence=_int(fence))
+            if kind == "lock":
+                info = await _with_job(redis, info)
+            infos.append(info)
+    return await resolve(redis, prefix, infos)
+
+
+async def _with_job(redis: Redis, info: LockInfo) -> LockInfo:
+    """*info* with the holder record ``contrib.jobs`` keeps at ``<lock key>:job``, and
+    the hold's age from it (the record's fencing token is the server's time in
+    microseconds when the lock was taken; else its ``since``, the holder's clock)."""
+    job = parse_record(await redis.get(f"{info.key}:job"))
+    if job is None or not info.holders:
+        return info
+    token = job.get("token")
+    if isinstance(token, int) and token > 0:
+        seconds, micros = await redis.time()
+        held_for: float | None = seconds + micros / 1e6 - token / 1e6
+    elif isinstance(job.get("since"), (int, float)):
+        held_for = time.time() - float(job["since"])
+    else:
+        held_for = None
+    holders = info.holders
+    if held_for is not None and len(holders) == 1:
+        holders = (replace(holders[0], held_for=round(max(0.0, held_for), 3)),)
+    return replace(info, job=job, holders=holders)
+
+
+async def resolve(redis: Redis, prefix: str, infos: list[LockInfo]) -> list[LockInfo]:
+    """*infos* with every holder and waiter resolved to its manager's identity record
+    (one ``MGET`` for all of them)."""
+    ids = sorted(_managers(infos))
+    if not ids:
+        return infos
+    raws = await redis.mget([identity_key(prefix, manager) for manager in ids])
+    records = {manager: parse_record(raw) for manager, raw in zip(ids, raws, strict=True)}
+    return [_resolved(info, records) for info in infos]
+
+
+def _managers(infos: Iterable[LockInfo]) -> set[str]:
+    found = set()
+    for info in infos:
+        for text in (*(holder.owner for holder in info.holders), *info.waiting):
+            manager = manager_of(text)
+            if manager is not None:
+                found.add(manager)
+    return found
+
+
+def _who(text: str, records: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """The identity fields of the field *text*: all None when its record is gone."""
+    manager = manager_of(text)
+    record = records.get(manager) if manager is not None else None
+    if record is None:
+        return {"manager": manager, "host": None, "pid": None, "name": None}
+    pid = record.get("p")
+    return {
+        "manager": manager,
+        "host": _opt_text(record.get("h")),
+        "pid": pid if isinstance(pid, int) else None,
+        "name": _opt_text(record.get("n")) or _opt_text(record.get("c")),
+    }
+
+
+def _resolved(info: LockInfo, records: dict[str, dict[str, Any] | None]) -> LockInfo:
+    holders = []
+    for holder in info.holders:
+        who = _who(holder.owner, records)
+        record = records.get(who["manager"] or "")
+        extra: dict[str, Any] = {}
+        if record is not None:
+            started = record.get("t")
+            extra["process"] = _opt_text(record.get("c"))
+            extra["started"] = float(started) if isinstance(started, (int, float)) else None
+        holders.append(replace(holder, **who, **extra))
+    waiting = tuple(Who(text, **_who(text, records)) for text in info.waiting)
+    return replace(info, holders=tuple(holders), waiting_who=waiting)
+
+
+def _opt_text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 async def _ttl(redis: Redis, key: str) -> float | None:
@@ -198,6 +329,16 @@ async def _zmembers(redis: Redis, key: str) -> tuple[str, ...]:
     return tuple(_text(member) for member in await redis.zrange(key, 0, -1))
 
 
+async def _lease_ends(redis: Redis, key: str) -> dict[str, float]:
+    """Seconds left per field of a zset of lease ends (server milliseconds)."""
+    ends: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
+    if not ends:
+        return {}
+    seconds, micros = await redis.time()
+    now_ms = seconds * 1000 + micros / 1000
+    return {_text(pair[0]): round(max(0.0, (float(pair[1]) - now_ms) / 1000), 3) for pair in ends}
+
+
 async def _read(redis: Redis, prefix: str, kind: str, name: str) -> LockInfo:
     key = lock_key(prefix, kind, name)
     key_type = _text(await redis.type(key))
@@ -210,25 +351,37 @@ async def _read(redis: Redis, prefix: str, kind: str, name: str) -> LockInfo:
         "ttl": await _ttl(redis, key),
         "listeners": await _listeners(redis, key),
     }
+    ttl = common["ttl"]
     if kind == "lock":
-        holders = tuple(Holder(owner, _int(count)) for owner, count in sorted(fields.items()))
+        holders = tuple(
+            Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
+        )
         return LockInfo(holders=holders, **common)
     if kind == "fair":
-        holders = tuple(Holder(owner, _int(count)) for owner, count in sorted(fields.items()))
+        holders = tuple(
+            Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
+        )
         waiting = await _zmembers(redis, f"{key}:queue")
         return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
     if kind == "rw":
         writer = fields.get("writer")
+        ends = await _lease_ends(redis, f"{key}:leases")
         holders = tuple(
-            Holder(owner, _int(count), "writer" if owner == writer else "reader")
+            Holder(
+                owner,
+                _int(count),
+                "writer" if owner == writer else "reader",
+                lease_left=ends.get(owner, ttl),
+            )
             for owner, count in sorted(fields.items())
             if owner not in _RW_META
         )
         waiting = await _zmembers(redis, f"{key}:claims")
         return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
     # semaphore
+    ends = await _lease_ends(redis, f"{key}:expiry")
     holders = tuple(
-        Holder(owner, _int(permits))
+        Holder(owner, _int(permits), lease_left=ends.get(owner, ttl))
         for owner, permits in sorted(fields.items())
         if owner != _SEM_TOTAL
     )

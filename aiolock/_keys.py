@@ -19,7 +19,9 @@ an object uses, with the hash *tag* ``T`` defined below:
 Attempt and release ids are ``<manager id>:<number>``, unique across clients. What each
 kind stores in its structure is documented with the kind (:mod:`aiolock._kinds`). The
 tags (:data:`TAGS`): ``lock``, ``fair``, ``rw``, ``sem``, ``redlock``, and for aiolock's
-own keys beside a lock shared with other clients ``token``, ``ts`` and ``rs``.
+own keys beside a lock shared with other clients ``token``, ``ts`` and ``rs``. One more
+tag is not a lock's: ``mgr``, the identity record of a manager, ``P:mgr:{<manager id>}``
+(:mod:`aiolock._identity`); a manager id is no lock name, and no lock has that tag.
 
 The hash tag is the name itself, ``T = N``, unless ``N`` starts with ``}`` or with the
 escape character ``~``; then ``T = "~" + N``. Examples: ``order:42`` -> ``P:lock:{order:42}``,
@@ -65,6 +67,7 @@ from redis.crc import key_slot
 
 __all__ = [
     "ESCAPE",
+    "IDENTITY_TAG",
     "LOCK_TAG",
     "MAX_NAME_BYTES",
     "TAGS",
@@ -76,6 +79,7 @@ __all__ = [
     "check_prefix",
     "check_timeout",
     "hash_tag",
+    "identity_key",
     "ms",
     "new_manager_id",
     "split_key",
@@ -88,12 +92,16 @@ ESCAPE = "~"
 #: The tag of the reentrant lock's keys: ``P:lock:{T}``.
 LOCK_TAG = "lock"
 
+#: The tag of a manager's identity record: ``P:mgr:{<manager id>}`` (never a lock's key:
+#: no kind uses this tag, so :func:`split_key` tells the two apart).
+IDENTITY_TAG = "mgr"
+
 #: Every tag a key under a prefix may carry after it (``P:<tag>:{...}``): the kinds of
 #: aiolock's own format, Redlock's locks, and aiolock's own keys beside a lock of a
 #: format shared with other clients (``token``, ``ts`` = timestamp, ``rs`` = redisson).
 #: A new kind or format adds its tag here: :class:`LockKeys` refuses an unknown one, and
 #: :func:`check_foreign_key` relies on this list being complete.
-TAGS = frozenset({LOCK_TAG, "fair", "rw", "sem", "redlock", "token", "ts", "rs"})
+TAGS = frozenset({LOCK_TAG, "fair", "rw", "sem", "redlock", "token", "ts", "rs", IDENTITY_TAG})
 
 #: A lock name longer than this many UTF-8 bytes is refused: it would be sent with every
 #: command of the lock, and a name that long is almost certainly a bug.
@@ -195,6 +203,11 @@ def hash_tag(name: str) -> str:
     return ESCAPE + name if name.startswith(("}", ESCAPE)) else name
 
 
+def identity_key(prefix: str, manager_id: str) -> str:
+    """The key of the identity record of the manager *manager_id* under *prefix*."""
+    return f"{prefix}:{IDENTITY_TAG}:{{{manager_id}}}"
+
+
 def split_key(key: str) -> tuple[str, str, str] | None:
     """``(prefix, tag, rest)`` of a key or channel of aiolock's layout ``P:K:{...``, where
     *rest* starts at the first ``{``; None if *key* does not have that shape with a tag of
@@ -236,7 +249,7 @@ class LockKeys:
         # Every kind names its keys ``P:<kind>:{T}``, the reentrant lock too: a name used
         # with two kinds names two independent objects, never one structure read two
         # ways, and the tag right before the brace tells prefixes apart (module docstring).
-        if kind not in TAGS:  # pragma: no cover - a wiring mistake
+        if kind not in TAGS or kind == IDENTITY_TAG:  # pragma: no cover - a wiring mistake
             raise ValueError(f"unknown key tag {kind!r}; add it to aiolock._keys.TAGS")
         base = f"{prefix}:{kind}:{{{hash_tag(name)}}}"
         self.name = name
@@ -284,6 +297,11 @@ class KeySpace:
                 self._known.clear()  # simpler than LRU, and a miss only costs a rebuild
             known = self._known[name, kind] = LockKeys(self.prefix, name, kind)
         return known
+
+    @property
+    def identity_key(self) -> str:
+        """The key of this manager's identity record: ``P:mgr:{<manager id>}``."""
+        return identity_key(self.prefix, self.manager_id)
 
     def owner(self, serial: int) -> str:
         return f"{self.manager_id}:{serial}"

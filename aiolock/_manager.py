@@ -38,6 +38,7 @@ from ._errors import (
 )
 from ._fair_lock import FairLock
 from ._hub import HubStatistics, WaiterHub
+from ._identity import Identity, check_app_name
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
 from ._kinds.semaphore import check_limit
 from ._lock import Lock
@@ -80,6 +81,8 @@ _MANAGER_OPTIONS = frozenset(
         "replica_timeout",
         "on_replica_shortfall",
         "check_on_open",
+        "name",
+        "identity",
     }
 )
 
@@ -183,6 +186,14 @@ class LockManager:
             :class:`~aiolock.LockBackendError` if its TLS certificate is refused. Pass
             ``False`` for an application that may start before Redis does: its waiters
             then retry until their timeout, and the manager logs the outage.
+        name: the application's name (``"billing-worker"``), shown by the ``aiolock``
+            command next to the host and pid of this manager's holds; 1 to 64 printable
+            characters, or ``None``.
+        identity: whether the manager keeps its identity record in Redis while open
+            (host, pid, process and application name, version, start time; about
+            200 bytes, refreshed by the lease watchdog, no command per acquire), so that
+            the ``aiolock`` command can say who holds a lock. See
+            ``docs/wire-formats.md``.
 
     A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
     follow failovers: see ``docs/sentinel.md``.
@@ -204,10 +215,15 @@ class LockManager:
         replica_timeout: float = 1.0,
         on_replica_shortfall: OnShortfall = "raise",
         check_on_open: bool = True,
+        name: str | None = None,
+        identity: bool = True,
     ) -> None:
         if not isinstance(check_on_open, bool):
             raise TypeError(f"check_on_open must be True or False, not {check_on_open!r}")
         self._check_on_open = check_on_open
+        if not isinstance(identity, bool):
+            raise TypeError(f"identity must be True or False, not {identity!r}")
+        self._name = check_app_name(name)
         cluster = is_cluster(redis)
         if cluster:
             check_cluster_support()
@@ -238,6 +254,11 @@ class LockManager:
             self._client = Client(redis, command_timeout, max_in_flight)
         self._format(None)  # a format refused on a Redis Cluster fails here, at the call
         self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
+        self._identity = (
+            Identity(self._client, self._keyspace.identity_key, self._name, self.lease)
+            if identity
+            else None
+        )
         self._owns_sentinels = False
         #: follows failovers of a Sentinel-managed primary (made when the manager opens)
         self._primary_watch: PrimaryWatch | None = None
@@ -260,7 +281,8 @@ class LockManager:
 
         The manager's own options (``prefix``, ``lease``, ``command_timeout``,
         ``close_timeout``, ``fence_ttl``, ``max_in_flight``, ``observers``,
-        ``check_on_open``, the replica options) are taken from *options*; the rest go to
+        ``check_on_open``, ``name``, ``identity``, the replica options) are taken from
+        *options*; the rest go to
         ``Redis.from_url``. The client is closed when the manager closes.
         With ``cluster=True`` the client is a ``RedisCluster.from_url(url, ...)`` for a
         Redis Cluster (*url* names any of its nodes; see ``docs/cluster.md``).
@@ -352,6 +374,17 @@ class LockManager:
     def prefix(self) -> str:
         """The first part of every key and channel of this manager."""
         return self._keyspace.prefix
+
+    @property
+    def id(self) -> str:
+        """This manager's id (32 hex digits): every owner field of its holds starts with
+        it, and its identity record is ``<prefix>:mgr:{<id>}``."""
+        return self._keyspace.manager_id
+
+    @property
+    def name(self) -> str | None:
+        """The application name given as ``name=`` (None if none was)."""
+        return self._name
 
     @property
     def redis(self) -> Redis | RedisCluster:
@@ -655,6 +688,8 @@ class LockManager:
             )
         if self._check_on_open:
             await self._check_server()
+            if self._identity is not None:  # Redis answers: the record exists from now on
+                await self._identity.publish()
         if self._state != "new":  # opened by another task meanwhile
             raise ManagerNotOpenError(f"this LockManager is {self._state}; it opens once")
         hub: WaiterHub
@@ -663,6 +698,8 @@ class LockManager:
         else:
             hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
+        if self._identity is not None:
+            core.watchdog.beat = self._identity.publish
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in
         # different tasks (pytest fixtures, lifespan hooks), and a crash of a background
@@ -766,6 +803,9 @@ class LockManager:
                     await core.shutdown()
                 self._stop.set()
                 await asyncio.wait((supervisor,))
+                if self._identity is not None:  # after the watchdog, which writes it
+                    with anyio.move_on_after(self.close_timeout):
+                        await self._identity.delete()
                 await self._client.aclose()
         finally:
             self._state = "closed"

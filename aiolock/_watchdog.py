@@ -7,6 +7,9 @@ its owner within a third of its lease, not only at its end. Holds are sent in ba
 of one lock kind; on Redis Cluster (``group_by_slot``) also of one slot, since a script
 may only touch keys of one slot there. A single server takes any mix, and 10,000 holds
 spread over as many slots then still take 20 round trips, not 10,000.
+
+Each round also runs the manager's *beat* (:attr:`Watchdog.beat`), which refreshes its
+identity record (:mod:`aiolock._identity`): one command per round, whatever the holds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -57,6 +61,8 @@ class Watchdog:
         self._changed = asyncio.Event()
         #: when the loop plans to wake up next (monotonic clock)
         self._wake_at = math.inf
+        #: run with every renewal round (the identity record); it handles its own errors
+        self.beat: Callable[[], Awaitable[None]] | None = None
 
     def reschedule(self, due: float) -> None:
         """A fixed-lease hold was added or extended and is due at *due*.
@@ -83,6 +89,8 @@ class Watchdog:
             holds = self._registry.renewable() if renewing else []
             checked = [hold for hold in fixed if hold.next_check <= now]
             ok = await self.run_round(holds + checked)
+            if renewing and self.beat is not None:
+                await self.beat()
             after = self.period if ok else min(self.period, RETRY_AFTER)
             if renewing:
                 next_round = time.monotonic() + after

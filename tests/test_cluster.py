@@ -225,6 +225,38 @@ def test_scripts_publish_sharded_on_a_cluster() -> None:
     assert variant.sha != RELEASE.sha and sharded(RELEASE) is variant
 
 
+async def test_the_identity_record_lives_in_its_own_slot_beside_holds_in_others(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """The record ``P:mgr:{<id>}`` is written to the primary of its own slot, kept past
+    several leases by the rounds that also renew holds on every primary (which must not
+    batch it with them: CROSSSLOT), and deleted at close."""
+    names = names_on_each_primary(cluster, "who-")
+    locks = aiolock.LockManager.from_url(
+        cluster.url, cluster=True, prefix=prefix, lease=0.6, name="cluster-app"
+    )
+    key = f"{prefix}:mgr:{{{locks.id}}}"
+    owner = Redis(port=cluster.owner_port(key_slot(key.encode())))
+    try:
+        async with locks, locks.multi_lock(names):
+            await until(lambda: owner.exists(key), what="the record")
+            await asyncio.sleep(1.5)  # > 2 leases: kept only by the rounds
+            assert await owner.exists(key) == 1
+            record = await owner.get(key)
+            assert record is not None and b'"n":"cluster-app"' in record
+            assert locks.statistics().lost == {}
+        assert await owner.exists(key) == 0
+    finally:
+        await owner.aclose()
+
+
+async def until(check: Callable[[], Awaitable[int]], *, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_cancelled_acquire_leaves_nothing_held(cluster: LocalCluster, prefix: str) -> None:
     """Cancel acquires at growing delays (before, during and after their round trips):
     whatever reached Redis is undone, on whichever node owns the name."""

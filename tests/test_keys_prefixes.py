@@ -8,6 +8,7 @@ braces, so the prefix and the kind come back from any key (``aiolock._keys.split
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 from typing import Any, Literal
@@ -20,7 +21,7 @@ from redis.crc import key_slot
 
 import aiolock
 from aiolock._inspect import scan
-from aiolock._keys import TAGS, LockKeys
+from aiolock._keys import IDENTITY_TAG, TAGS, LockKeys, identity_key, split_key
 from aiolock._kinds.foreign import ForeignKeys
 from aiolock._wires.redisson import RedissonKeys
 
@@ -211,7 +212,7 @@ def test_all_small_triples_are_injective() -> None:
     """Exhaustively over short prefixes and names: every key names exactly one object."""
     pieces = [":", "a", "lock", "sem", "{", "}", "~"]
     prefixes = ["".join(p) for n in (1, 2) for p in itertools.product(pieces[:4], repeat=n)]
-    prefixes += ["a:sem", "a:lock", "a:fair", "a:rs", "a:token", "a:ts", "a:redlock"]
+    prefixes += ["a:sem", "a:lock", "a:fair", "a:rs", "a:token", "a:ts", "a:redlock", "a:mgr"]
     names = ["".join(p) for n in (1, 2) for p in itertools.product(pieces, repeat=n)]
     seen: dict[str, tuple[str, Kind, str]] = {}
     for prefix in prefixes:
@@ -239,3 +240,39 @@ def test_a_foreign_name_shaped_like_an_aiolock_key_is_refused_at_the_call() -> N
     # "redisson_lock__channel:lock:{x}:released", lock x's under that prefix.
     with pytest.raises(ValueError, match="redisson_lock__channel"):
         manager.lock("lock:{x}:released", wire="redisson")
+
+
+# -- A manager's identity record (issue 20) never meets an object's key -------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.tuples(PREFIXES, st.sampled_from(KINDS), NAMES),
+    manager_prefix=PREFIXES,
+    manager_id=st.sampled_from(["ab" * 16, "0" * 32, "f" * 32]),
+)
+@example(first=("P", ("aiolock", "lock"), "ab" * 16), manager_prefix="P", manager_id="ab" * 16)
+@example(first=("P:mgr", ("aiolock", "lock"), "x"), manager_prefix="P", manager_id="ab" * 16)
+@example(first=("P", ("token", "lock"), "P:mgr:{" + "ab" * 16 + "}"), manager_prefix="P",
+         manager_id="ab" * 16)  # fmt: skip
+def test_an_identity_record_key_is_never_a_key_of_an_object(
+    first: tuple[str, Kind, str], manager_prefix: str, manager_id: str
+) -> None:
+    record = identity_key(manager_prefix, manager_id)
+    # The prefix and the tag come back from the record's key, as from every other key.
+    assert split_key(record) == (manager_prefix, IDENTITY_TAG, "{" + manager_id + "}")
+    keys = made(*first)
+    if keys is None:
+        return
+    assert record not in owned(keys) | foreign(keys), (first, manager_prefix)
+
+
+async def test_the_inspector_lists_no_identity_record_as_a_lock(redis: Redis, prefix: str) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix) as locks:
+        key = identity_key(prefix, locks.id)
+        for _ in range(500):
+            if await redis.exists(key):
+                break
+            await asyncio.sleep(0.01)
+        assert await redis.exists(key)
+        assert await scan(redis, prefix) == []

@@ -43,6 +43,8 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # sent by the client
     "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
     "exists", "hget", "hexists", "pttl",
+    # sent by the manager for its identity record (aiolock._identity)
+    "set", "del",
     # called from the scripts
     "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
     "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",

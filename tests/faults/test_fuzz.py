@@ -229,11 +229,13 @@ class LockMachine(RuleBasedStateMachine):
 
     async def _lasting_keys(self) -> int:
         """Keys in the database, less the short-lived ones that expire on their own
-        (release tombstones, fence state): those change without any I/O of ours."""
+        (release tombstones, fence state, managers' identity records, which expire when
+        the loop stands still between steps for a lease): those change without any I/O
+        of ours."""
         count = 0
         async for key in self.admin.scan_iter(count=1000):
             text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
-            count += not (":rel:" in text or text.endswith(":fence"))
+            count += not (":rel:" in text or text.endswith(":fence") or ":mgr:{" in text)
         return count
 
     def call(self, actor: str, job: Callable[[], Awaitable[Any]]) -> Outcome:
