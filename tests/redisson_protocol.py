@@ -195,7 +195,8 @@ class RedissonModel:
                     else:
                         await asyncio.wait_for(entry.latch.acquire(), sleep)
                     self.stats.woken += 1
-                except TimeoutError:
+                # asyncio's own TimeoutError: before 3.11 it is not the builtin one.
+                except asyncio.TimeoutError:
                     self.stats.timed_out += 1
                 self.stats.longest_sleep = max(self.stats.longest_sleep, loop.time() - started)
         finally:

@@ -247,7 +247,8 @@ async def test_churn_every_start_has_one_outcome_and_every_hold_one_end(
                 with anyio.fail_after(0.004 * (i % 6)):  # may cancel a wait or a body
                     async with lock:
                         await asyncio.sleep(0.005)
-            except (TimeoutError, aiolock.LockTimeoutError):
+            # wait_for's asyncio.TimeoutError is not the builtin TimeoutError before 3.11
+            except (TimeoutError, asyncio.TimeoutError, aiolock.LockTimeoutError):
                 pass
 
         deadline = asyncio.get_running_loop().time() + 3
