@@ -205,7 +205,10 @@ async def test_a_redis_py_waiter_gets_the_lock_when_aiolock_releases(
 ) -> None:
     lock = locks.lock(name)
     await lock.acquire()
-    sync_lock = sync_redis.lock(name, timeout=5, sleep=0.05)
+    # Acquired and released in asyncio.to_thread calls, which need not run on the same
+    # worker thread (on a loaded machine they often do not): the token must not be kept
+    # thread-locally, redis-py's default, or the release finds none.
+    sync_lock = sync_redis.lock(name, timeout=5, sleep=0.05, thread_local=False)
     sync_waiter = asyncio.create_task(asyncio.to_thread(sync_lock.acquire, blocking_timeout=10))
     await asyncio.sleep(0.3)
     assert not sync_waiter.done()
