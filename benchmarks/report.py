@@ -373,7 +373,7 @@ COST_NOTES: dict[str, list[str]] = {
         "",
     ],
     "c3": [
-        "Keys left = every key whose name contains a used lock name (`SCAN MATCH *c3:*`), "
+        "Keys left = every key whose name contains a used lock name (`SCAN MATCH *c3n:*`), "
         "after every name was acquired and released once, one at a time (and, in the "
         '"used N times" columns, other names acquired and released N times in a row); '
         "bytes = "

@@ -183,9 +183,12 @@ async def c1_server_time(adapter: LockAdapter, admin: Admin, params: Result) -> 
 
 # -- C3 memory left per used name -------------------------------------------------------
 
-#: C3's lock names: ``c3:<n>`` (used once each) and ``c3r:<n>`` (used ``reuses`` times
-#: each); no other key contains these (the warm-up name is ``c3warm``).
-C3_TAG = "c3:"
+#: C3's lock names: ``c3n:<n>`` (used once each) and ``c3r:<n>`` (used ``reuses`` times
+#: each); no other key contains these (the warm-up name is ``c3warm``). Each tag holds a
+#: letter that is not a hex digit: a library's key may end a random hex id with ":"
+#: (aiolock's release tombstones ``<prefix>:{<name>}:rel:<id>:<n>``), and "c3:" matched
+#: the warm-up name's tombstone whenever the id ended in "c3" (one run in 256).
+C3_TAG = "c3n:"
 C3_REUSED_TAG = "c3r:"
 
 
@@ -230,7 +233,7 @@ async def memory_left(admin: Admin, tag: str, used: int) -> Result:
 async def c3_memory_left(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
     """Acquire and release N distinct names once each; then measure what Redis keeps.
 
-    Keys left = every key containing a used name (``SCAN MATCH *c3:*``), whatever the
+    Keys left = every key containing a used name (``SCAN MATCH *c3n:*``), whatever the
     library's prefix; their ``MEMORY USAGE`` (``SAMPLES 0``, exact) summed over N, and
     their ``PTTL``: a key without expiry stays until deleted. The same for a few names
     used ``reuses`` times each (``reused_*`` fields): state that grows with use shows there.

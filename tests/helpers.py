@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import hiredis
@@ -50,12 +51,40 @@ def counting_client(url: str, **kwargs: Any) -> tuple[Redis, RoundTrips]:
     return Redis(connection_pool=pool), trips
 
 
+#: How long a test waits for something that takes milliseconds when all is well: only a
+#: real hang reaches it, not a machine loaded by two suites and a CPU hog (issue 25).
+PATIENCE = 10.0
+
+
 async def eventually(
-    predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition"
+    predicate: Callable[[], bool | Awaitable[bool]],
+    *,
+    timeout: float = PATIENCE,
+    what: str = "condition",
 ) -> None:
-    """Poll an in-process condition until it holds; fail after *timeout* seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
+    """Poll a condition (a plain or an async predicate) until it holds; fail after
+    *timeout* seconds, saying what was waited for and how long."""
+    started = time.monotonic()
+    while True:
+        held = predicate()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
+        if time.monotonic() - started > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+def unchanged_for(
+    read: Callable[[], object], seconds: float = 0.3
+) -> Callable[[], Awaitable[bool]]:
+    """A predicate for :func:`eventually`: *read*'s value stayed the same for *seconds*
+    (the background work a test waits out, e.g. a retry after subscribing, is over)."""
+
+    async def steady() -> bool:
+        before = read()
+        await asyncio.sleep(seconds)
+        return read() == before
+
+    return steady

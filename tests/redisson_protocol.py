@@ -119,6 +119,8 @@ class WaitStats:
     woken: int = 0
     timed_out: int = 0
     longest_sleep: float = 0.0
+    #: waits asleep on their latch now (a test waits for this before it releases)
+    asleep: int = 0
 
 
 class RedissonModel:
@@ -189,14 +191,18 @@ class RedissonModel:
                 if left is not None:
                     sleep = left if sleep is None else min(sleep, left)
                 started = loop.time()
+                self.stats.asleep += 1
                 try:
                     if sleep is None:
                         await entry.latch.acquire()
                     else:
                         await asyncio.wait_for(entry.latch.acquire(), sleep)
                     self.stats.woken += 1
-                except TimeoutError:
+                # asyncio's own TimeoutError: before 3.11 it is not the builtin one.
+                except asyncio.TimeoutError:
                     self.stats.timed_out += 1
+                finally:
+                    self.stats.asleep -= 1
                 self.stats.longest_sleep = max(self.stats.longest_sleep, loop.time() - started)
         finally:
             await self._unsubscribe(name, entry)

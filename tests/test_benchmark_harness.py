@@ -35,3 +35,35 @@ def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
         assert c1["sent_us_per_op"] > 0 and c1["server_cpu_us_per_op"] > 0
         assert c2["acquisitions"] > 0 and c2["server_cpu_us_per_op"] > 0
         assert c3["names"] > 0 and c3["bytes_left_per_name"] >= 0
+
+
+async def test_c3_counts_only_its_own_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25: C3 refused to start ("1 keys named like C3's locks exist before the run")
+    when aiolock's manager id, random hex, ended in "c3": the release tombstone of the
+    warm-up name, ``aiolock:{c3warm}:rel:<id>:<n>``, then contains "c3:" and matched the
+    pattern meant for C3's own names (one run in 256). C3's tags now hold a letter that is
+    not a hex digit, so no id can spell them."""
+    import secrets
+
+    from aiolock.testing import RedisServer
+    from benchmarks.adapters import AiolockAdapter
+    from benchmarks.config import LEASE, PROFILES
+    from benchmarks.metrics import Admin
+    from benchmarks.workloads import C3_REUSED_TAG, C3_TAG, c3_memory_left
+
+    for tag in (C3_TAG, C3_REUSED_TAG):
+        assert set(tag) - set("0123456789abcdef:"), f"{tag!r} can be spelled by a hex id"
+    real_token_hex = secrets.token_hex
+    # Every id ends in "c3", as one manager in 256 does by chance.
+    monkeypatch.setattr(secrets, "token_hex", lambda n=16: real_token_hex(n)[:-2] + "c3")
+    with RedisServer() as server:
+        admin = Admin(server.url)
+        adapter = AiolockAdapter()
+        await adapter.setup(server.url, LEASE)
+        try:
+            result = await c3_memory_left(adapter, admin, PROFILES["quick"]["c3"])
+        finally:
+            await adapter.teardown()
+            await admin.close()
+    assert result["names"] == PROFILES["quick"]["c3"]["names"]
+    assert not [shape for shape in result["key_shapes"] if "warm" in shape], result["key_shapes"]

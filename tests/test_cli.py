@@ -41,7 +41,7 @@ async def run_cli(url: str, prefix: str, *args: str, stdin: str = "") -> Result:
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(process.communicate(stdin.encode()), CHILD_TIMEOUT)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # wait_for's: not the builtin TimeoutError before 3.11
         process.kill()
         await process.wait()
         raise

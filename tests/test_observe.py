@@ -14,6 +14,8 @@ import aiolock
 from aiolock import LockManager, Observer
 from aiolock._observe import ObservedManager
 
+from .helpers import eventually
+
 
 class Recorder(Observer):
     """Every event, in order, as a tuple (durations left out unless asked for)."""
@@ -164,7 +166,9 @@ async def test_a_task_that_ends_holding_reports_a_release(observed: Any) -> None
         await locks.lock("e").acquire()
 
     await asyncio.create_task(forgetful())
-    await asyncio.sleep(0.01)  # the task's done callbacks run after its awaiter resumes
+    # The task's done callback releases in the background (a round trip): waited for, not
+    # slept on, as it takes longer on a loaded machine.
+    await eventually(lambda: len(seen.events) >= 3, what="the background release's event")
     assert [e[0] for e in seen.events] == ["start", "acquired", "released"]
 
 
@@ -247,14 +251,20 @@ async def test_churn_every_start_has_one_outcome_and_every_hold_one_end(
                 with anyio.fail_after(0.004 * (i % 6)):  # may cancel a wait or a body
                     async with lock:
                         await asyncio.sleep(0.005)
-            except (TimeoutError, aiolock.LockTimeoutError):
+            # wait_for's asyncio.TimeoutError is not the builtin TimeoutError before 3.11
+            except (TimeoutError, asyncio.TimeoutError, aiolock.LockTimeoutError):
                 pass
 
         deadline = asyncio.get_running_loop().time() + 3
         while rounds < 20 and asyncio.get_running_loop().time() < deadline:
             await asyncio.gather(*(worker(rounds * 12 + i) for i in range(12)))
             rounds += 1
-        await asyncio.sleep(0.05)  # background releases of tasks that ended holding
+        # Tasks that ended holding are released in the background: wait until every
+        # acquisition has ended (a release or a loss), however loaded the machine.
+        await eventually(
+            lambda: len(seen.of("acquired")) == len(seen.of("released")) + len(seen.of("lost")),
+            what="the background releases of the tasks that ended holding",
+        )
     starts = len(seen.of("start"))
     outcomes = len(seen.of("acquired")) + len(seen.of("failed"))
     assert starts == outcomes > 0

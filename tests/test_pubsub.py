@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 import aiolock
 
-from .helpers import counting_client, eventually
+from .helpers import counting_client, eventually, unchanged_for
 
 
 async def test_an_uncontended_cycle_costs_two_round_trips(redis_url: str, prefix: str) -> None:
@@ -70,7 +70,11 @@ async def test_waiting_tasks_send_no_commands(redis_url: str, prefix: str) -> No
         tasks = [asyncio.create_task(locks.lock("quiet").acquire()) for _ in range(200)]
         await eventually(lambda: locks.statistics().hub.waiters == 200, what="200 waiters")
         await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="subscription")
-        await asyncio.sleep(0.1)  # let the head's post-subscription retry finish
+        # The head retries once after subscribing: waited out (however long a loaded
+        # machine makes it), not slept on.
+        await eventually(
+            unchanged_for(lambda: trips.sends), what="the head's retry after subscribing"
+        )
         before = trips.sends
         await asyncio.sleep(1.0)
         assert trips.sends == before  # not one command while 200 tasks wait

@@ -121,11 +121,14 @@ async def test_closing_leaves_no_connection_behind(group: SentinelGroup, prefix:
             client_name=prefix,
             sentinel_kwargs={"client_name": prefix, "socket_timeout": 2.0},
         )
-        async with locks:
-            async with locks.lock("a"):
-                await asyncio.sleep(0.2)  # the watch has asked and subscribed by now
-            during = await ours()
-            assert all(count >= 1 for count in during), during
+        async with locks, locks.lock("a"):
+            # The watch asks and subscribes in the background: waited for (a loaded
+            # machine can take longer than the 0.2 s slept here before), not assumed.
+            await _eventually(
+                lambda: _all_at_least_one(ours()),
+                10,
+                "a connection of the manager on every sentinel and on the primary",
+            )
         await _eventually(lambda: _all_zero(ours()), 5, "every connection of the manager closed")
     finally:
         for node in [*watchers, primary]:
@@ -134,6 +137,10 @@ async def test_closing_leaves_no_connection_behind(group: SentinelGroup, prefix:
 
 async def _all_zero(counts: Awaitable[list[int]]) -> bool:
     return not any(await counts)
+
+
+async def _all_at_least_one(counts: Awaitable[list[int]]) -> bool:
+    return all(count >= 1 for count in await counts)
 
 
 def test_from_sentinel_checks_its_arguments() -> None:

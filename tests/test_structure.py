@@ -95,3 +95,77 @@ def test_every_command_the_scripts_call_is_in_required_commands() -> None:
             used.add(command)
     assert "zadd" in used  # the pattern finds calls
     assert used <= set(REQUIRED_COMMANDS), sorted(used - set(REQUIRED_COMMANDS))
+
+
+# -- Python 3.10: asyncio.wait_for's TimeoutError (issue 22) -------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ["aiolock", "tests", "examples", "benchmarks", "tools"]
+
+
+def _timeout_errors(node: ast.AST | None) -> set[str]:
+    """Which TimeoutErrors an except clause or pytest.raises(...) names: builtin, asyncio."""
+    found: set[str] = set()
+    for sub in ast.walk(node) if node is not None else ():
+        if isinstance(sub, ast.Name) and sub.id == "TimeoutError":
+            found.add("builtin")
+        elif (
+            isinstance(sub, ast.Attribute)
+            and sub.attr == "TimeoutError"
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id == "asyncio"
+        ):
+            found.add("asyncio")
+    return found
+
+
+def _calls_wait_for(body: list[ast.stmt]) -> bool:
+    for sub in (n for stmt in body for n in ast.walk(stmt)):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if isinstance(func, ast.Attribute) and func.attr == "wait_for":
+                return True
+    return False
+
+
+def _builtin_timeout_around_wait_for(tree: ast.AST) -> list[int]:
+    """Lines that expect asyncio.wait_for's timeout as the builtin TimeoutError only."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and _calls_wait_for(node.body):
+            lines += [h.lineno for h in node.handlers if _timeout_errors(h.type) == {"builtin"}]
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and _calls_wait_for(node.body):
+            raises = [
+                item.context_expr
+                for item in node.items
+                if isinstance(item.context_expr, ast.Call)
+                and isinstance(item.context_expr.func, ast.Attribute)
+                and item.context_expr.func.attr == "raises"
+            ]
+            lines += [node.lineno for r in raises if _timeout_errors(r) == {"builtin"}]
+    return lines
+
+
+def test_the_wait_for_check_finds_the_python_3_10_trap() -> None:
+    trap = "try:\n    await asyncio.wait_for(f(), 1)\nexcept TimeoutError:\n    pass\n"
+    fixed = trap.replace("except TimeoutError", "except asyncio.TimeoutError")
+    raises = "with pytest.raises(TimeoutError):\n    await asyncio.wait_for(f(), 1)\n"
+    assert _builtin_timeout_around_wait_for(ast.parse(trap)) == [3]
+    assert _builtin_timeout_around_wait_for(ast.parse(raises)) == [1]
+    assert _builtin_timeout_around_wait_for(ast.parse(fixed)) == []
+
+
+def test_no_wait_for_timeout_is_caught_as_the_builtin_timeout_error() -> None:
+    """Before Python 3.11, ``asyncio.wait_for`` raises ``asyncio.TimeoutError``, which is not
+    the builtin ``TimeoutError``: an ``except TimeoutError`` around it catches nothing there
+    (the Redisson model of tests/redisson_protocol.py failed that way on 3.10). Catch
+    ``asyncio.TimeoutError`` (the same class from 3.11 on) or both."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for top in SOURCES
+        if (ROOT / top).is_dir()
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for line in _builtin_timeout_around_wait_for(ast.parse(path.read_text("utf-8")))
+    ]
+    assert (ROOT / "tests" / "redisson_protocol.py").is_file()  # the tree is read
+    assert not found, "except TimeoutError around asyncio.wait_for: " + ", ".join(found)

@@ -35,8 +35,9 @@ async def test_a_waiter_wakes_on_release_without_waiting_out_the_lease(
         )
         released_at = time.monotonic()
         await held.release()
-        await asyncio.wait_for(waiting, 5)
-        assert time.monotonic() - released_at < 1.0  # a message, not the 30 s lease
+        await asyncio.wait_for(waiting, 10)
+        # A message, not the 30 s lease (5 s: room for a loaded machine)
+        assert time.monotonic() - released_at < 5.0
         assert waiter_side.statistics().hub.messages >= 1
         await holder_side.redis.aclose()
         await waiter_side.redis.aclose()

@@ -219,12 +219,13 @@ async def test_a_redisson_waiter_wakes_on_aiolocks_release(
     lock = rlocks.lock(name)  # the manager's 30 s lease, renewed: the PTTL is ~30 s
     await lock.acquire()
     waiter = asyncio.create_task(model.lock(name, 1))
-    await eventually(lambda: model.channel(name) in model._entries, what="Redisson subscribed")
-    await asyncio.sleep(0.1)
+    # Asleep on its latch, not just subscribed: released before its retry, it would take
+    # the lock without being woken (the 0.1 s slept here before was not always enough).
+    await eventually(lambda: model.stats.asleep == 1, what="the Redisson waiter asleep")
     released_at = time.monotonic()
     await lock.release()
-    assert await asyncio.wait_for(waiter, 5.0)
-    assert time.monotonic() - released_at < 2.0
+    assert await asyncio.wait_for(waiter, 10.0)
+    assert time.monotonic() - released_at < 5.0  # woken, not the 30 s lease
     assert model.stats.woken >= 1
     await model.unlock(name, 1)
 
@@ -244,8 +245,8 @@ async def test_an_aiolock_waiter_wakes_on_redissons_unlock(
     await asyncio.sleep(0.1)
     released_at = time.monotonic()
     await model.unlock(name, 1)
-    acquired_at = await asyncio.wait_for(waiter, 5.0)
-    assert acquired_at - released_at < 2.0  # not the 30 s lease Redisson left
+    acquired_at = await asyncio.wait_for(waiter, 10.0)
+    assert acquired_at - released_at < 5.0  # not the 30 s lease Redisson left
     assert rlocks.statistics().hub.messages >= 1
 
 
@@ -257,8 +258,7 @@ async def test_force_release_wakes_a_redisson_waiter(
     try:
         assert await other.try_acquire(name, 1) is None
         waiter = asyncio.create_task(model.lock(name, 2))
-        await eventually(lambda: model.channel(name) in model._entries, what="subscribed")
-        await asyncio.sleep(0.05)
+        await eventually(lambda: model.stats.asleep == 1, what="the Redisson waiter asleep")
         assert await rlocks.lock(name).force_release()
         assert await asyncio.wait_for(waiter, 5.0)
         await model.unlock(name, 2)

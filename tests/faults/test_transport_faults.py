@@ -43,7 +43,8 @@ async def test_tls_locks_and_socket_timeout(tls_redis: TlsRedisServer) -> None:
                 assert await locks.lock("tls").locked()
             message, took = await _through_blackhole(client, proxy)
             assert "Timeout reading" in message, message
-            assert 0.35 < took < 1.0
+            # 0.4 s, not a hang; the upper bound leaves a loaded machine its seconds
+            assert 0.35 < took < 3.0
         finally:
             await client.aclose()
             await redis.aclose()
@@ -55,7 +56,7 @@ async def test_command_timeout_through_a_blackhole(fault_proxy: FaultProxy) -> N
     try:
         message, took = await _through_blackhole(client, fault_proxy)
         assert "command_timeout" in message, message
-        assert 0.25 < took < 0.8
+        assert 0.25 < took < 3.0  # 0.3 s, not redis-py's 5 s socket_timeout nor a hang
     finally:
         await client.aclose()
         await redis.aclose()
