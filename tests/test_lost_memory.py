@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
 
@@ -86,7 +87,11 @@ async def test_a_block_cancelled_from_outside_while_lost_forgets_and_frees_it(
     keys = [hold.keys.lock for hold in holds]
     registry.lose(holds[0], "test: renewal was cut off")  # cancels the body (ours)
     task.cancel()  # and one from outside before the body runs: that one goes on
-    with pytest.raises(asyncio.CancelledError):
+    # Python 3.10 keeps no count of cancellations: a second cancel() before the task runs
+    # is merged into the first, whose message names the loss, so the block ends with
+    # LockLostError there. Either way the hold must be forgotten and freed.
+    ends = (asyncio.CancelledError, aiolock.LockLostError)
+    with pytest.raises(asyncio.CancelledError if sys.version_info >= (3, 11) else ends):
         await asyncio.wait_for(task, 10)
     assert _remembered(locks) == 0  # kept until the cap before the fix
     for key in keys:  # the lease is 30 s: freed well before it ends
