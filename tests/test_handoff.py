@@ -179,6 +179,59 @@ async def test_an_adopted_hold_is_released_when_its_task_ends(
         await asyncio.sleep(0.02)
 
 
+async def test_a_detach_cancelled_in_flight_leaves_nothing_held(
+    locks: aiolock.LockManager,
+) -> None:
+    lock = locks.lock("cancelled-detach")
+    acquired = asyncio.Event()
+
+    async def holder() -> str:
+        await lock.acquire()
+        acquired.set()
+        return await lock.detach(lease=60)
+
+    task = asyncio.create_task(holder())
+    await acquired.wait()
+    await asyncio.sleep(0)  # the detach is on its way
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Nobody got the token: the detached hold is released, not left for its 60 s lease.
+    deadline = time.monotonic() + 10
+    while await lock.locked():
+        assert time.monotonic() < deadline, "a cancelled detach left the lock held"
+        await asyncio.sleep(0.02)
+
+
+#: Keeps the server busy for ARGV[1] ms, so that a command sent meanwhile waits unanswered.
+BUSY_SCRIPT = """
+local function now() local t = redis.call('time') return t[1] * 1000 + t[2] / 1000 end
+local start = now()
+while now() - start < tonumber(ARGV[1]) do end
+return 1
+"""
+
+
+async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    lock = locks.lock("cancelled-adopt")
+    await lock.acquire()
+    await in_task(_adopt_and_release(lock, await lock.detach()))  # the scripts are loaded
+    await lock.acquire()
+    token = await lock.detach(lease=60)
+    busy = asyncio.create_task(admin.eval(BUSY_SCRIPT, 0, 400))  # type: ignore[misc]
+    await asyncio.sleep(0.05)
+    task = asyncio.create_task(lock.adopt(token))
+    await asyncio.sleep(0.1)  # the adoption is sent, and waits behind the busy script
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await busy
+    await in_task(_adopt_and_release(lock, token))  # it ran, and was given back
+    assert not await lock.locked()
+
+
 async def test_bad_tokens_fail_at_the_call(locks: aiolock.LockManager) -> None:
     lock = locks.lock("a")
     await lock.acquire()
