@@ -220,7 +220,11 @@ async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
     await in_task(_adopt_and_release(lock, await lock.detach()))  # the scripts are loaded
     await lock.acquire()
     token = await lock.detach(lease=60)
-    busy = asyncio.create_task(admin.eval(BUSY_SCRIPT, 0, 400))  # type: ignore[misc]
+
+    async def keep_busy() -> None:
+        await admin.eval(BUSY_SCRIPT, 0, "400")
+
+    busy = asyncio.create_task(keep_busy())
     await asyncio.sleep(0.05)
     task = asyncio.create_task(lock.adopt(token))
     await asyncio.sleep(0.1)  # the adoption is sent, and waits behind the busy script
