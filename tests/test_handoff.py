@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.crc import key_slot
 
 import aiolock
+from aiolock.testing_cluster import LocalCluster
 
 from .helpers import eventually
 
@@ -417,3 +420,37 @@ async def test_a_killed_adopter_frees_the_lock_within_its_lease(
     print(f"lock freed {freed_after:.2f} s after SIGKILL of the adopter (lease {child_lease} s)")
     # Within one adopter's lease (plus slack for a loaded machine), not the detach lease.
     assert freed_after < child_lease + 3.0
+
+
+# -- Redis Cluster -----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not hasattr(PubSub, "ssubscribe"),
+    reason="Redis Cluster support needs redis-py >= 8.0.1 (asyncio sharded pub/sub)",
+)
+async def test_hand_off_on_a_cluster_on_every_primary() -> None:
+    """Detach with one manager and adopt with another, for a name on each of 3 primaries."""
+    with LocalCluster(primaries=3, replicas=0) as cluster:
+        found: dict[int, str] = {}
+        for i in range(10_000):  # one name per primary (the name is the hash tag)
+            found.setdefault(cluster.owner_port(key_slot(f"h{i}".encode())), f"h{i}")
+            if len(found) == cluster.primaries:
+                break
+        url, prefix = cluster.url, "handoff-cluster"
+        async with (
+            aiolock.LockManager.from_url(url, cluster=True, prefix=prefix) as a,
+            aiolock.LockManager.from_url(url, cluster=True, prefix=prefix) as b,
+        ):
+            for name in found.values():
+                lock = a.lock(name)
+                await lock.acquire()
+                fence = lock.fencing_token
+                token = await lock.detach()
+                other = b.lock(name)
+                await other.adopt(token)
+                assert other.fencing_token == fence
+                with pytest.raises(aiolock.LockHandoffError):
+                    await in_task(lock.adopt(token))
+                await other.release()
+                assert not await lock.locked()
