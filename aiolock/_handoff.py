@@ -185,6 +185,7 @@ def _cancelled_detach(
     if not outcome:
         engine.registry.add(hold)
     elif outcome[0]:
+        engine._ended(hold)
         stray = Hold(kind, hold.keys, "", field, hold.token, lease, False, time.monotonic())
         engine.release_lost(stray)
 

@@ -239,6 +239,31 @@ async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
     assert not await lock.locked()
 
 
+class _Events(aiolock.Observer):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def acquired(self, kind: str, name: str, waited_s: float, token: int) -> None:
+        self.seen.append(("acquired", token))
+
+    def released(self, kind: str, name: str, held_s: float, token: int) -> None:
+        self.seen.append(("released", token))
+
+
+async def test_observers_see_the_detach_end_a_hold_and_the_adoption_begin_one(
+    locks: aiolock.LockManager,
+) -> None:
+    events = _Events()
+    locks.add_observer(events)
+    lock = locks.lock("observed")
+    await lock.acquire()
+    fence = lock.fencing_token
+    assert fence is not None
+    token = await lock.detach()
+    await in_task(_adopt_and_release(lock, token))
+    assert events.seen == [("acquired", fence), ("released", fence)] * 2
+
+
 async def test_bad_tokens_fail_at_the_call(locks: aiolock.LockManager) -> None:
     lock = locks.lock("a")
     await lock.acquire()
