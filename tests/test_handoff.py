@@ -114,6 +114,20 @@ async def test_a_reentered_hold_is_not_detached(locks: aiolock.LockManager) -> N
     assert not await lock.locked()
 
 
+async def test_detaching_a_hold_redis_no_longer_has_raises_lost(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    lock = locks.lock("gone")
+    await lock.acquire()
+    await admin.delete(lock.key)  # behind the holder's back (evicted, flushed)
+    with pytest.raises(aiolock.LockLostError, match="could not be detached"):
+        await lock.detach()
+    assert not await lock.locked()  # nothing was made up in Redis
+    with pytest.raises(aiolock.LockNotOwnedError) as caught:
+        await lock.release()  # the loss was reported once, by detach()
+    assert not isinstance(caught.value, aiolock.LockLostError)
+
+
 async def _adopt_and_release(lock: aiolock.Lock, token: str) -> None:
     await lock.adopt(token)
     await lock.release()
