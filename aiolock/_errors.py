@@ -6,7 +6,8 @@ arguments, which raise the built-in ``ValueError`` / ``TypeError`` at the call::
     LockError
     ├── LockTimeoutError       (also a TimeoutError) the wait ran out
     ├── LockNotOwnedError      release/extend of a hold the current task does not have
-    │   └── LockLostError      the task held the lock, and its lease was lost
+    │   ├── LockLostError      the task held the lock, and its lease was lost
+    │   └── LockHandoffError   a detached hold's token no longer holds the lock (adopt)
     ├── LockKeyTypeError       a lock's key holds a value of another Redis type
     ├── ManagerNotOpenError    (also a RuntimeError) the LockManager is not open
     ├── WireFormatError        the chosen wire format cannot express this lock or feature
@@ -25,6 +26,7 @@ __all__ = [
     "LockBackendError",
     "LockConnectionError",
     "LockError",
+    "LockHandoffError",
     "LockKeyTypeError",
     "LockLostError",
     "LockNotOwnedError",
@@ -55,6 +57,15 @@ class LockLostError(LockNotOwnedError):
     replaced, so another owner may now be inside the critical section. Raised from the
     ``async with`` whose body was cancelled because of the loss, or from the next
     ``release()`` / ``extend()`` outside ``async with``.
+    """
+
+
+class LockHandoffError(LockNotOwnedError):
+    """A hand-off token could not be adopted: the detached hold it names is gone.
+
+    It was adopted already (a token is adopted once), its lease ran out before anyone
+    adopted it, or the lock was force-released. Raised by :meth:`aiolock.Lock.adopt`;
+    nothing is held when it is raised.
     """
 
 

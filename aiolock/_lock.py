@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 from ._client import as_int
 from ._errors import LockError, LockLostError, LockNotOwnedError, WireFormatError
 from ._guard import BodyGuard, ManagerLike
+from ._handoff import HandoffToken, adopt, detach, handoff_kind
 from ._keys import LockKeys, check_lease, check_timeout
 from ._replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
     from ._kind import Hold, LockKind
+    from ._kinds.lock import ReentrantLockKind
 
 __all__ = ["Lock"]
 
@@ -185,6 +187,60 @@ class Lock:
         """
         return await self._manager._open_engine().force_release(self._kind, self._keys)
 
+    # -- hand-off between tasks and processes -------------------------------------------
+
+    async def detach(self, *, lease: float | None = None) -> str:
+        """Give up the current task's hold without freeing the lock; a token to adopt it.
+
+        The lock stays held, by nobody, until a task of this or another process passes
+        the token to :meth:`adopt` (once), or for *lease* seconds (default: the manager's
+        lease), which bounds a token nobody adopts. From here the current task does not
+        own it: its :meth:`release` raises :class:`LockNotOwnedError`, and an ``async
+        with`` block around the call releases nothing at its end. The token is a short
+        str, safe in argv, URLs and headers; it carries the fencing token, which does not
+        change. Plain locks of aiolock's own wire format only; a re-entered hold (held
+        more than once by the task) is refused. See ``docs/recipes/handoff.md``.
+        """
+        kind = self._handoff_kind()
+        seconds = None if lease is None else check_lease(lease)
+        engine = self._manager._open_engine()
+        hold = self._owned_hold()
+        return await detach(engine, kind, hold, engine.rt.lease if seconds is None else seconds)
+
+    async def adopt(self, token: str, *, lease: float | None = _DEFAULT) -> None:
+        """Take over the lock that :meth:`detach` handed off as *token*, for the current task.
+
+        The task then owns it as if it had acquired it: renewed, its loss detected,
+        released by :meth:`release` (or when the task ends). *lease* is the hold's lease
+        as for :meth:`acquire` (default: the handle's; None renews it automatically).
+        Raises :class:`LockHandoffError` if the token was adopted already, or its lease
+        ran out, or the lock was force-released; ``ValueError`` if the token is not one
+        or names another lock (the name, prefix and wire format must match).
+        """
+        fixed = self._adopt_lease(lease)
+        found = HandoffToken.decode(token)
+        kind = self._handoff_kind()
+        if found.key != self._keys.lock:
+            raise ValueError(
+                f"the hand-off token is for the lock key {found.key!r}, not this lock's "
+                f"{self._keys.lock!r}: adopt it with a handle of the same name, from a "
+                "LockManager with the same prefix"
+            )
+        engine = self._manager._open_engine()
+        await adopt(engine, kind, self._keys, self._manager._owner(), found, fixed)
+
+    def adopted(self, token: str, *, lease: float | None = _DEFAULT) -> Adopted:
+        """``async with lock.adopted(token):`` adopts (see :meth:`adopt`), runs the body
+        guarded as ``async with lock:`` does (cancelled if the hold is lost), and releases."""
+        return Adopted(self, token, self._adopt_lease(lease))
+
+    def _adopt_lease(self, lease: float | None) -> float | None:
+        return resolve(None, lease, None, self._lease)[1]
+
+    def _handoff_kind(self) -> ReentrantLockKind:
+        what = f"{type(self).__name__} {self.name!r}"
+        return handoff_kind(self._kind, what, plain=type(self) is Lock)
+
     # -- queries -------------------------------------------------------------------------
 
     async def locked(self) -> bool:
@@ -260,3 +316,37 @@ class Lock:
             f"lock {self.name!r} is not held by the current task; locks belong to the task "
             "that acquired them (a child task is a different owner)"
         )
+
+
+class Adopted:
+    """``async with lock.adopted(token):``: adopt, guard the body as ``async with lock:``
+    does, release at the end (see :meth:`Lock.adopted`)."""
+
+    __slots__ = ("_lease", "_lock", "_token")
+
+    def __init__(self, lock: Lock, token: str, lease: float | None) -> None:
+        HandoffToken.decode(token)  # a bad token is refused at the call that got it
+        self._lock = lock
+        self._token = token
+        self._lease = lease
+
+    async def __aenter__(self) -> Lock:
+        lock = self._lock
+        await lock.adopt(self._token, lease=self._lease)
+        engine = lock._manager._open_engine()
+        hold = lock._current_hold()
+        assert hold is not None  # adopt() registered it for this task
+        # (enter() records the block under its caller's caller: this method's caller)
+        if not lock._guard.enter(engine, hold):
+            await lock._guard.refuse(engine, hold)
+        return lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock = self._lock
+        engine = lock._manager._engine if lock._manager.is_open else None
+        await lock._guard.exit(lock, engine, exc_type, exc, tb)

@@ -20,6 +20,7 @@ def test_public_names_are_pinned() -> None:
         "LockBackendError",
         "LockConnectionError",
         "LockError",
+        "LockHandoffError",
         "LockKeyTypeError",
         "LockLostError",
         "LockManager",
@@ -49,6 +50,7 @@ def test_error_tree() -> None:
     assert issubclass(aiolock.LockTimeoutError, TimeoutError)
     assert issubclass(aiolock.LockNotOwnedError, aiolock.LockError)
     assert issubclass(aiolock.LockLostError, aiolock.LockNotOwnedError)
+    assert issubclass(aiolock.LockHandoffError, aiolock.LockNotOwnedError)
     assert issubclass(aiolock.LockKeyTypeError, aiolock.LockError)
     assert issubclass(aiolock.ManagerNotOpenError, RuntimeError)
     assert issubclass(aiolock.ManagerNotOpenError, aiolock.LockError)

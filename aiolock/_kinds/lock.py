@@ -5,6 +5,8 @@ hash with one field per acquisition, ``<manager id>:<task serial>:<acquisition n
 whose value is the hold count: re-entering increments it, and a late or resent command
 about an earlier hold can never touch a later one. A final release publishes the
 releasing manager's id on ``P:lock:{N}:released`` unless it hands the lock over.
+A hold detached for another task or process to adopt (:mod:`aiolock._handoff`) is the
+field ``detached:<128 random bits, hex>`` until it is adopted or its lease runs out.
 
 The reply codes of each script are named here, next to their decoding.
 """
@@ -34,6 +36,8 @@ RELEASE = Script("lock/release")
 RENEW = Script("lock/renew")
 UNDO = Script("lock/undo")
 FORCE_RELEASE = Script("lock/force_release")
+DETACH = Script("lock/detach")
+ADOPT = Script("lock/adopt")
 
 
 class ReentrantLockKind(KindBase):
@@ -103,3 +107,25 @@ class ReentrantLockKind(KindBase):
         if as_int(code) == -1:
             raise key_type_error(keys.lock, value)
         return as_int(code) == 1
+
+    async def detach(self, hold: Hold, detached: str, lease: float) -> bool:
+        """Move *hold* to the field *detached* for *lease* s; False if Redis no longer had it."""
+        keys = hold.keys
+        code, value = await self._client.run(
+            DETACH, (keys.lock,), (hold.field, detached, ms(lease))
+        )
+        if as_int(code) == -1:
+            raise key_type_error(keys.lock, value)
+        return as_int(code) == 1
+
+    async def adopt(
+        self, keys: LockKeys, detached: str, field: str, lease: float | None
+    ) -> tuple[bool, int]:
+        """Move the hold of field *detached* to *field* with a lease of *lease* s (None:
+        leave the lease as it is): (True, 0), or (False, the lock's PTTL in ms)."""
+        code, value = await self._client.run(
+            ADOPT, (keys.lock,), (detached, field, 0 if lease is None else ms(lease))
+        )
+        if as_int(code) == -1:
+            raise key_type_error(keys.lock, value)
+        return as_int(code) == 1, as_int(value)

@@ -1,0 +1,37 @@
+-- aiolock lock: adopt a detached hold: the adopting task's field takes its place.
+--
+-- KEYS[1]  lock hash: {owner field -> hold count}
+-- ARGV[1]  the field to take over (a detached field; see detach.lua)
+-- ARGV[2]  the adopting owner's new field (unique per acquisition)
+-- ARGV[3]  the adopter's lease in milliseconds, or '0' to leave the lease as it is
+--
+-- Returns {code, value}:
+--   { 1, 0   }  adopted: ARGV[2] holds the lock (count 1), ARGV[1] is gone
+--   { 0, pttl}  ARGV[1] does not hold the lock (adopted already, expired, released or
+--               force-released); pttl is the lock's remaining lease in ms, -2 if free
+--   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
+--
+-- A rename that happens once: a second adoption of the same field finds it gone. A
+-- resend (the client retries after a dropped connection) finds ARGV[2] already there
+-- and answers as the first run did. The client also runs it with the two fields swapped
+-- and lease '0' to give a detached hold back after an adoption cancelled in flight.
+
+local held = redis.pcall('hexists', KEYS[1], ARGV[2])
+if type(held) == 'table' and held.err then
+  return {-1, redis.call('type', KEYS[1]).ok}
+end
+if held == 1 then
+  if ARGV[3] ~= '0' then
+    redis.call('pexpire', KEYS[1], ARGV[3])
+  end
+  return {1, 0}
+end
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+  return {0, redis.call('pttl', KEYS[1])}
+end
+redis.call('hset', KEYS[1], ARGV[2], 1)
+redis.call('hdel', KEYS[1], ARGV[1])
+if ARGV[3] ~= '0' then
+  redis.call('pexpire', KEYS[1], ARGV[3])
+end
+return {1, 0}
