@@ -124,10 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Unreachable as exc:
         _error(args.url, f"cannot reach redis at {args.url}: {exc}")
         return EXIT_UNREACHABLE
-    except (RedisError, RedisClusterException, LockError) as exc:
+    except (RedisError, RedisClusterException) as exc:
         # An error reply (NOAUTH, NOPERM, WRONGTYPE, ...): one line, never a traceback.
         what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         _error(args.url, f"redis at {args.url} answered with an error: {what}")
+        return EXIT_REDIS_ERROR
+    except LockError as exc:  # aiolock refused (a key of another type, ...): says why
+        _error(args.url, str(exc))
         return EXIT_REDIS_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -266,9 +269,10 @@ async def _run(args: argparse.Namespace) -> int:
 async def _command(target: _Target, args: argparse.Namespace) -> int:
     if args.command == "list":
         infos = await _list(target, args.prefix)
+        code = _print_list(infos, args.json)
         if not infos:
             await _hint(target, args.prefix, args.json)
-        return _print_list(infos, args.json)
+        return code
     if args.command == "show":
         return _print_show(args.name, await _describe(target, args.prefix, args.name), args.json)
     if args.command == "force-release":
