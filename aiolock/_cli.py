@@ -24,8 +24,8 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._cluster import _server_mode
@@ -241,6 +241,8 @@ async def _connect(url: str) -> AsyncIterator[_Target]:
             if await _is_cluster_node(redis):
                 target.cluster = RedisCluster.from_url(url)
                 await target.cluster.initialize()
+        except AuthenticationError:
+            raise  # reached, but refused: an error reply (exit 3), not "cannot reach"
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise _Unreachable(str(exc) or type(exc).__name__) from None
         yield target
