@@ -1,7 +1,8 @@
 """The ``aiolock`` command: list, show, force-release and watch the locks in a Redis.
 
 ``aiolock [--url URL] [--prefix P] [--json] COMMAND ...``; see ``docs/cli.md``. Reading
-is done by :mod:`aiolock._inspect` (read-only commands); ``force-release`` goes through a
+is done by :mod:`aiolock._inspect` (read-only commands), on one server or on every
+primary of a Redis Cluster (:mod:`aiolock._cli_target`); ``force-release`` goes through a
 :class:`~aiolock.LockManager` and the kind's own handle, so holders learn of it as a
 loss and waiters wake, as with the library's ``force_release()``.
 """
@@ -10,43 +11,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from redis.asyncio import ConnectionPool, Redis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.crc import key_slot
-from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._cluster import _server_mode
+from ._cli_target import Target, Unreachable, connect, describe_name, hint, list_objects, mask
 from ._errors import LockConnectionError, LockError
-from ._inspect import (
-    KINDS,
-    LABELS,
-    Holder,
-    LockInfo,
-    Who,
-    describe,
-    find_objects,
-    glob_escape,
-    lock_key,
-    parse_key,
-    read_objects,
-    resolve,
-    scan,
-    sort_objects,
-)
-from ._keys import IDENTITY_TAG, split_key
+from ._inspect import KINDS, LABELS, Holder, LockInfo, Who, glob_escape, parse_key
 
 __all__ = ["main"]
 
@@ -57,12 +37,6 @@ EXIT_UNREACHABLE = 2
 EXIT_REDIS_ERROR = 3
 #: exit status after Ctrl-C (128 + SIGINT, as shells report it)
 EXIT_INTERRUPTED = 130
-#: keys the hint for an empty prefix looks at, at most (SCAN is bounded, never KEYS)
-HINT_SCAN_LIMIT = 20_000
-
-
-class _Unreachable(Exception):
-    """Redis could not be reached: reported as one line, exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     try:
         return asyncio.run(_run(args))
-    except _Unreachable as exc:
+    except Unreachable as exc:
         _error(args.url, f"cannot reach redis at {args.url}: {exc}")
         return EXIT_UNREACHABLE
     except (RedisError, RedisClusterException) as exc:
@@ -141,142 +115,27 @@ def _error(url: str, message: str) -> None:
     print(f"aiolock: {mask(message, url)}", file=sys.stderr)
 
 
-def mask(text: str, url: str) -> str:
-    """*text* with *url* shown without its password, and the password itself hidden
-    wherever else it appears (an error message that repeats it)."""
-    secrets = _secrets(url)
-    text = text.replace(url, _masked_url(url))
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
-
-
-def _secrets(url: str) -> set[str]:
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return set()
-    found = set()
-    if password:
-        found |= {password, unquote(password)}
-    for pair in parts.query.split("&"):
-        name, _, value = pair.partition("=")
-        if name == "password" and value:
-            found |= {value, unquote(value)}
-    return found
-
-
-def _masked_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-        if parts.password is None and "password=" not in parts.query:
-            return url
-        netloc = parts.netloc
-        if parts.password is not None:
-            user = quote(parts.username or "", safe="")
-            netloc = f"{user}:***@{netloc.rpartition('@')[2]}"
-        query = "&".join(
-            "password=***" if pair.startswith("password=") else pair
-            for pair in parts.query.split("&")
-        )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        return "<the url given>"
-
-
-@dataclass
-class _Target:
-    """What the command talks to: one server, or a Redis Cluster and its primaries."""
-
-    redis: Redis
-    cluster: RedisCluster | None = None
-    #: clients of the cluster's primaries, by node name (made on first use)
-    nodes: dict[str, Redis] = field(default_factory=dict)
-
-    @property
-    def client(self) -> Redis | RedisCluster:
-        """The client a LockManager gets."""
-        return self.cluster if self.cluster is not None else self.redis
-
-    def primaries(self) -> list[Redis]:
-        """A client per primary (the one server when it is not a cluster)."""
-        if self.cluster is None:
-            return [self.redis]
-        return [self.node(node) for node in self.cluster.get_primaries()]
-
-    def owner(self, name: str) -> Redis:
-        """The client of the node that holds every key of *name* (they share one slot)."""
-        if self.cluster is None:
-            return self.redis
-        slot = key_slot(lock_key("p", "lock", name).encode("utf-8"))
-        return self.node(self.cluster.nodes_manager.get_node_from_slot(slot))
-
-    def node(self, node: ClusterNode) -> Redis:
-        client = self.nodes.get(node.name)
-        if client is None:
-            pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
-            client = self.nodes[node.name] = Redis(connection_pool=pool)
-        return client
-
-    async def aclose(self) -> None:
-        for client in self.nodes.values():
-            await client.aclose()
-        if self.cluster is not None:
-            await self.cluster.aclose()
-        await self.redis.aclose()
-
-
-@contextlib.asynccontextmanager
-async def _connect(url: str) -> AsyncIterator[_Target]:
-    """The server at *url*, as a cluster when it says it is a Redis Cluster node."""
-    try:
-        redis = Redis.from_url(url)
-    except ValueError as exc:  # not a redis URL at all
-        raise _Unreachable(str(exc)) from None
-    target = _Target(redis)
-    try:
-        try:
-            await redis.ping()
-            if await _is_cluster_node(redis):
-                target.cluster = RedisCluster.from_url(url)
-                await target.cluster.initialize()
-        except AuthenticationError:
-            raise  # reached, but refused: an error reply (exit 3), not "cannot reach"
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise _Unreachable(str(exc) or type(exc).__name__) from None
-        yield target
-    finally:
-        await target.aclose()
-
-
-async def _is_cluster_node(redis: Redis) -> bool:
-    """Whether the server is a Redis Cluster node (``HELLO``'s mode, as the manager checks)."""
-    try:
-        hello = await redis.execute_command("HELLO")  # type: ignore[no-untyped-call]
-    except RedisError:  # a Redis older than 6.2: no HELLO, and no cluster to worry about
-        return False
-    return _server_mode(hello) == "cluster"
-
-
 async def _run(args: argparse.Namespace) -> int:
-    async with _connect(args.url) as target:
+    async with connect(args.url) as target:
         try:
             return await _command(target, args)
         except (RedisConnectionError, RedisTimeoutError, LockConnectionError) as exc:
             # lost half-way (a server restart, a failover): still one line, no traceback
-            raise _Unreachable(str(exc) or type(exc).__name__) from None
+            raise Unreachable(str(exc) or type(exc).__name__) from None
 
 
-async def _command(target: _Target, args: argparse.Namespace) -> int:
+async def _command(target: Target, args: argparse.Namespace) -> int:
     if args.command == "list":
-        infos = await _list(target, args.prefix)
+        infos = await list_objects(target, args.prefix)
         code = _print_list(infos, args.json)
-        if not infos:
-            await _hint(target, args.prefix, args.json)
+        line = None if infos else await hint(target, args.prefix)
+        if line is not None:
+            print(line, file=sys.stderr if args.json else sys.stdout)
         return code
     if args.command == "show":
-        return _print_show(args.name, await _describe(target, args.prefix, args.name), args.json)
+        return _print_show(
+            args.name, await describe_name(target, args.prefix, args.name), args.json
+        )
     if args.command == "force-release":
         return await _force_release(target, args)
     if target.cluster is not None:
@@ -287,48 +146,6 @@ async def _command(target: _Target, args: argparse.Namespace) -> int:
         )
         return 1
     return await _watch(target.redis, args)
-
-
-async def _list(target: _Target, prefix: str) -> list[LockInfo]:
-    """Every lock object under *prefix*: on a cluster, from every primary."""
-    if target.cluster is None:
-        return await scan(target.redis, prefix)
-    infos: list[LockInfo] = []
-    for node in target.primaries():
-        infos += await read_objects(node, prefix, await find_objects(node, prefix), sharded=True)
-    order = {obj: i for i, obj in enumerate(sort_objects((i.kind, i.name) for i in infos))}
-    infos.sort(key=lambda info: order[(info.kind, info.name)])
-    return await resolve(target.cluster, prefix, infos)
-
-
-async def _describe(target: _Target, prefix: str, name: str) -> list[LockInfo]:
-    """Every object under *name*, read on the node that owns its slot."""
-    if target.cluster is None:
-        return await describe(target.redis, prefix, name)
-    node = target.owner(name)
-    return await describe(node, prefix, name, sharded=True, identities=target.cluster)
-
-
-async def _hint(target: _Target, prefix: str, as_json: bool) -> None:
-    """Say which other prefixes hold aiolock keys (a mistyped ``--prefix`` is the usual
-    reason for an empty list); looks at :data:`HINT_SCAN_LIMIT` keys per node at most."""
-    found: set[str] = set()
-    for node in target.primaries():
-        seen = 0
-        async for raw in node.scan_iter(match="*:*:{*", count=1000):
-            seen += 1
-            split = split_key(raw.decode("utf-8", errors="replace"))
-            if split is not None and split[1] != IDENTITY_TAG and split[0] != prefix:
-                found.add(split[0])
-            if seen >= HINT_SCAN_LIMIT or len(found) >= 10:
-                break
-    if found:
-        others = ", ".join(repr(p) for p in sorted(found))
-        print(
-            f"no locks under the prefix {prefix!r}; aiolock keys exist under {others}: "
-            "pass --prefix",
-            file=sys.stderr if as_json else sys.stdout,
-        )
 
 
 # -- output ------------------------------------------------------------------------------
@@ -453,10 +270,10 @@ def _confirm(question: str) -> bool:
     return answer.strip().lower() in {"y", "yes"}
 
 
-async def _force_release(target: _Target, args: argparse.Namespace) -> int:
+async def _force_release(target: Target, args: argparse.Namespace) -> int:
     from ._manager import LockManager
 
-    infos = await _describe(target, args.prefix, args.name)
+    infos = await describe_name(target, args.prefix, args.name)
     if args.kind is not None:
         infos = [info for info in infos if info.kind == args.kind]
     if not infos:
