@@ -8,10 +8,12 @@ pointed at one node and must find, show and free the locks the others own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio.client import PubSub
@@ -20,6 +22,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.testing_cluster import LocalCluster
 
+from .helpers import eventually
 from .test_cli import run_cli
 
 pytestmark = pytest.mark.skipif(
@@ -61,12 +64,22 @@ async def held_on_every_primary(
         held = [locks.lock(name) for name in names.values()]
         for lock in held:
             await lock.acquire()
+        # a semaphore permit under each name too: its lease ends live in a zset
+        permits = [await locks.semaphore(name, limit=2).acquire() for name in names.values()]
         try:
             yield locks, names
         finally:
+            for permit in permits:
+                with contextlib.suppress(aiolock.LockNotOwnedError):
+                    await permit.release()
             for lock in held:
                 with contextlib.suppress(aiolock.LockNotOwnedError):
                     await lock.release()
+
+
+def _lock_of(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if (o["kind"], o["name"]) == ("lock", name)]
+    return found
 
 
 def node_url(port: int) -> str:
@@ -74,14 +87,34 @@ def node_url(port: int) -> str:
 
 
 async def test_list_finds_the_locks_of_every_primary(cluster: LocalCluster, prefix: str) -> None:
-    async with held_on_every_primary(cluster, prefix) as (_, names):
-        url = node_url(next(iter(names)))
-        listed = await run_cli(url, prefix, "--json", "list")
-        table = await run_cli(url, prefix, "list")
+    async with held_on_every_primary(cluster, prefix) as (locks, names):
+        url_port, other_port, _ = names
+        waiting_for = names[other_port]
+        entered = asyncio.Event()
+
+        async def wait() -> None:
+            entered.set()
+            async with locks.lock(waiting_for):
+                pass
+
+        waiter = asyncio.create_task(wait())  # another task: it waits for the lock
+        await entered.wait()
+        await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="SSUBSCRIBE")
+        listed = await run_cli(node_url(url_port), prefix, "--json", "list")
+        table = await run_cli(node_url(url_port), prefix, "list")
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
     assert listed.code == 0, listed.err
     objects = json.loads(listed.out)
-    assert sorted(o["name"] for o in objects) == sorted(names.values())
+    assert [(o["name"], o["kind"]) for o in objects] == [
+        (name, kind) for name in sorted(names.values()) for kind in ("lock", "semaphore")
+    ]
     for obj in objects:
+        if obj["kind"] == "semaphore":
+            assert (obj["held"], obj["limit"]) == (1, 2)
+        # listeners are counted with PUBSUB SHARDNUMSUB on the name's node
+        assert obj["listeners"] == (1 if obj == _lock_of(objects, waiting_for) else 0)
         (holder,) = obj["holders"]
         # the identity records live in other slots than the locks: read through the cluster
         assert holder["name"] == "cluster-cli-test"
@@ -101,20 +134,21 @@ async def test_show_and_force_release_of_a_name_on_another_node(
         url = node_url(url_port)
         shown = await run_cli(url, prefix, "--json", "show", elsewhere)
         assert shown.code == 0, shown.err
-        (obj,) = json.loads(shown.out)["objects"]
-        assert (obj["kind"], obj["name"]) == ("lock", elsewhere)
-        assert [h["name"] for h in obj["holders"]] == ["cluster-cli-test"]
+        lock, sem = json.loads(shown.out)["objects"]
+        assert (lock["kind"], lock["name"]) == ("lock", elsewhere)
+        assert [h["name"] for h in lock["holders"]] == ["cluster-cli-test"]
+        assert sem["kind"] == "semaphore"
+        assert 0 < sem["holders"][0]["lease_left"] <= 30
 
-        freed = await run_cli(url, prefix, "force-release", elsewhere, "--yes")
+        freed = await run_cli(url, prefix, "force-release", elsewhere, "--kind", "lock", "--yes")
         assert freed.code == 0, freed.err
         assert f"released lock '{elsewhere}'" in freed.out
         assert not await locks.lock(elsewhere).locked()
         # the others are still held
         for port in (url_port, others[1]):
             assert await locks.lock(names[port]).locked()
-        gone = await run_cli(url, prefix, "show", elsewhere)
-        assert gone.code == 1
-        assert "Traceback" not in gone.err
+        gone = await run_cli(url, prefix, "--json", "show", elsewhere)
+        assert [o["kind"] for o in json.loads(gone.out)["objects"]] == ["semaphore"]
 
 
 async def test_watch_on_a_cluster_says_it_cannot(cluster: LocalCluster, prefix: str) -> None:
