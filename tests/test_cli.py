@@ -457,3 +457,23 @@ async def test_list_reads_a_batch_of_objects_in_one_pipeline(
     assert all(info.holders for info in infos)
     # SCAN pages and one MGET: not one round trip (or eight) per object
     assert single <= 10, single  # 482 before issue 20 (80 objects), 2 after
+
+
+async def test_an_error_reply_is_one_line_and_exit_3(
+    locked_server: RedisServer, prefix: str
+) -> None:
+    admin = Redis.from_url(f"redis://:{PASSWORD}@127.0.0.1:{locked_server.port}/0")
+    user = f"ro-{prefix}"
+    try:
+        # a user that may connect but not SCAN: the server answers NOPERM
+        await admin.acl_setuser(user, enabled=True, passwords=["+u-pass-20"],
+                                keys=["*"], commands=["-@all", "+ping", "+hello"])  # fmt: skip
+        url = f"redis://{user}:u-pass-20@127.0.0.1:{locked_server.port}/0"
+        result = await run_raw("--url", url, "--prefix", prefix, "list")
+    finally:
+        await admin.acl_deluser(user)
+        await admin.aclose()
+    assert result.code == 3, result
+    (line,) = result.err.splitlines()
+    assert line.startswith(f"aiolock: redis at redis://{user}:***@127.0.0.1:"), line
+    assert "NoPermissionError" in line and "u-pass-20" not in line, line
