@@ -117,11 +117,13 @@ class Target:
             return [self.redis]
         return [self.node(node) for node in self.cluster.get_primaries()]
 
-    def owner(self, name: str) -> Redis:
+    def owner(self, prefix: str, name: str) -> Redis:
         """The client of the node that holds every key of *name* (they share one slot)."""
         if self.cluster is None:
             return self.redis
-        slot = key_slot(lock_key("p", "lock", name).encode("utf-8"))
+        # the slot of a real key, so that Redis's hash tag rule (first "{" to the next
+        # "}") is applied as the server applies it, whatever the name holds
+        slot = key_slot(lock_key(prefix, "lock", name).encode("utf-8"))
         return self.node(self.cluster.nodes_manager.get_node_from_slot(slot))
 
     def node(self, node: ClusterNode) -> Redis:
@@ -178,7 +180,8 @@ async def list_objects(target: Target, prefix: str) -> list[LockInfo]:
     infos: list[LockInfo] = []
     for node in target.primaries():
         infos += await read_objects(node, prefix, await find_objects(node, prefix), sharded=True)
-    order = {obj: i for i, obj in enumerate(sort_objects((i.kind, i.name) for i in infos))}
+    # each primary's objects are sorted: sort the merged list as one server's would be
+    order = {obj: n for n, obj in enumerate(sort_objects((o.kind, o.name) for o in infos))}
     infos.sort(key=lambda info: order[(info.kind, info.name)])
     return await resolve(target.cluster, prefix, infos)
 
@@ -187,7 +190,7 @@ async def describe_name(target: Target, prefix: str, name: str) -> list[LockInfo
     """Every object under *name*, read on the node that owns its slot."""
     if target.cluster is None:
         return await describe(target.redis, prefix, name)
-    node = target.owner(name)
+    node = target.owner(prefix, name)
     return await describe(node, prefix, name, sharded=True, identities=target.cluster)
 
 
