@@ -271,8 +271,15 @@ def _confirm(question: str) -> bool:
 
 
 async def _force_release(target: Target, args: argparse.Namespace) -> int:
+    from ._cluster import check_cluster_support
     from ._manager import LockManager
 
+    if target.cluster is not None:
+        try:
+            check_cluster_support()  # a manager on a cluster needs a recent redis-py
+        except TypeError as exc:
+            print(f"aiolock: cannot force-release on a Redis Cluster: {exc}", file=sys.stderr)
+            return 1
     infos = await describe_name(target, args.prefix, args.name)
     if args.kind is not None:
         infos = [info for info in infos if info.kind == args.kind]
