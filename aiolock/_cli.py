@@ -1,7 +1,8 @@
 """The ``aiolock`` command: list, show, force-release and watch the locks in a Redis.
 
 ``aiolock [--url URL] [--prefix P] [--json] COMMAND ...``; see ``docs/cli.md``. Reading
-is done by :mod:`aiolock._inspect` (read-only commands); ``force-release`` goes through a
+is done by :mod:`aiolock._inspect` (read-only commands), on one server or on every
+primary of a Redis Cluster (:mod:`aiolock._cli_target`); ``force-release`` goes through a
 :class:`~aiolock.LockManager` and the kind's own handle, so holders learn of it as a
 loss and waiters wake, as with the library's ``force_release()``.
 """
@@ -20,89 +21,131 @@ from typing import Any, TextIO
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._errors import LockConnectionError
-from ._inspect import KINDS, LABELS, Holder, LockInfo, Who, describe, glob_escape, parse_key, scan
+from ._cli_target import Target, Unreachable, connect, describe_name, hint, list_objects, mask
+from ._errors import LockConnectionError, LockError
+from ._inspect import KINDS, LABELS, Holder, LockInfo, Who, glob_escape, parse_key
 
 __all__ = ["main"]
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 #: exit status when Redis cannot be reached (or the URL is not one)
 EXIT_UNREACHABLE = 2
-
-
-class _Unreachable(Exception):
-    """Redis could not be reached: reported as one line, exit status 2."""
+#: exit status when Redis answered a command with an error (auth, ACL, wrong type, ...)
+EXIT_REDIS_ERROR = 3
+#: exit status after Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiolock",
-        description="Inspect and administer aiolock locks in a Redis server.",
+        description="Inspect and administer aiolock locks in a Redis server or Redis Cluster.",
     )
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("REDIS_URL") or DEFAULT_URL,
-        help="Redis URL (default: $REDIS_URL, else %(default)s)",
-    )
-    parser.add_argument("--prefix", default="aiolock", help="key prefix (default: aiolock)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _global_options(parser, argparse.SUPPRESS)
+    # The same options after the command (``aiolock list --url ...``); SUPPRESS keeps a
+    # subcommand that was not given one from overwriting the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("list", help="every lock object under the prefix")
-    show = commands.add_parser("show", help="one name, every kind found for it, in detail")
+    commands.add_parser("list", parents=[common], help="every lock object under the prefix")
+    show = commands.add_parser(
+        "show", parents=[common], help="one name, every kind found for it, in detail"
+    )
     show.add_argument("name")
     force = commands.add_parser(
-        "force-release", help="free a lock whoever holds it (holders see a loss)"
+        "force-release", parents=[common], help="free a lock whoever holds it (holders see a loss)"
     )
     force.add_argument("name")
     force.add_argument("--kind", choices=list(KINDS), help="which object (needed if several)")
     force.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    watch = commands.add_parser("watch", help="print every release message as it comes")
+    watch = commands.add_parser(
+        "watch", parents=[common], help="print every release message as it comes"
+    )
     watch.add_argument("--duration", type=float, default=None, help="stop after S seconds")
     watch.add_argument("--count", type=int, default=None, help="stop after N messages")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 nothing done, 2 no Redis)."""
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--url",
+        default=default,
+        help=f"Redis URL (any node of a cluster; default: $REDIS_URL, else {DEFAULT_URL})",
+    )
+    parser.add_argument("--prefix", default=default, help="key prefix (default: aiolock)")
+    parser.add_argument(
+        "--json", action="store_true", default=default, help="print JSON instead of tables"
+    )
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = _parser().parse_args(argv)
+    args.url = getattr(args, "url", None) or os.environ.get("REDIS_URL") or DEFAULT_URL
+    args.prefix = getattr(args, "prefix", "aiolock")
+    args.json = getattr(args, "json", False)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 nothing done, 2 no Redis,
+    3 an error reply from Redis, 130 interrupted)."""
+    args = _parse(argv)
     try:
         return asyncio.run(_run(args))
-    except _Unreachable as exc:
-        print(f"aiolock: cannot reach redis at {args.url}: {exc}", file=sys.stderr)
+    except Unreachable as exc:
+        _error(args.url, f"cannot reach redis at {args.url}: {exc}")
         return EXIT_UNREACHABLE
+    except (RedisError, RedisClusterException) as exc:
+        # An error reply (NOAUTH, NOPERM, WRONGTYPE, ...): one line, never a traceback.
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        _error(args.url, f"redis at {args.url} answered with an error: {what}")
+        return EXIT_REDIS_ERROR
+    except LockError as exc:  # aiolock refused (a key of another type, ...): says why
+        _error(args.url, str(exc))
+        return EXIT_REDIS_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _error(url: str, message: str) -> None:
+    """Print *message* on stderr with the password of *url* masked wherever it appears."""
+    print(f"aiolock: {mask(message, url)}", file=sys.stderr)
 
 
 async def _run(args: argparse.Namespace) -> int:
-    try:
-        redis = Redis.from_url(args.url)
-    except ValueError as exc:  # not a redis URL at all
-        raise _Unreachable(str(exc)) from None
-    try:
+    async with connect(args.url) as target:
         try:
-            await redis.ping()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise _Unreachable(str(exc) or type(exc).__name__) from None
-        try:
-            return await _command(redis, args)
+            return await _command(target, args)
         except (RedisConnectionError, RedisTimeoutError, LockConnectionError) as exc:
             # lost half-way (a server restart, a failover): still one line, no traceback
-            raise _Unreachable(str(exc) or type(exc).__name__) from None
-    finally:
-        await redis.aclose()
+            raise Unreachable(str(exc) or type(exc).__name__) from None
 
 
-async def _command(redis: Redis, args: argparse.Namespace) -> int:
+async def _command(target: Target, args: argparse.Namespace) -> int:
     if args.command == "list":
-        return _print_list(await scan(redis, args.prefix), args.json)
+        infos = await list_objects(target, args.prefix)
+        code = _print_list(infos, args.json)
+        line = None if infos else await hint(target, args.prefix)
+        if line is not None:
+            print(line, file=sys.stderr if args.json else sys.stdout)
+        return code
     if args.command == "show":
-        return _print_show(args.name, await describe(redis, args.prefix, args.name), args.json)
+        return _print_show(
+            args.name, await describe_name(target, args.prefix, args.name), args.json
+        )
     if args.command == "force-release":
-        return await _force_release(redis, args)
-    return await _watch(redis, args)
+        return await _force_release(target, args)
+    if target.cluster is not None:
+        print(
+            "aiolock: watch does not work on a Redis Cluster: aiolock publishes there with "
+            "sharded pub/sub (SPUBLISH), which has no pattern subscriptions; use list or show",
+            file=sys.stderr,
+        )
+        return 1
+    return await _watch(target.redis, args)
 
 
 # -- output ------------------------------------------------------------------------------
@@ -213,7 +256,7 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
         for holder in info.holders:
             print(_hold_line(info, holder))
         print(f"  waiters:    {info.waiters}")
-        for waiter in info.waiting_who or tuple(Who(field) for field in info.waiting):
+        for waiter in info.waiting_who or tuple(Who(text) for text in info.waiting):
             print(f"    {waiter.field}: {_who_text(waiter)}")
     return 0
 
@@ -227,10 +270,17 @@ def _confirm(question: str) -> bool:
     return answer.strip().lower() in {"y", "yes"}
 
 
-async def _force_release(redis: Redis, args: argparse.Namespace) -> int:
+async def _force_release(target: Target, args: argparse.Namespace) -> int:
+    from ._cluster import check_cluster_support
     from ._manager import LockManager
 
-    infos = await describe(redis, args.prefix, args.name)
+    if target.cluster is not None:
+        try:
+            check_cluster_support()  # a manager on a cluster needs a recent redis-py
+        except TypeError as exc:
+            print(f"aiolock: cannot force-release on a Redis Cluster: {exc}", file=sys.stderr)
+            return 1
+    infos = await describe_name(target, args.prefix, args.name)
     if args.kind is not None:
         infos = [info for info in infos if info.kind == args.kind]
     if not infos:
@@ -250,7 +300,7 @@ async def _force_release(redis: Redis, args: argparse.Namespace) -> int:
     if not args.yes and not _confirm(question):
         print("not released")
         return 1
-    async with LockManager(redis, prefix=args.prefix) as locks:
+    async with LockManager(target.client, prefix=args.prefix, identity=False) as locks:
         if info.kind == "lock":
             held = await locks.lock(info.name).force_release()
         elif info.kind == "fair":
@@ -294,7 +344,8 @@ async def _watch(redis: Redis, args: argparse.Namespace) -> int:
             else:
                 stamp = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S.%f")[:-3]
                 label = LABELS[event["kind"]]
-                print(f"{stamp}  {label:<9}  {event['name']}  {event['message']}", flush=True)
+                what = _event_text(event)
+                print(f"{stamp}  {label:<9}  {event['name']}  {what}", flush=True)
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
     return 0
@@ -312,7 +363,17 @@ def _event(prefix: str, message: dict[str, Any]) -> dict[str, Any] | None:
         "name": name,
         "channel": channel,
         "message": _decode(message["data"]),
+        # A fair lock publishes only when it hands the lock to its next waiter (the
+        # message is that waiter's field); the other kinds publish every release (the
+        # message is the releasing manager's id).
+        "event": "granted" if kind == "fair" else "released",
     }
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    if event["event"] == "granted":
+        return f"granted to {event['message']}"
+    return f"released by {event['message']}"
 
 
 def _decode(value: Any) -> str:

@@ -42,10 +42,14 @@ __all__ = [
     "LockInfo",
     "Who",
     "describe",
+    "find_objects",
     "glob_escape",
     "lock_key",
     "parse_key",
+    "read_objects",
+    "resolve",
     "scan",
+    "sort_objects",
 ]
 
 #: The kinds, as the CLI names them, with the tag each puts in its keys.
@@ -204,8 +208,27 @@ def _int(value: Any) -> int:
         return 0
 
 
-async def scan(redis: Redis, prefix: str) -> list[LockInfo]:
-    """Every lock object under *prefix*, sorted by name then kind (SCAN, then reads)."""
+#: lock objects read per pipeline (one round trip per batch, not per object)
+BATCH = 200
+
+
+async def scan(
+    redis: Redis, prefix: str, *, sharded: bool = False, identities: Any = None
+) -> list[LockInfo]:
+    """Every lock object under *prefix*, sorted by name then kind (SCAN, then pipelined
+    reads: one round trip per :data:`BATCH` objects).
+
+    *redis* is a single server, or one primary of a Redis Cluster (each object's keys
+    share one slot, so one node has all of them): then *sharded* counts listeners with
+    ``PUBSUB SHARDNUMSUB``, and *identities* (the ``RedisCluster``) reads the identity
+    records, which live in other slots; None: no identity records are read.
+    """
+    infos = await read_objects(redis, prefix, await find_objects(redis, prefix), sharded)
+    return await resolve(redis if identities is None else identities, prefix, infos)
+
+
+async def find_objects(redis: Redis, prefix: str) -> list[tuple[str, str]]:
+    """``(kind, name)`` of every lock object under *prefix* (SCAN, never KEYS), sorted."""
     found: set[tuple[str, str]] = set()
     async for raw in redis.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
         parsed = parse_key(prefix, _text(raw))
@@ -214,28 +237,37 @@ async def scan(redis: Redis, prefix: str) -> list[LockInfo]:
         kind, name, suffix = parsed
         if suffix in _OBJECT_SUFFIXES[kind]:
             found.add((kind, name))
+    return sort_objects(found)
+
+
+def sort_objects(objects: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """*objects* by name, then kind in :data:`KINDS` order."""
     order = list(KINDS)
-    objects = sorted(found, key=lambda item: (item[1], order.index(item[0])))
-    infos = [await _read(redis, prefix, kind, name) for kind, name in objects]
-    return await resolve(redis, prefix, infos)
+    return sorted(objects, key=lambda item: (item[1], order.index(item[0])))
 
 
-async def describe(redis: Redis, prefix: str, name: str) -> list[LockInfo]:
+async def describe(
+    redis: Redis, prefix: str, name: str, *, sharded: bool = False, identities: Any = None
+) -> list[LockInfo]:
     """Every kind of object that exists under *name* (none: an empty list), with its
-    fence state and the holder record of a ``contrib.jobs`` lock."""
-    infos = []
-    for kind in KINDS:
-        key = lock_key(prefix, kind, name)
-        parts = [key + suffix for suffix in _OBJECT_SUFFIXES[kind]]
-        if await redis.exists(*parts):
-            info = await _read(redis, prefix, kind, name)
-            fence = await redis.get(f"{info.key}:fence")
-            if fence is not None:
-                info = replace(info, fence=_int(fence))
-            if kind == "lock":
-                info = await _with_job(redis, info)
-            infos.append(info)
-    return await resolve(redis, prefix, infos)
+    fence state and the holder record of a ``contrib.jobs`` lock. *redis* is a single
+    server or the cluster primary that owns the name's slot (see :func:`scan`)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for kind in KINDS:
+            key = lock_key(prefix, kind, name)
+            pipe.exists(*(key + suffix for suffix in _OBJECT_SUFFIXES[kind]))
+        present = await pipe.execute()
+    kinds = [kind for kind, count in zip(KINDS, present, strict=True) if count]
+    infos = await read_objects(redis, prefix, [(kind, name) for kind in kinds], sharded)
+    async with redis.pipeline(transaction=False) as pipe:
+        for info in infos:
+            pipe.get(f"{info.key}:fence")
+        fences = await pipe.execute()
+    described = []
+    for read, fence in zip(infos, fences, strict=True):
+        info = read if fence is None else replace(read, fence=_int(fence))
+        described.append(await _with_job(redis, info) if info.kind == "lock" else info)
+    return await resolve(redis if identities is None else identities, prefix, described)
 
 
 async def _with_job(redis: Redis, info: LockInfo) -> LockInfo:
@@ -259,13 +291,16 @@ async def _with_job(redis: Redis, info: LockInfo) -> LockInfo:
     return replace(info, job=job, holders=holders)
 
 
-async def resolve(redis: Redis, prefix: str, infos: list[LockInfo]) -> list[LockInfo]:
+async def resolve(redis: Any, prefix: str, infos: list[LockInfo]) -> list[LockInfo]:
     """*infos* with every holder and waiter resolved to its manager's identity record
     (one ``MGET`` for all of them)."""
     ids = sorted(_managers(infos))
     if not ids:
         return infos
-    raws = await redis.mget([identity_key(prefix, manager) for manager in ids])
+    keys = [identity_key(prefix, manager) for manager in ids]
+    # On a cluster the records live in many slots: MGET per slot (redis-py splits it)
+    fetch = getattr(redis, "mget_nonatomic", None) or redis.mget
+    raws = await fetch(keys)
     records = {manager: parse_record(raw) for manager, raw in zip(ids, raws, strict=True)}
     return [_resolved(info, records) for info in infos]
 
@@ -314,58 +349,91 @@ def _opt_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-async def _ttl(redis: Redis, key: str) -> float | None:
-    millis = await redis.pttl(key)
-    return None if millis < 0 else millis / 1000
+def _ttl(millis: Any) -> float | None:
+    return None if not isinstance(millis, int) or millis < 0 else millis / 1000
 
 
-async def _listeners(redis: Redis, key: str) -> int:
-    channel = f"{key}:released"
-    reply = await redis.pubsub_numsub(channel)
-    return int(reply[0][1]) if reply else 0
+def _numsub(reply: Any) -> int:
+    """The count of a ``PUBSUB NUMSUB``/``SHARDNUMSUB`` reply for one channel (parsed
+    into pairs by redis-py, or the flat ``[channel, count]``)."""
+    if isinstance(reply, list) and reply:
+        first = reply[0]
+        return _int(first[1] if isinstance(first, (list, tuple)) else reply[-1])
+    return 0
 
 
-async def _zmembers(redis: Redis, key: str) -> tuple[str, ...]:
-    return tuple(_text(member) for member in await redis.zrange(key, 0, -1))
+def _members(reply: Any) -> tuple[str, ...]:
+    return tuple(_text(member) for member in reply) if isinstance(reply, list) else ()
 
 
-async def _lease_ends(redis: Redis, key: str) -> dict[str, float]:
+def _lease_ends(reply: Any, now_ms: float) -> dict[str, float]:
     """Seconds left per field of a zset of lease ends (server milliseconds)."""
-    ends: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
-    if not ends:
+    if not isinstance(reply, list):
         return {}
-    seconds, micros = await redis.time()
-    now_ms = seconds * 1000 + micros / 1000
-    return {_text(pair[0]): round(max(0.0, (float(pair[1]) - now_ms) / 1000), 3) for pair in ends}
+    return {_text(m): round(max(0.0, (float(score) - now_ms) / 1000), 3) for m, score in reply}
 
 
-async def _read(redis: Redis, prefix: str, kind: str, name: str) -> LockInfo:
-    key = lock_key(prefix, kind, name)
-    key_type = _text(await redis.type(key))
-    raw = await redis.hgetall(key) if key_type == "hash" else {}
-    fields = {_text(k): _text(v) for k, v in raw.items()}
-    common: dict[str, Any] = {
-        "kind": kind,
-        "name": name,
-        "key": key,
-        "ttl": await _ttl(redis, key),
-        "listeners": await _listeners(redis, key),
-    }
-    ttl = common["ttl"]
-    if kind == "lock":
-        holders = tuple(
-            Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
-        )
-        return LockInfo(holders=holders, **common)
+#: replies each kind's reads take after the common three (HGETALL, PTTL, NUMSUB)
+_EXTRA = {"lock": 0, "fair": 1, "rw": 2, "semaphore": 4}
+
+
+def _queue_reads(pipe: Any, kind: str, key: str, sharded: bool) -> None:
+    """Queue on *pipe* the reads of one object (parsed by :func:`_parse`)."""
+    pipe.hgetall(key)  # a key of another type answers an error, read as no holders
+    pipe.pttl(key)
+    pipe.execute_command("PUBSUB SHARDNUMSUB" if sharded else "PUBSUB NUMSUB", f"{key}:released")
     if kind == "fair":
+        pipe.zrange(f"{key}:queue", 0, -1)
+    elif kind == "rw":
+        pipe.zrange(f"{key}:leases", 0, -1, withscores=True)
+        pipe.zrange(f"{key}:claims", 0, -1)
+    elif kind == "semaphore":
+        pipe.zrange(f"{key}:expiry", 0, -1, withscores=True)
+        pipe.zrange(f"{key}:claims", 0, -1)
+        pipe.get(f"{key}:limit")
+        pipe.pttl(f"{key}:expiry")
+
+
+async def read_objects(
+    redis: Redis, prefix: str, objects: list[tuple[str, str]], sharded: bool = False
+) -> list[LockInfo]:
+    """What Redis says about each of *objects* (``(kind, name)``), in that order: one
+    pipeline per :data:`BATCH` objects, which starts with the server's ``TIME``."""
+    infos: list[LockInfo] = []
+    for start in range(0, len(objects), BATCH):
+        batch = objects[start : start + BATCH]
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for kind, name in batch:
+                _queue_reads(pipe, kind, lock_key(prefix, kind, name), sharded)
+            replies = await pipe.execute(raise_on_error=False)
+        seconds, micros = replies[0]
+        now_ms = seconds * 1000 + micros / 1000
+        at = 1
+        for kind, name in batch:
+            count = 3 + _EXTRA[kind]
+            infos.append(
+                _parse(kind, name, lock_key(prefix, kind, name), replies[at : at + count], now_ms)
+            )
+            at += count
+    return infos
+
+
+def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) -> LockInfo:
+    raw, pttl, numsub, *extra = replies
+    fields = {_text(k): _text(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    ttl = _ttl(pttl)
+    common: dict[str, Any] = {"kind": kind, "name": name, "key": key, "ttl": ttl}
+    common["listeners"] = _numsub(numsub)
+    if kind in ("lock", "fair"):
         holders = tuple(
             Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
         )
-        waiting = await _zmembers(redis, f"{key}:queue")
+        waiting = _members(extra[0]) if kind == "fair" else ()
         return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
     if kind == "rw":
         writer = fields.get("writer")
-        ends = await _lease_ends(redis, f"{key}:leases")
+        ends = _lease_ends(extra[0], now_ms)
         holders = tuple(
             Holder(
                 owner,
@@ -376,25 +444,23 @@ async def _read(redis: Redis, prefix: str, kind: str, name: str) -> LockInfo:
             for owner, count in sorted(fields.items())
             if owner not in _RW_META
         )
-        waiting = await _zmembers(redis, f"{key}:claims")
+        waiting = _members(extra[1])
         return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
     # semaphore
-    ends = await _lease_ends(redis, f"{key}:expiry")
+    ends = _lease_ends(extra[0], now_ms)
     holders = tuple(
         Holder(owner, _int(permits), lease_left=ends.get(owner, ttl))
         for owner, permits in sorted(fields.items())
         if owner != _SEM_TOTAL
     )
-    waiting = await _zmembers(redis, f"{key}:claims")
-    limit_raw = await redis.get(f"{key}:limit")
-    limit = None if limit_raw is None else _int(limit_raw)
+    waiting = _members(extra[1])
     if common["ttl"] is None and holders:
-        common["ttl"] = await _ttl(redis, f"{key}:expiry")
+        common["ttl"] = _ttl(extra[3])
     return LockInfo(
         holders=holders,
         waiters=len(waiting),
         waiting=waiting,
-        limit=limit,
+        limit=None if extra[2] is None else _int(extra[2]),
         held=_int(fields.get(_SEM_TOTAL, "0")),
         **common,
     )

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._inspect import parse_key
-from aiolock.testing import free_port
+from aiolock._inspect import parse_key, scan
+from aiolock.testing import RedisServer, free_port
 
 #: every child gets at most this long: a hung command fails the test instead of the suite
 CHILD_TIMEOUT = 30.0
@@ -266,3 +267,213 @@ def test_parse_key_reads_the_hash_tag_rule() -> None:
     assert parse_key("P", "P:sem:lock:{x}") is None
     assert parse_key("P:sem", "P:sem:lock:{x}") == ("lock", "x", "")
     assert parse_key("P", "P:sem:{x}") == ("semaphore", "x", "")
+
+
+# -- issue 20: options after the command, errors, passwords, Ctrl-C, hints, batches -------
+
+
+async def run_raw(*args: str) -> Result:
+    """``python -m aiolock`` with exactly *args* (no options put first)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiolock", *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode is not None
+    return Result(process.returncode, out.decode(), err.decode())
+
+
+async def test_global_options_after_the_command(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    async with locks.lock("orders"):
+        after = await run_raw("list", "--url", redis_url, "--prefix", prefix, "--json")
+        before = await run_raw("--url", redis_url, "--prefix", prefix, "--json", "list")
+        mixed = await run_raw("--url", redis_url, "show", "orders", "--prefix", prefix)
+    assert after.code == 0, after.err
+    assert [o["name"] for o in json.loads(after.out)] == ["orders"]
+    assert before.code == 0, before.err
+    assert [o["name"] for o in json.loads(before.out)] == ["orders"]
+    assert mixed.code == 0, mixed.err
+    assert "lock 'orders'" in mixed.out
+
+
+PASSWORD = "s3cret-Pw-20"
+
+
+@pytest.fixture(scope="module")
+def locked_server() -> Iterator[RedisServer]:
+    """A private server that requires a password (stopped by pid)."""
+    with RedisServer(extra_args=["--requirepass", PASSWORD], password=PASSWORD) as server:
+        yield server
+
+
+async def test_passwords_are_never_printed(locked_server: RedisServer, prefix: str) -> None:
+    port = locked_server.port
+    wrong = "Wr0ng-pass-20"
+    cases = [
+        (f"redis://:{wrong}@127.0.0.1:{port}/0", wrong, 3),  # refused by the server
+        (f"redis://default:{wrong}@127.0.0.1:{port}/0", wrong, 3),
+        (f"redis://127.0.0.1:{port}/0?password={wrong}", wrong, 3),
+        (f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0", PASSWORD, 2),  # nobody there
+    ]
+    for url, secret, code in cases:
+        for args in (["list"], ["show", "x"], ["force-release", "x", "--yes"]):
+            result = await run_raw("--url", url, "--prefix", prefix, *args)
+            assert result.code == code, (url, args, result)
+            assert secret not in result.err + result.out, (url, args, result)
+            assert "Traceback" not in result.err
+            assert result.err.startswith("aiolock: "), result.err
+            assert "***" in result.err, result.err
+
+
+async def test_an_empty_prefix_hints_at_the_prefixes_in_use(
+    locked_server: RedisServer, prefix: str
+) -> None:
+    url = f"redis://:{PASSWORD}@127.0.0.1:{locked_server.port}/0"
+    redis = Redis.from_url(url)
+    try:
+        async with aiolock.LockManager(redis, prefix=prefix) as locks, locks.lock("orders"):
+            table = await run_raw("--url", url, "--prefix", "typo", "list")
+            as_json = await run_raw("--url", url, "--prefix", "typo", "--json", "list")
+            right = await run_raw("--url", url, "--prefix", prefix, "list")
+    finally:
+        await redis.aclose()
+    assert table.code == 0, table.err
+    assert "no locks" in table.out
+    assert f"aiolock keys exist under {prefix!r}" in table.out
+    # the JSON document stays valid: the hint goes to stderr
+    assert json.loads(as_json.out) == []
+    assert f"{prefix!r}" in as_json.err
+    assert "exist under" not in right.out
+
+
+async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Redis) -> None:
+    before = await admin.pubsub_numpat()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "watch",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for _ in range(500):
+            if await admin.pubsub_numpat() > before:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("watch never subscribed")
+        process.send_signal(signal.SIGINT)
+        _out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode in (0, 130), err.decode()
+    assert err.decode() == ""
+
+
+async def test_watch_tells_a_fair_grant_from_a_release(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    before = await admin.pubsub_numpat()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "--json",
+        "watch", "--count", "2", "--duration", "20",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for _ in range(500):
+            if await admin.pubsub_numpat() > before:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("watch never subscribed")
+        fair = locks.fair_lock("queue")
+        await fair.acquire()
+        queued = asyncio.Event()
+
+        async def wait_in_queue() -> None:
+            queued.set()
+            async with locks.fair_lock("queue"):
+                pass
+
+        waiter = asyncio.create_task(wait_in_queue())
+        await queued.wait()
+        for _ in range(200):
+            if await admin.zcard(f"{prefix}:fair:{{queue}}:queue") == 1:
+                break
+            await asyncio.sleep(0.02)
+        await fair.release()  # handed to the waiter: a grant
+        await asyncio.wait_for(waiter, 10)
+        async with locks.lock("orders"):
+            pass
+        out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert [(e["kind"], e["event"]) for e in events] == [("fair", "granted"), ("lock", "released")]
+
+
+class CountingRedis(Redis):
+    """Counts the commands sent one by one (a pipeline is one ``execute``)."""
+
+    single = 0
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        CountingRedis.single += 1
+        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
+async def test_list_reads_a_batch_of_objects_in_one_pipeline(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    held = [locks.lock(f"l{i}") for i in range(40)]
+    for lock in held:
+        await lock.acquire()
+    permits = [await locks.semaphore(f"s{i}", limit=2).acquire() for i in range(40)]
+    counting = CountingRedis.from_url(redis_url)
+    try:
+        CountingRedis.single = 0
+        infos = await scan(counting, prefix)
+        single = CountingRedis.single
+    finally:
+        await counting.aclose()
+        for lock in held:
+            await lock.release()
+        for permit in permits:
+            await permit.release()
+    assert len(infos) == 80
+    assert all(info.holders for info in infos)
+    # SCAN pages and one MGET: not one round trip (or eight) per object
+    assert single <= 10, single  # 482 before issue 20 (80 objects), 2 after
+
+
+async def test_an_error_reply_is_one_line_and_exit_3(
+    locked_server: RedisServer, prefix: str
+) -> None:
+    admin = Redis.from_url(f"redis://:{PASSWORD}@127.0.0.1:{locked_server.port}/0")
+    user = f"ro-{prefix}"
+    try:
+        # a user that may connect but not SCAN: the server answers NOPERM
+        await admin.acl_setuser(user, enabled=True, passwords=["+u-pass-20"],
+                                keys=["*"], commands=["-@all", "+ping", "+hello"])  # fmt: skip
+        url = f"redis://{user}:u-pass-20@127.0.0.1:{locked_server.port}/0"
+        result = await run_raw("--url", url, "--prefix", prefix, "list")
+    finally:
+        await admin.acl_deluser(user)
+        await admin.aclose()
+    assert result.code == 3, result
+    (line,) = result.err.splitlines()
+    assert line.startswith(f"aiolock: redis at redis://{user}:***@127.0.0.1:"), line
+    assert "NoPermissionError" in line and "u-pass-20" not in line, line

@@ -1,0 +1,170 @@
+"""The ``aiolock`` command on a real 3-primary Redis Cluster, run as a process.
+
+The cluster (:class:`aiolock.testing_cluster.LocalCluster`, no replicas: the command only
+reads primaries) is started once for the module on free loopback ports and stopped by
+pid. Locks are held on every primary by a cluster manager of this test; the command is
+pointed at one node and must find, show and free the locks the others own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio.client import PubSub
+from redis.crc import key_slot
+
+import aiolock
+from aiolock.testing_cluster import LocalCluster
+
+from .helpers import eventually
+from .test_cli import run_cli
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(PubSub, "ssubscribe"),
+    reason="Redis Cluster support needs redis-py >= 8.0.1 (asyncio sharded pub/sub)",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(primaries=3, replicas=0) as running:
+        yield running
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"cc-{uuid.uuid4().hex[:10]}"
+
+
+def names_by_primary(cluster: LocalCluster, stem: str) -> dict[int, str]:
+    """One lock name per primary port: the name (its hash tag) hashes to a slot there."""
+    found: dict[int, str] = {}
+    for i in range(10_000):
+        name = f"{stem}{i}"
+        found.setdefault(cluster.owner_port(key_slot(name.encode())), name)
+        if len(found) == cluster.primaries:
+            return found
+    raise AssertionError("no names found on every primary")
+
+
+@contextlib.asynccontextmanager
+async def held_on_every_primary(
+    cluster: LocalCluster, prefix: str
+) -> AsyncIterator[tuple[aiolock.LockManager, dict[int, str]]]:
+    names = names_by_primary(cluster, "job-")
+    async with aiolock.LockManager.from_url(
+        cluster.url, cluster=True, prefix=prefix, name="cluster-cli-test"
+    ) as locks:
+        held = [locks.lock(name) for name in names.values()]
+        for lock in held:
+            await lock.acquire()
+        # a semaphore permit under each name too: its lease ends live in a zset
+        permits = [await locks.semaphore(name, limit=2).acquire() for name in names.values()]
+        try:
+            yield locks, names
+        finally:
+            for permit in permits:
+                with contextlib.suppress(aiolock.LockNotOwnedError):
+                    await permit.release()
+            for lock in held:
+                with contextlib.suppress(aiolock.LockNotOwnedError):
+                    await lock.release()
+
+
+def _lock_of(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if (o["kind"], o["name"]) == ("lock", name)]
+    return found
+
+
+def node_url(port: int) -> str:
+    return f"redis://127.0.0.1:{port}"
+
+
+async def test_list_finds_the_locks_of_every_primary(cluster: LocalCluster, prefix: str) -> None:
+    async with held_on_every_primary(cluster, prefix) as (locks, names):
+        url_port, other_port, _ = names
+        waiting_for = names[other_port]
+        entered = asyncio.Event()
+
+        async def wait() -> None:
+            entered.set()
+            async with locks.lock(waiting_for):
+                pass
+
+        waiter = asyncio.create_task(wait())  # another task: it waits for the lock
+        await entered.wait()
+        await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="SSUBSCRIBE")
+        listed = await run_cli(node_url(url_port), prefix, "--json", "list")
+        table = await run_cli(node_url(url_port), prefix, "list")
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+    assert listed.code == 0, listed.err
+    objects = json.loads(listed.out)
+    assert [(o["name"], o["kind"]) for o in objects] == [
+        (name, kind) for name in sorted(names.values()) for kind in ("lock", "semaphore")
+    ]
+    for obj in objects:
+        if obj["kind"] == "semaphore":
+            assert (obj["held"], obj["limit"]) == (1, 2)
+        # listeners are counted with PUBSUB SHARDNUMSUB on the name's node
+        assert obj["listeners"] == (1 if obj == _lock_of(objects, waiting_for) else 0)
+        (holder,) = obj["holders"]
+        # the identity records live in other slots than the locks: read through the cluster
+        assert holder["name"] == "cluster-cli-test"
+        assert holder["pid"] is not None
+        assert 0 < holder["lease_left"] <= 30
+    assert table.code == 0, table.err
+    for name in names.values():
+        assert f" {name} " in table.out, table.out
+
+
+async def test_show_and_force_release_of_a_name_on_another_node(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    async with held_on_every_primary(cluster, prefix) as (locks, names):
+        url_port, *others = names
+        elsewhere = names[others[0]]
+        url = node_url(url_port)
+        shown = await run_cli(url, prefix, "--json", "show", elsewhere)
+        assert shown.code == 0, shown.err
+        lock, sem = json.loads(shown.out)["objects"]
+        assert (lock["kind"], lock["name"]) == ("lock", elsewhere)
+        assert [h["name"] for h in lock["holders"]] == ["cluster-cli-test"]
+        assert sem["kind"] == "semaphore"
+        assert 0 < sem["holders"][0]["lease_left"] <= 30
+
+        freed = await run_cli(url, prefix, "force-release", elsewhere, "--kind", "lock", "--yes")
+        assert freed.code == 0, freed.err
+        assert f"released lock '{elsewhere}'" in freed.out
+        assert not await locks.lock(elsewhere).locked()
+        # the others are still held
+        for port in (url_port, others[1]):
+            assert await locks.lock(names[port]).locked()
+        gone = await run_cli(url, prefix, "--json", "show", elsewhere)
+        assert [o["kind"] for o in json.loads(gone.out)["objects"]] == ["semaphore"]
+
+
+async def test_watch_on_a_cluster_says_it_cannot(cluster: LocalCluster, prefix: str) -> None:
+    result = await run_cli(cluster.url, prefix, "watch", "--duration", "1")
+    assert result.code == 1
+    assert "Redis Cluster" in result.err
+    assert "Traceback" not in result.err
+
+
+async def test_an_error_on_a_cluster_is_one_line(cluster: LocalCluster, prefix: str) -> None:
+    # a key of the lock's name that is not a hash: the force release refuses it
+    port, name = next(iter(names_by_primary(cluster, "wrong-").items()))
+    with cluster.node(port) as node:
+        node.set(f"{prefix}:lock:{{{name}}}", "not a hash")
+    other = next(p for p in cluster.primary_ports() if p != port)
+    result = await run_cli(node_url(other), prefix, "force-release", name, "--yes")
+    assert result.code == 3, result
+    (line,) = result.err.splitlines()
+    assert line.startswith("aiolock: ") and "holds a string" in line, line
