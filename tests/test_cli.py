@@ -34,8 +34,13 @@ class Result:
 
 
 async def run_cli(url: str, prefix: str, *args: str, stdin: str = "") -> Result:
+    return await run_raw("--url", url, "--prefix", prefix, *args, stdin=stdin)
+
+
+async def run_raw(*args: str, stdin: str = "") -> Result:
+    """``python -m aiolock`` with exactly *args*."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiolock", "--url", url, "--prefix", prefix, *args,
+        sys.executable, "-m", "aiolock", *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -270,24 +275,6 @@ def test_parse_key_reads_the_hash_tag_rule() -> None:
 
 
 # -- issue 20: options after the command, errors, passwords, Ctrl-C, hints, batches -------
-
-
-async def run_raw(*args: str) -> Result:
-    """``python -m aiolock`` with exactly *args* (no options put first)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiolock", *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode is not None
-    return Result(process.returncode, out.decode(), err.decode())
 
 
 async def test_global_options_after_the_command(
