@@ -189,6 +189,30 @@ async def test_grants_follow_arrival_order_within_a_process(
     assert tokens == sorted(set(tokens))
 
 
+async def test_a_thousand_waiters_of_a_process_queue_in_call_order(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # issue 24 item 3: the first attempts went out on up to max_in_flight connections at
+    # once, so Redis queued them in another order than the tasks called (16 of 1,000
+    # adjacent pairs swapped). Tasks started together, in order, must queue in order.
+    waiters = 1000
+    holder = other.fair_lock("crowd")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("crowd"), gate, log, i))
+        for i in range(waiters)
+    ]
+    await until_queued(admin, prefix, "crowd", waiters, timeout=60)
+    await holder.release()  # Redis grants in its queue's order, one after another
+    await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    labels = [label for label, _ in log]
+    swapped = sum(1 for a, b in zip(labels, labels[1:], strict=False) if a > b)
+    assert (swapped, labels) == (0, list(range(waiters)))
+
+
 async def test_the_holder_re_enters_at_once_past_the_queue(
     locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
 ) -> None:
