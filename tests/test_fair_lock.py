@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -209,7 +210,7 @@ async def test_a_thousand_waiters_of_a_process_queue_in_call_order(
     await holder.release()  # Redis grants in its queue's order, one after another
     await asyncio.wait_for(asyncio.gather(*tasks), 120)
     labels = [label for label, _ in log]
-    swapped = sum(1 for a, b in zip(labels, labels[1:], strict=False) if a > b)
+    swapped = sum(1 for a, b in itertools.pairwise(labels) if a > b)
     assert (swapped, labels) == (0, list(range(waiters)))
 
 
@@ -417,6 +418,90 @@ async def test_a_release_wakes_only_the_next_waiter(
     gates[-1].set()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert [label for label, _ in log] == list(range(waiters))
+
+
+async def test_a_confirmation_or_a_reconnect_wakes_only_the_first_waiter(
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    admin: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 24 item 3: the subscription's confirmation and a pub/sub reconnect woke every
+    # fair waiter of the process (N attempts each); a missed grant can only have named
+    # the first of ours (Redis grants in its queue's order, which is our call order).
+    waiters = 100
+    kind = locks._kind(FairLockKind)
+    attempts = 0
+    attempt = kind.attempt
+
+    async def counted(a: Attempt) -> Granted | Busy:
+        nonlocal attempts
+        attempts += 1
+        return await attempt(a)
+
+    monkeypatch.setattr(kind, "attempt", counted)
+    holder = other.fair_lock("calm")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("calm"), gate, log, i))
+        for i in range(waiters)
+    ]
+    await until_queued(admin, prefix, "calm", waiters)
+    await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="the subscription")
+    await asyncio.sleep(1.5)  # past READY_WAIT: whatever retries would come, came
+    assert waiters <= attempts <= waiters + 2  # the first attempts, and the first's retry
+    before, reconnects = attempts, locks.statistics().hub.reconnects
+    assert await admin.client_kill_filter(_type="pubsub")
+    await eventually(
+        lambda: locks.statistics().hub.reconnects > reconnects, timeout=10, what="a reconnect"
+    )
+    await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="resubscribed")
+    await asyncio.sleep(1.5)
+    assert attempts - before <= 3  # the first waiter: woken by the loss, the confirmation
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [label for label, _ in log] == list(range(waiters))
+
+
+async def test_claims_are_refreshed_in_calls_of_at_most_500(
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    admin: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 24 item 3: one refresh script carried all N waiters of a process (a call
+    # of 0.6 x N commands that blocks Redis, every claim_ttl / 3)
+    waiters = 1100
+    short_claims(locks)
+    kind = locks._kind(FairLockKind)
+    calls: list[list[str]] = []
+    refresh = kind.refresh_claims
+
+    async def recorded(keys: Any, fields: Any) -> None:
+        calls.append(list(fields))
+        await refresh(keys, fields)
+
+    monkeypatch.setattr(kind, "refresh_claims", recorded)
+    holder = other.fair_lock("many")
+    await holder.acquire()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("many"), asyncio.Event(), [], i))
+        for i in range(waiters)
+    ]
+    await until_queued(admin, prefix, "many", waiters)
+    await eventually(lambda: len(calls) >= 6, timeout=10, what="two refresh rounds")
+    assert max(len(fields) for fields in calls) <= 500
+    assert len({f for fields in calls for f in fields}) == waiters
+    assert len(await queued(admin, prefix, "many")) == waiters  # every claim kept alive
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await holder.release()
 
 
 async def test_hand_over_latency(
