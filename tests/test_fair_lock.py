@@ -26,7 +26,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._client import as_text
+from aiolock._client import Client, as_text
 from aiolock._kind import Attempt, Busy, Granted
 from aiolock._kinds import FairLockKind
 
@@ -212,6 +212,33 @@ async def test_a_thousand_waiters_of_a_process_queue_in_call_order(
     labels = [label for label, _ in log]
     swapped = sum(1 for a, b in itertools.pairwise(labels) if a > b)
     assert (swapped, labels) == (0, list(range(waiters)))
+
+
+async def test_waiters_cancelled_while_their_attempt_waits_in_the_lane_drop_out(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # The ordered lane (Client.run_in_order) drops the commands of cancelled callers and
+    # goes on with the rest, in order; nothing of it is left once the waiters are done.
+    holder = other.fair_lock("lane")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("lane"), gate, log, i)) for i in range(200)
+    ]
+    await asyncio.sleep(0)  # every task has called acquire; most attempts wait in the lane
+    client = locks._runtime.client
+    assert isinstance(client, Client) and client._lanes
+    for task in tasks[1::7]:
+        task.cancel()
+    kept = [i for i in range(200) if i % 7 != 1]
+    await until_queued(admin, prefix, "lane", len(kept))
+    await holder.release()
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    assert sum(isinstance(r, asyncio.CancelledError) for r in done) == 200 - len(kept)
+    assert [label for label, _ in log] == kept
+    assert client._lanes == {}
 
 
 async def test_the_holder_re_enters_at_once_past_the_queue(
