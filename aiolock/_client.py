@@ -271,7 +271,10 @@ class Client:
         #: a Sentinel primary's pool: connections may point at a replaced primary
         self._follows_primary = bool(getattr(redis.connection_pool, "is_master", False))
         self._in_flight = 0
-        self._queue: deque[_Request] = deque()
+        #: commands (or a lane's group, sent in one pipeline) waiting for a slot
+        self._queue: deque[_Request | list[_Request]] = deque()
+        #: ordered lanes (see run_in_order): key -> commands waiting for the lane's turn
+        self._lanes: dict[str, deque[_Request]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
         #: connections kept between round trips (at most max_in_flight are ever in use)
         self._idle: list[AbstractConnection] = []
@@ -297,14 +300,72 @@ class Client:
             return self._acknowledged(command, script, what, keys[0] if keys else None, ack)
         return self._execute(command, script, what, keys[0] if keys else None)
 
+    async def run_in_order(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """As :meth:`run`, but calls with the same first key reach Redis in call order.
+
+        :meth:`run` lets commands overtake each other: up to *max_in_flight* pipelines
+        are in flight on as many connections, and which one Redis reads first is
+        chance. A fair lock's queue in Redis is the order its first attempts arrive in,
+        so those go through an ordered *lane* per key: while a command of the lane is
+        in flight, later ones wait in the lane, and when it is answered they go out
+        together, in order, in one pipeline (of at most :attr:`MAX_BATCH`), and so on.
+        A lone command pays nothing more than a dict lookup. Under ``replicas=`` (WAIT
+        after each grant) commands take :meth:`run`'s path, unordered.
+        """
+        if ACKNOWLEDGE.get() is not None:
+            return await self.run(script, keys, args)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        what = f"the {script.name} script"
+        key = keys[0]
+        lane = self._lanes.get(key)
+        if lane is not None:  # the lane is busy: wait for its turn, behind earlier calls
+            request = _Request(command, script, what, key)
+            lane.append(request)
+            return await request.future
+        self._lanes[key] = deque()
+        try:
+            return await self._execute(command, script, what, key)
+        finally:
+            self._next_in_lane(key)
+
+    def _next_in_lane(self, key: str) -> None:
+        """The lane's command(s) in flight were answered: send the next group, in order."""
+        lane = self._lanes.get(key)
+        if lane is None:
+            return  # the client closed
+        group: list[_Request] = []
+        while lane and len(group) < self.MAX_BATCH:
+            request = lane.popleft()
+            if not request.future.done():  # a cancelled caller's command is dropped
+                group.append(request)
+        if not group:
+            del self._lanes[key]
+            return
+        left = len(group)
+
+        def settled(_: object) -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:  # every reply of the group is in: the lane's next turn
+                self._next_in_lane(key)
+
+        for request in group:
+            request.future.add_done_callback(settled)
+        self._queue.append(group)
+        self._kick()
+
     async def call(self, *args: Arg, key: str | None = None) -> Any:
         """Send one plain command."""
         return await self._execute(args, None, f"the {as_text(args[0])} command", key)
 
     async def aclose(self) -> None:
         """Wait for the pipelines in flight; fail what is still queued."""
+        lanes, self._lanes = self._lanes, {}
+        waiting = [r for lane in lanes.values() for r in lane]
         while self._queue:
-            request = self._queue.popleft()
+            item = self._queue.popleft()
+            waiting += item if isinstance(item, list) else (item,)
+        for request in waiting:
             if not request.future.done():
                 request.future.set_exception(
                     LockConnectionError(f"{request.what} was not sent: the manager closed")
@@ -387,7 +448,12 @@ class Client:
             batch: list[_Request] = []
             while self._queue and len(batch) < self.MAX_BATCH:
                 request = self._queue.popleft()
-                if not request.future.done():  # a cancelled caller's command is dropped
+                if isinstance(request, list):  # a lane's group: all in this one pipeline
+                    if batch and len(batch) + len(request) > self.MAX_BATCH:
+                        self._queue.appendleft(request)  # in the next one
+                        break
+                    batch += (r for r in request if not r.future.done())
+                elif not request.future.done():  # a cancelled caller's command is dropped
                     batch.append(request)
             if not batch:
                 return

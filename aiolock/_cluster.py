@@ -231,6 +231,18 @@ class ClusterClient:
         command = ("EVALSHA", variant.sha, len(keys), *keys, *args)
         return await self._routed(keys[0], send, command, variant)
 
+    async def run_in_order(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        """:meth:`run` through the owning primary's ordered lane (Client.run_in_order)."""
+        if not keys:
+            raise LockError(f"the {script.name} script names no key: it cannot be routed")
+        variant = sharded(script)
+
+        async def send(client: Client) -> Any:
+            return await client.run_in_order(variant, keys, args)
+
+        command = ("EVALSHA", variant.sha, len(keys), *keys, *args)
+        return await self._routed(keys[0], send, command, variant)
+
     async def call(self, *args: Arg, key: str | None = None) -> Any:
         """Send one plain command to the primary owning *key*'s slot (PING: any primary)."""
         name = as_text(args[0]).upper()

@@ -25,7 +25,12 @@ manager holds the lock (whose release or loss wakes it). Hence:
 
 A queue of a *queued* kind (the fair lock, whose waiters' order Redis keeps) works
 differently: every waiter is its own head and tries at once, and a release message names
-the waiter it was granted to (its field), so the hub wakes that one only.
+the waiter it was granted to (its field), so the hub wakes that one only (found by its
+field in a dict). Redis grants in its queue's order, which is this process's call order
+(the first attempts go out in order: Client.run_in_order), so the only waiter of ours
+that a missed message can have named is the first in the local queue: a confirmation,
+a reconnect or another wake of unknown target wakes that one alone, and while the
+subscription is not confirmed each first waiter that leaves wakes the next.
 
 Bookkeeping (join, leave, wake) is synchronous and never awaits; all I/O happens in
 two background tasks: the *pump* sends SUBSCRIBE/UNSUBSCRIBE for the channels whose
@@ -171,7 +176,16 @@ def _expire(future: asyncio.Future[bool]) -> None:
 class ChannelQueue:
     """The local waiters of one lock, and the state of its subscription."""
 
-    __slots__ = ("anonymous", "answered", "channel", "confirmed", "listen", "queued", "waiters")
+    __slots__ = (
+        "anonymous",
+        "answered",
+        "channel",
+        "confirmed",
+        "fields",
+        "listen",
+        "queued",
+        "waiters",
+    )
 
     def __init__(self, channel: str, queued: bool = False, anonymous: bool = False) -> None:
         self.channel = channel
@@ -180,6 +194,8 @@ class ChannelQueue:
         #: messages do not say who released (a foreign wire format): see _dispatch
         self.anonymous = anonymous
         self.waiters: deque[Waiter] = deque()
+        #: a queued kind's waiters by field, for the release messages that name them
+        self.fields: dict[str, Waiter] = {}
         #: a waiter found the lock busy: the queue needs the release channel
         self.listen = False
         #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
@@ -189,19 +205,19 @@ class ChannelQueue:
         self.answered = False
 
     def wake_head(self) -> None:
-        if self.queued:  # every waiter is a head: a wake of unknown target reaches all
-            for waiter in self.waiters:
-                waiter.wake()
-        elif self.waiters:
+        # In a queued kind's queue every waiter is a head, but a wake of unknown target
+        # (a confirmation, a reconnect, a local loss) is for the first of ours in Redis's
+        # queue, the one a missed grant can have named: the first in call order.
+        if self.waiters:
             self.waiters[0].wake()
 
     def wake_field(self, field: str) -> bool:
         """Wake the waiter registered as *field*; False if none of ours is."""
-        for waiter in self.waiters:
-            if waiter.field == field:
-                waiter.wake()
-                return True
-        return False
+        waiter = self.fields.get(field)
+        if waiter is None:
+            return False
+        waiter.wake()
+        return True
 
 
 @dataclass(frozen=True)
@@ -284,7 +300,24 @@ class WaiterHub:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = Waiter(queue, owner, lease, field)
         queue.waiters.append(waiter)
+        if queued and field is not None:
+            queue.fields[field] = waiter
         return waiter
+
+    def rename(self, waiter: Waiter, field: str) -> str:
+        """*waiter* goes on under a new *field* (its old registration is withdrawn)."""
+        fields = waiter.queue.fields
+        if waiter.field is not None and fields.get(waiter.field) is waiter:
+            del fields[waiter.field]
+        waiter.field = field
+        if waiter.queue.queued:
+            fields[field] = waiter
+        return field
+
+    def first(self, waiter: Waiter) -> bool:
+        """Whether *waiter* is the first of its queue (in a queued kind's queue too)."""
+        waiters = waiter.queue.waiters
+        return bool(waiters) and waiters[0] is waiter
 
     def listen(self, waiter: Waiter) -> None:
         """*waiter* found the lock busy: subscribe its queue to the release channel."""
@@ -330,11 +363,18 @@ class WaiterHub:
         """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
         queue = waiter.queue
         was_head = waiter.is_head
+        was_first = self.first(waiter)
         waiter.left = True
         try:
             queue.waiters.remove(waiter)
         except ValueError:
             return  # already gone (the hub was closed)
+        if waiter.field is not None and queue.fields.get(waiter.field) is waiter:
+            del queue.fields[waiter.field]
+        if queue.queued and was_first and not queue.confirmed and queue.waiters:
+            # A grant to the next of ours may be announced while we do not listen: the
+            # new first waiter tries (and keeps trying at READY_WAIT, see the engine).
+            queue.waiters[0].wake()
         # A reserved waiter's releaser passes the lock on itself when the hand-over lands.
         # (In a queued kind's queue nobody waits for a turn that this waiter held.)
         if (
@@ -598,7 +638,9 @@ class WaiterHub:
         self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
         for queue in self._queues.values():
             queue.confirmed = False
-            queue.wake_head()  # a release may have been missed; heads fall back to TTL waits
+            # A release may have been missed; heads fall back to TTL waits (a queued
+            # kind's queue: the first waiter, see wake_head)
+            queue.wake_head()
         await self._drop_connection()
         await anyio.sleep(backoff)
         self._changed.update(self._queues)  # nothing is subscribed on the next connection

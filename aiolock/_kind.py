@@ -363,6 +363,10 @@ class ScriptRunner(Protocol):
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]: ...
 
+    def run_in_order(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> Awaitable[Any]: ...
+
     async def call(self, *args: Any, key: str | None = None) -> Any: ...
 
 

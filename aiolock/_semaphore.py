@@ -259,8 +259,11 @@ class Semaphore:
 
         This handle takes the new limit; other handles made with another limit get a
         :class:`LockError` at their next acquire (requests already waiting go on under
-        the new limit). Lowering it takes nothing away: holders keep their permits, and
-        new requests wait until the total held drops enough. Raising it wakes waiters.
+        the new limit). The stored limit lasts while the semaphore is in use and goes
+        with its last lease or claim (on an idle semaphore: until its next acquire, which
+        ties it to that use); then the next acquire's handle sets it. Lowering it takes
+        nothing away: holders keep their permits, and new requests wait until the total
+        held drops enough. Raising it wakes waiters.
         """
         limit = check_limit(limit)
         engine = self._manager._open_engine()

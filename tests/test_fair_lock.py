@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -25,7 +26,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._client import as_text
+from aiolock._client import Client, as_text
 from aiolock._kind import Attempt, Busy, Granted
 from aiolock._kinds import FairLockKind
 
@@ -187,6 +188,57 @@ async def test_grants_follow_arrival_order_within_a_process(
     assert [label for label, _ in log] == list(range(10))
     tokens = [token for _, token in log]
     assert tokens == sorted(set(tokens))
+
+
+async def test_a_thousand_waiters_of_a_process_queue_in_call_order(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # issue 24 item 3: the first attempts went out on up to max_in_flight connections at
+    # once, so Redis queued them in another order than the tasks called (16 of 1,000
+    # adjacent pairs swapped). Tasks started together, in order, must queue in order.
+    waiters = 1000
+    holder = other.fair_lock("crowd")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("crowd"), gate, log, i))
+        for i in range(waiters)
+    ]
+    await until_queued(admin, prefix, "crowd", waiters, timeout=60)
+    await holder.release()  # Redis grants in its queue's order, one after another
+    await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    labels = [label for label, _ in log]
+    swapped = sum(1 for a, b in itertools.pairwise(labels) if a > b)
+    assert (swapped, labels) == (0, list(range(waiters)))
+
+
+async def test_waiters_cancelled_while_their_attempt_waits_in_the_lane_drop_out(
+    locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
+) -> None:
+    # The ordered lane (Client.run_in_order) drops the commands of cancelled callers and
+    # goes on with the rest, in order; nothing of it is left once the waiters are done.
+    holder = other.fair_lock("lane")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("lane"), gate, log, i)) for i in range(200)
+    ]
+    await asyncio.sleep(0)  # every task has called acquire; most attempts wait in the lane
+    client = locks._runtime.client
+    assert isinstance(client, Client) and client._lanes
+    for task in tasks[1::7]:
+        task.cancel()
+    kept = [i for i in range(200) if i % 7 != 1]
+    await until_queued(admin, prefix, "lane", len(kept))
+    await holder.release()
+    done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    assert sum(isinstance(r, asyncio.CancelledError) for r in done) == 200 - len(kept)
+    assert [label for label, _ in log] == kept
+    assert client._lanes == {}
 
 
 async def test_the_holder_re_enters_at_once_past_the_queue(
@@ -393,6 +445,90 @@ async def test_a_release_wakes_only_the_next_waiter(
     gates[-1].set()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert [label for label, _ in log] == list(range(waiters))
+
+
+async def test_a_confirmation_or_a_reconnect_wakes_only_the_first_waiter(
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    admin: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 24 item 3: the subscription's confirmation and a pub/sub reconnect woke every
+    # fair waiter of the process (N attempts each); a missed grant can only have named
+    # the first of ours (Redis grants in its queue's order, which is our call order).
+    waiters = 100
+    kind = locks._kind(FairLockKind)
+    attempts = 0
+    attempt = kind.attempt
+
+    async def counted(a: Attempt) -> Granted | Busy:
+        nonlocal attempts
+        attempts += 1
+        return await attempt(a)
+
+    monkeypatch.setattr(kind, "attempt", counted)
+    holder = other.fair_lock("calm")
+    await holder.acquire()
+    log: list[Any] = []
+    gate = asyncio.Event()
+    gate.set()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("calm"), gate, log, i))
+        for i in range(waiters)
+    ]
+    await until_queued(admin, prefix, "calm", waiters)
+    await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="the subscription")
+    await asyncio.sleep(1.5)  # past READY_WAIT: whatever retries would come, came
+    assert waiters <= attempts <= waiters + 2  # the first attempts, and the first's retry
+    before, reconnects = attempts, locks.statistics().hub.reconnects
+    assert await admin.client_kill_filter(_type="pubsub")
+    await eventually(
+        lambda: locks.statistics().hub.reconnects > reconnects, timeout=10, what="a reconnect"
+    )
+    await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="resubscribed")
+    await asyncio.sleep(1.5)
+    assert attempts - before <= 3  # the first waiter: woken by the loss, the confirmation
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [label for label, _ in log] == list(range(waiters))
+
+
+async def test_claims_are_refreshed_in_calls_of_at_most_500(
+    locks: aiolock.LockManager,
+    other: aiolock.LockManager,
+    admin: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 24 item 3: one refresh script carried all N waiters of a process (a call
+    # of 0.6 x N commands that blocks Redis, every claim_ttl / 3)
+    waiters = 1100
+    short_claims(locks)
+    kind = locks._kind(FairLockKind)
+    calls: list[list[str]] = []
+    refresh = kind.refresh_claims
+
+    async def recorded(keys: Any, fields: Any) -> None:
+        calls.append(list(fields))
+        await refresh(keys, fields)
+
+    monkeypatch.setattr(kind, "refresh_claims", recorded)
+    holder = other.fair_lock("many")
+    await holder.acquire()
+    tasks = [
+        asyncio.create_task(hold_until(locks.fair_lock("many"), asyncio.Event(), [], i))
+        for i in range(waiters)
+    ]
+    await until_queued(admin, prefix, "many", waiters)
+    await eventually(lambda: len(calls) >= 6, timeout=10, what="two refresh rounds")
+    assert max(len(fields) for fields in calls) <= 500
+    assert len({f for fields in calls for f in fields}) == waiters
+    assert len(await queued(admin, prefix, "many")) == waiters  # every claim kept alive
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await holder.release()
 
 
 async def test_hand_over_latency(

@@ -284,6 +284,78 @@ async def test_a_handle_with_another_limit_is_refused_naming_both(
     assert await twenty.available() == 20
 
 
+async def _keys_left(admin: Redis, prefix: str) -> list[str]:
+    """Keys under *prefix* but the managers' identity records and release tombstones
+    (kept 10 s whatever the semaphore does; checked to expire)."""
+    left = []
+    async for raw in admin.scan_iter(match=f"{prefix}:*", count=1000):
+        key = raw.decode()
+        if ":mgr:{" in key:
+            continue
+        if ":rel:" in key:
+            assert await admin.pttl(key) > 0, key
+            continue
+        left.append(key)
+    return sorted(left)
+
+
+async def test_the_limit_key_lives_as_long_as_the_semaphore_is_in_use(
+    redis_url: str, prefix: str, admin: Redis, others: list[aiolock.LockManager]
+) -> None:
+    # issue 24 item 6, issue 18 item 13: the limit key had no expiry, one key per name
+    # ever used. It must stay while permits are held or claimed (renewals and claim
+    # refreshes keep it), so a handle with another limit is still refused; and go with
+    # the last lease, so that a lease after the last release nothing of the name is left.
+    async with aiolock.LockManager.from_url(
+        redis_url, prefix=prefix, lease=0.5, fence_ttl=0
+    ) as short:
+        sem = short.semaphore("used", 2)
+        permits = [await sem.acquire(1), await sem.acquire(1)]
+        waiter = Holder(short.semaphore("used", 2), 1)
+        await eventually(lambda: short.statistics().claims == 1, what="a claim")
+        rounds = short.statistics().renewal_rounds
+        # held across several leases: only renewals keep the holders (and the limit)
+        await eventually(
+            lambda: short.statistics().renewal_rounds >= rounds + 4, what="4 renewal rounds"
+        )
+        with pytest.raises(aiolock.LockError, match=r"2.*3"):
+            await others[0].semaphore("used", 3).try_acquire()
+        limit_key = f"{prefix}:sem:{{used}}:limit"
+        assert await admin.get(limit_key) == b"2"
+        assert await admin.pttl(limit_key) > 0
+        for permit in permits:
+            await permit.release()
+        await waiter.acquired(5)
+        await waiter.release()
+        deadline = time.monotonic() + 5  # one lease (0.5 s) and a margin for a busy machine
+        while left := await _keys_left(admin, prefix):
+            assert time.monotonic() < deadline, f"keys left after the last lease: {left}"
+            await asyncio.sleep(0.05)
+        # the next use stores its own limit again
+        await (await others[0].semaphore("used", 3).acquire(3)).release()
+
+
+async def test_a_limit_set_on_an_idle_semaphore_waits_for_its_next_use(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    async with aiolock.LockManager.from_url(
+        redis_url, prefix=prefix, lease=0.5, fence_ttl=0
+    ) as short:
+        sem = short.semaphore("idle", 2)
+        await sem.set_limit(4)
+        limit_key = f"{prefix}:sem:{{idle}}:limit"
+        assert await admin.pttl(limit_key) == -1  # no use yet: kept for the next acquire
+        with pytest.raises(aiolock.LockError, match=r"4.*2"):
+            await short.semaphore("idle", 2).try_acquire()
+        permit = await sem.acquire(4)
+        assert 0 < await admin.pttl(limit_key) <= 500  # now tied to the lease
+        await permit.release()
+        deadline = time.monotonic() + 5
+        while left := await _keys_left(admin, prefix):
+            assert time.monotonic() < deadline, f"keys left after the last lease: {left}"
+            await asyncio.sleep(0.05)
+
+
 async def test_raising_the_limit_wakes_waiters_and_lowering_keeps_holders(
     locks: aiolock.LockManager, others: list[aiolock.LockManager]
 ) -> None:

@@ -97,7 +97,9 @@ class FairLockKind(KindBase):
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = attempt.keys
-        reply = await self._client.run(
+        # In order: Redis queues waiters in the order their attempts arrive, which must be
+        # the order this process's tasks asked in (first come, first served).
+        reply = await self._client.run_in_order(
             ACQUIRE,
             (keys.lock, keys.fence, attempt.void, queue_key(keys), claims_key(keys)),
             (

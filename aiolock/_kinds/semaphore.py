@@ -8,7 +8,7 @@ A semaphore ``N`` keeps its state under the tag ``sem`` (see :mod:`aiolock._keys
 ``B:expiry``             sorted set: ``<permit field>`` -> lease end (ms, server clock)
 ``B:claims``             sorted set: ``<claim field>`` -> arrival (us, server clock)
 ``B:wants``              hash: ``<claim field>`` -> ``<permits>:<claim end ms>``
-``B:limit``              string: the limit, kept until deleted (or changed by set_limit)
+``B:limit``              string: the limit, kept while anything is held or claimed
 ``B:fence``              string: the last fencing token issued (kept ``fence_ttl``)
 ``B:rel:<id>``           tombstone of a release; ``B:void:<id>``: a voided attempt
 ``B:released``           pub/sub channel: a message (a manager id) per release, withdrawn
@@ -197,7 +197,9 @@ class SemaphoreKind(KindBase):
         due = [f for f in fields if self._claimed_at.get(f, -1.0) <= due_before]
         if not due:
             return
-        await self._client.run(REFRESH, (sk.claims, sk.wants), (ms(self.claim_ttl), *due))
+        await self._client.run(
+            REFRESH, (sk.claims, sk.wants, sk.limit_key), (ms(self.claim_ttl), *due)
+        )
         for field in due:
             if field in self._claimed_at:
                 self._claimed_at[field] = sent_at
@@ -232,7 +234,7 @@ class SemaphoreKind(KindBase):
 
     def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
         sk = _keys(keys)
-        return (sk.lock, sk.expiry)
+        return (sk.lock, sk.expiry, sk.limit_key)
 
     async def force_release(self, keys: LockKeys) -> bool:
         sk = _keys(keys)
@@ -248,7 +250,9 @@ class SemaphoreKind(KindBase):
     async def set_limit(self, keys: SemaphoreKeys, limit: int) -> int:
         """Store *limit* for every client and wake the waiters; the previous limit (0: none)."""
         old = await self._client.run(
-            SET_LIMIT, (keys.limit_key,), (limit, keys.channel, self._rt.manager_id)
+            SET_LIMIT,
+            (keys.limit_key, keys.lock, keys.claims),
+            (limit, keys.channel, self._rt.manager_id),
         )
         return as_int(old)
 

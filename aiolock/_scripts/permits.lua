@@ -7,6 +7,9 @@
 -- whose holders all crashed leaves nothing behind.
 -- Claims of waiting requests: a sorted set C {claim field -> arrival, us on the server's
 -- clock} and a hash W {claim field -> '<permits>:<expiry ms>'}.
+-- The limit L (a string) lives at least as long as H and C: whoever pushes back the
+-- expiry of H or C pushes back L's too (keep_limit), so the stored limit holds while
+-- anything is held or claimed and goes with the last lease or claim.
 
 local TOTAL = '#held'
 
@@ -39,13 +42,35 @@ local function prune(H, E, now)
   return freed
 end
 
--- Let both holder keys live as long as the longest lease in E.
-local function expire_holders(H, E, now)
+-- Let the limit key L live at least `ttl` ms more; never shortens it, and gives a limit
+-- stored without expiry (by set_limit while idle, or by an older version) one.
+local function keep_limit(L, ttl)
+  if ttl > 0 and redis.call('pttl', L) < ttl then
+    redis.call('pexpire', L, ttl)
+  end
+end
+
+-- Let the limit key L live exactly as long as the holders H or the claims C (may
+-- shorten it: used where a claim became a hold, so that the claim's longer lifetime
+-- does not keep the limit once the last claim is gone).
+local function fit_limit(L, H, C)
+  local ttl = math.max(redis.call('pttl', H), redis.call('pttl', C))
+  if ttl > 0 then
+    redis.call('pexpire', L, ttl)
+  end
+end
+
+-- Let both holder keys (and the limit key L, if given) live as long as the longest
+-- lease in E.
+local function expire_holders(H, E, now, L)
   local last = redis.call('zrange', E, -1, -1, 'withscores')
   if last[2] then
     local ttl = math.max(1, math.ceil(tonumber(last[2]) - now))
     redis.call('pexpire', H, ttl)
     redis.call('pexpire', E, ttl)
+    if L then
+      keep_limit(L, ttl)
+    end
   end
 end
 

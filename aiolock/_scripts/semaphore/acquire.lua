@@ -4,7 +4,7 @@
 -- KEYS[2]  holders' expiry zset E: {permit field -> expiry ms, server clock}
 -- KEYS[3]  claims zset C: {claim field -> arrival us, server clock}
 -- KEYS[4]  claims hash W: {claim field -> '<permits>:<expiry ms>'}
--- KEYS[5]  limit key: the semaphore's limit (a string; kept until deleted)
+-- KEYS[5]  limit key L: the semaphore's limit (a string; lives as long as H or C)
 -- KEYS[6]  fence key: the last fencing token issued (see fence.lua)
 -- KEYS[7]  void marker of this attempt: present if an undo got there first
 -- ARGV[1]  field of this request (its permit field once granted, its claim meanwhile)
@@ -51,7 +51,11 @@ local now = math.floor(us / 1000)
 local limit = tonumber(redis.call('get', KEYS[5]))
 if not limit then
   limit = tonumber(ARGV[4])
-  redis.call('set', KEYS[5], ARGV[4])
+  -- Stored while the semaphore is in use: the paths below push its expiry back with
+  -- every lease or claim they set (keep_limit); this one covers what exists already.
+  local ttl = math.max(tonumber(ARGV[3]), redis.call('pttl', KEYS[1]),
+    redis.call('pttl', KEYS[3]))
+  redis.call('set', KEYS[5], ARGV[4], 'px', ttl)
 end
 
 if redis.call('hexists', KEYS[1], field) == 1 then
@@ -89,7 +93,12 @@ if held + ahead + want <= limit then
   redis.call('hset', KEYS[1], field, want)
   redis.call('hincrby', KEYS[1], TOTAL, want)
   redis.call('zadd', KEYS[2], now + tonumber(ARGV[3]), field)
-  expire_holders(KEYS[1], KEYS[2], now)
+  if mine then
+    expire_holders(KEYS[1], KEYS[2], now)
+    fit_limit(KEYS[5], KEYS[1], KEYS[3])
+  else
+    expire_holders(KEYS[1], KEYS[2], now, KEYS[5])
+  end
   local token = fence(KEYS[6])
   keep_fence(KEYS[6], token, ARGV[6])
   if freed > 0 then
@@ -105,6 +114,7 @@ if ARGV[5] ~= '0' then
   redis.call('hset', KEYS[4], field, want .. ':' .. (now + tonumber(ARGV[5])))
   redis.call('pexpire', KEYS[3], ARGV[5])
   redis.call('pexpire', KEYS[4], ARGV[5])
+  keep_limit(KEYS[5], tonumber(ARGV[5]))
 end
 if freed > 0 then
   redis.call('publish', channel, ARGV[7])

@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  claims zset C (see acquire.lua)
 -- KEYS[2]  claims hash W
+-- KEYS[3]  limit key L (lives as long as the claims: permits.lua)
 -- ARGV[1]  claim lifetime in milliseconds
 -- ARGV[2..] the claim fields of this manager's waiters
 --
@@ -24,5 +25,6 @@ end
 if refreshed > 0 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   redis.call('pexpire', KEYS[2], ARGV[1])
+  keep_limit(KEYS[3], tonumber(ARGV[1]))
 end
 return refreshed
