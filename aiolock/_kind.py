@@ -288,6 +288,9 @@ class LockKind(Protocol):
     queued: bool
     #: seconds a waiter's registration lasts in Redis unless refreshed
     claim_ttl: float
+    #: holds per renewal call: as many as stay under a millisecond of Redis time
+    #: (measured per kind; see aiolock._watchdog)
+    renew_batch: int
     #: why this kind's holds have no fencing token ("" if they have one): the message of
     #: the WireFormatError that ``fencing_token`` raises
     fencing_unavailable: str
@@ -380,6 +383,10 @@ class KindBase:
     claims = False
     queued = False
     claim_ttl = 10.0
+    #: 500 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.7 ms of Redis
+    #: time per call (benchmarks/NOTES.md, issue 24); kinds with more work per hold
+    #: set a smaller batch
+    renew_batch = 500
     fencing_unavailable = ""
     anonymous_messages = False
     #: the script that renews holds (lease in ms) or only checks them (0), many per call:
