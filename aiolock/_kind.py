@@ -359,6 +359,14 @@ class LockKind(Protocol):
         if it is the hold's field in the kind's hash, which the handle then reads."""
         ...
 
+    async def still_held(self, keys: LockKeys) -> float | None:
+        """Seconds left of the lease of whoever holds *keys*, by one cheap read, or None
+        if it may be free (or the kind cannot tell without an attempt).
+
+        Only a kind whose every way of freeing publishes on its channel, except its
+        lease ending, may answer (see the engine's quiet waits, issue 24)."""
+        ...
+
 
 class ScriptRunner(Protocol):
     """What a kind sends its scripts through (the manager's client, single node or
@@ -440,3 +448,6 @@ class KindBase:
 
     async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
         return None  # the count is the hold's field in the hash (see Lock.hold_count)
+
+    async def still_held(self, keys: LockKeys) -> float | None:
+        return None  # a waiter attempts whenever its wait ends
