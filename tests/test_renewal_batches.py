@@ -7,6 +7,7 @@ These tests count the holds in every renewal call the watchdog makes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._kind import Hold, LockKind
+from aiolock._kinds.semaphore import SemaphoreKeys
 from aiolock._watchdog import RENEW_IN_FLIGHT
 
 Maker = Callable[[aiolock.LockManager, int], Any]
@@ -82,3 +84,68 @@ async def test_the_batch_sizes_follow_the_work_per_hold(locks: aiolock.LockManag
     assert batches["lock"] == 500
     for name in ("read lock", "semaphore", "timestamp lock"):
         assert batches[name] <= 500 // 3 + 1, name
+
+
+# -- the renew scripts' fallback: when PEXPIRE ... GT does not take -------------------
+
+
+async def test_a_semaphore_renewal_keeps_the_longest_lease_and_an_extend_can_shorten(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    semaphore = locks.semaphore("lifetime", 3)
+    long = await semaphore.acquire(lease=30.0)  # fixed: only checked by the watchdog
+    short = await semaphore.acquire(lease=5.0)
+    # Renewing the short one must not cut the keys' lifetime below the long lease.
+    await short.extend(2.0)
+    for key in (semaphore.key, _expiry_key(semaphore)):
+        assert 25_000 < await admin.pttl(key) <= 30_000
+    await long.extend(1.0)  # shortened: the lifetime follows the latest lease, 2 s
+    for key in (semaphore.key, _expiry_key(semaphore)):
+        assert 1_000 < await admin.pttl(key) <= 2_000
+    assert await _engine(locks).watchdog.renew_all()
+    await long.release()
+    await short.release()
+
+
+async def test_a_semaphore_renewal_reports_a_replaced_holders_hash_as_lost(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    semaphore = locks.semaphore("replaced", 2)
+    permit = await semaphore.acquire()
+    (hold,) = _engine(locks).registry.renewable()
+    await admin.set(semaphore.key, "not a hash")  # no TTL: PEXPIRE GT does not take
+    assert await hold.kind.renew([hold], 10.0) == [False]
+    await admin.delete(semaphore.key)
+    assert await hold.kind.renew([hold], 10.0) == [False]
+    del permit
+
+
+async def test_a_read_renewal_keeps_another_readers_longer_lease(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    rw = locks.rw_lock("readers")
+    long, short = rw.read(lease=30.0), rw.read(lease=5.0)
+
+    async def read_briefly() -> None:
+        async with short:
+            await short.extend(2.0)
+            assert 25_000 < await admin.pttl(rw.read().key) <= 30_000
+
+    async with long:
+        await asyncio.create_task(read_briefly())
+        await long.extend(1.0)  # the only reader left: the lifetime follows it down
+        assert 0 < await admin.pttl(rw.read().key) <= 1_000
+    reader = rw.read()
+    await reader.acquire()
+    (hold,) = _engine(locks).registry.renewable()
+    await admin.set(reader.key, "not a hash")  # no TTL: PEXPIRE GT does not take
+    assert await hold.kind.renew([hold], 10.0) == [False]
+    await admin.delete(reader.key)
+    with pytest.raises(aiolock.LockLostError):
+        await reader.release()
+
+
+def _expiry_key(semaphore: aiolock.Semaphore) -> str:
+    keys = semaphore._keys
+    assert isinstance(keys, SemaphoreKeys)
+    return keys.expiry
