@@ -33,6 +33,8 @@ class Counted:
         self.attempts: Counter[str] = Counter()
         self.probes: Counter[str] = Counter()
         self.probed = asyncio.Event()
+        #: set at every attempt and probe (see until())
+        self.changed = asyncio.Event()
         self._attempt: Callable[[Attempt], Awaitable[Granted | Busy]] = kind.attempt
         self._still_held: Callable[[LockKeys], Awaitable[float | None]] | None = getattr(
             kind, "still_held", None
@@ -40,12 +42,21 @@ class Counted:
         kind.attempt = self.attempt  # type: ignore[method-assign]
         kind.still_held = self.still_held  # type: ignore[method-assign]
 
+    async def until(self, done: Callable[[], bool], timeout: float) -> None:
+        """Wait until *done()*, re-checked at each attempt or probe (bounded)."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), max(deadline - time.monotonic(), 0))
+
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         self.attempts[attempt.keys.name] += 1
+        self.changed.set()
         return await self._attempt(attempt)
 
     async def still_held(self, keys: LockKeys) -> float | None:
         self.probes[keys.name] += 1
+        self.changed.set()
         if len(self.probes) == NAMES and min(self.probes.values()) >= 3:
             self.probed.set()
         assert self._still_held is not None
@@ -113,3 +124,32 @@ async def test_a_holder_that_stops_renewing_frees_the_lock_for_a_quiet_head(
         # Taken when the key's last lease ended (generous: a shared, loaded machine).
         assert time.monotonic() - died_at < LEASE + 3.0
         assert counted.attempts["dead-holder"] >= 2
+
+
+async def test_after_a_pubsub_connection_loss_the_head_attempts_again(
+    redis: Redis, admin: Redis, prefix: str
+) -> None:
+    """Releases may have been missed while the subscription was down: no quiet probe
+    until an attempt made with the subscription confirmed again."""
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as holder,
+        aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as waiter,
+    ):
+        held = holder.lock("cut")
+        await held.acquire()
+        counted = Counted(_kind(waiter.lock("cut")))
+        task = asyncio.create_task(_take(waiter.lock("cut")))
+        try:
+            await counted.until(lambda: counted.probes["cut"] >= 1, 30 * LEASE)
+            assert counted.probes["cut"] >= 1 and counted.attempts["cut"] == 2
+            hub = waiter._engine.hub  # type: ignore[union-attr]
+            losses = hub.losses
+            await admin.client_kill_filter(_type="pubsub")
+            await counted.until(lambda: counted.attempts["cut"] >= 3, 30 * LEASE)
+            assert hub.losses > losses
+            assert counted.attempts["cut"] >= 3  # attempted, not only probed
+            assert not task.done()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await held.release()
