@@ -124,17 +124,23 @@ class Watchdog:
         if len(batches) == 1:  # the common case: no task group needed
             return await self._renew_batch(*batches[0])
         failed = 0
+        errors: list[Exception] = []
         limiter = anyio.Semaphore(RENEW_IN_FLIGHT)
 
         async def renew(kind: LockKind, batch: list[Hold]) -> None:
             nonlocal failed
             async with limiter:
-                if not await self._renew_batch(kind, batch):
-                    failed += 1
+                try:
+                    if not await self._renew_batch(kind, batch):
+                        failed += 1
+                except Exception as exc:  # raised below as it came, not in a group
+                    errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for kind, batch in batches:
                 tg.start_soon(renew, kind, batch)
+        if errors:
+            raise errors[0]
         return failed == 0
 
     async def _renew_batch(self, kind: LockKind, batch: list[Hold]) -> bool:
