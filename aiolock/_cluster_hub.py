@@ -184,6 +184,7 @@ class ClusterHub(WaiterHub):
                 # failover). Forget the subscription here, let the head look for itself
                 # now, and subscribe again where the slot lives now.
                 self.moves += 1
+                self._losses += 1  # releases may be missed until it is subscribed again
                 link.channels.discard(channel)
                 link.pubsub.shard_channels.pop(channel.encode(), None)
                 link.pubsub.shard_channels.pop(channel, None)
@@ -199,6 +200,7 @@ class ClusterHub(WaiterHub):
     async def _lose_link(self, link: _NodeLink, exc: BaseException) -> None:
         """A node's connection failed (or answered MOVED): move its channels elsewhere."""
         logger.warning("pub/sub connection to %s lost, resubscribing: %s", link.name, exc)
+        self._losses += 1  # its subscriptions may have missed releases (see WaiterHub.losses)
         if isinstance(exc, rex.MovedError):
             self.moves += 1
         else:

@@ -273,6 +273,8 @@ class WaiterHub:
         self._reconnects = 0
         #: reconnects redis-py made by itself, not yet counted (see _count_reconnects)
         self._client_reconnects = 0
+        #: connection losses seen, of either kind, counted at once (see :attr:`losses`)
+        self._losses = 0
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -418,6 +420,15 @@ class WaiterHub:
         queue = self._queues.get(channel)
         return queue is not None and queue.confirmed
 
+    @property
+    def losses(self) -> int:
+        """How many times the pub/sub connection was lost so far (it only grows).
+
+        A waiter whose subscription was confirmed, and that sees this unchanged since,
+        has missed no release message meanwhile (see the engine's quiet waits).
+        """
+        return self._losses
+
     def wake(self, channel: str) -> None:
         """The lock behind *channel* may be free: let its head try."""
         queue = self._queues.get(channel)
@@ -541,6 +552,7 @@ class WaiterHub:
         # Counted once a read on it succeeds (_settle_reconnects): if the connection
         # fails again first, the hub's own reconnect counts that one loss instead.
         self._client_reconnects += 1
+        self._losses += 1
 
     def _settle_reconnects(self) -> None:
         """A read succeeded: the reconnects redis-py made for it are done, count them."""
@@ -635,6 +647,7 @@ class WaiterHub:
         """The connection failed: wake every head, then start over on a new connection."""
         logger.warning("pub/sub connection lost, reconnecting: %s", exc)
         self._reconnects += 1
+        self._losses += 1
         self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
         for queue in self._queues.values():
             queue.confirmed = False

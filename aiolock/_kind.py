@@ -288,6 +288,9 @@ class LockKind(Protocol):
     queued: bool
     #: seconds a waiter's registration lasts in Redis unless refreshed
     claim_ttl: float
+    #: holds per renewal call: as many as stay under a millisecond of Redis time
+    #: (measured per kind; see aiolock._watchdog)
+    renew_batch: int
     #: why this kind's holds have no fencing token ("" if they have one): the message of
     #: the WireFormatError that ``fencing_token`` raises
     fencing_unavailable: str
@@ -356,6 +359,14 @@ class LockKind(Protocol):
         if it is the hold's field in the kind's hash, which the handle then reads."""
         ...
 
+    async def still_held(self, keys: LockKeys) -> float | None:
+        """Seconds left of the lease of whoever holds *keys*, by one cheap read, or None
+        if it may be free (or the kind cannot tell without an attempt).
+
+        Only a kind whose every way of freeing publishes on its channel, except its
+        lease ending, may answer (see the engine's quiet waits, issue 24)."""
+        ...
+
 
 class ScriptRunner(Protocol):
     """What a kind sends its scripts through (the manager's client, single node or
@@ -384,6 +395,10 @@ class KindBase:
     claims = False
     queued = False
     claim_ttl = 10.0
+    #: 500 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.7 ms of Redis
+    #: time per call (benchmarks/NOTES.md, issue 24); kinds with more work per hold
+    #: set a smaller batch
+    renew_batch = 500
     fencing_unavailable = ""
     anonymous_messages = False
     #: the script that renews holds (lease in ms) or only checks them (0), many per call:
@@ -437,3 +452,6 @@ class KindBase:
 
     async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
         return None  # the count is the hold's field in the hash (see Lock.hold_count)
+
+    async def still_held(self, keys: LockKeys) -> float | None:
+        return None  # a waiter attempts whenever its wait ends

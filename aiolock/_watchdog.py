@@ -8,6 +8,12 @@ of one lock kind; on Redis Cluster (``group_by_slot``) also of one slot, since a
 may only touch keys of one slot there. A single server takes any mix, and 10,000 holds
 spread over as many slots then still take 20 round trips, not 10,000.
 
+A batch is as large as its kind's :attr:`~aiolock._kind.LockKind.renew_batch`: each kind
+names the number of holds whose renewal stays under a millisecond of Redis time (a
+script blocks the server while it runs), measured per kind (``benchmarks/NOTES.md``,
+issue 24). The batches of a round renew distinct holds, so their order does not matter:
+up to :data:`RENEW_IN_FLIGHT` are in flight at once instead of one after another.
+
 Each round also runs the manager's *beat* (:attr:`Watchdog.beat`), which refreshes its
 identity record (:mod:`aiolock._identity`): one command per round, whatever the holds.
 """
@@ -32,9 +38,10 @@ __all__ = ["Watchdog"]
 
 logger = logging.getLogger("aiolock")
 
-#: Holds renewed per script call: large enough that 10,000 holds take 20 round trips,
-#: small enough that one script call stays well under a millisecond of server time.
-RENEW_BATCH = 500
+#: Renewal calls of one round in flight at once: a round of 100,000 holds does not wait
+#: for each batch's reply before sending the next, and a few calls at a time keep the
+#: connections few (the client pipelines calls that wait for a connection).
+RENEW_IN_FLIGHT = 4
 #: After a failed round, try again this soon (at most): the leases are running out.
 RETRY_AFTER = 1.0
 
@@ -109,11 +116,32 @@ class Watchdog:
         by_slot = self.group_by_slot
         for hold in holds:
             groups[(hold.kind, hold.slot if by_slot else 0)].append(hold)
-        ok = True
-        for (kind, _slot), group in groups.items():
-            for start in range(0, len(group), RENEW_BATCH):
-                ok = await self._renew_batch(kind, group[start : start + RENEW_BATCH]) and ok
-        return ok
+        batches = [
+            (kind, group[start : start + kind.renew_batch])
+            for (kind, _slot), group in groups.items()
+            for start in range(0, len(group), kind.renew_batch)
+        ]
+        if len(batches) == 1:  # the common case: no task group needed
+            return await self._renew_batch(*batches[0])
+        failed = 0
+        errors: list[Exception] = []
+        limiter = anyio.Semaphore(RENEW_IN_FLIGHT)
+
+        async def renew(kind: LockKind, batch: list[Hold]) -> None:
+            nonlocal failed
+            async with limiter:
+                try:
+                    if not await self._renew_batch(kind, batch):
+                        failed += 1
+                except Exception as exc:  # raised below as it came, not in a group
+                    errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for kind, batch in batches:
+                tg.start_soon(renew, kind, batch)
+        if errors:
+            raise errors[0]
+        return failed == 0
 
     async def _renew_batch(self, kind: LockKind, batch: list[Hold]) -> bool:
         sent_at = time.monotonic()

@@ -61,6 +61,16 @@ class ReentrantLockKind(KindBase):
         )
         return decode_attempt(reply, lambda bad: key_type_error(keys.lock, bad[1]))
 
+    async def still_held(self, keys: LockKeys) -> float | None:
+        # The lock hash exists exactly while someone holds it, and every release, undo
+        # and force release publishes on the channel: only an ended lease (or an outside
+        # deletion) frees it without a message, and then PTTL answers -2. While the key
+        # exists with a TTL, an attempt would answer Busy with this very PTTL (a waiter's
+        # field is new for each acquisition, so it is never in the hash): the probe
+        # skips only the attempt's work, never a grant.
+        pttl = as_int(await self._client.call("PTTL", keys.lock, key=keys.lock))
+        return pttl / 1000 if pttl > 0 else None
+
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
         void_ms = attempt.void_ms

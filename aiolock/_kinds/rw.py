@@ -87,6 +87,9 @@ class _SideKind(KindBase):
 
     reentrant = True
     renew_script = RENEW
+    #: ZSCORE, ZADD and two PEXPIREs per hold of its own structure: about 3x a lock's
+    #: Redis time per hold, so 150 a call stay under a millisecond (benchmarks/NOTES.md, issue 24)
+    renew_batch = 150
     #: 'r' or 'w': the side the acquire script is asked for
     _side = ""
 

@@ -119,6 +119,10 @@ class SemaphoreKind(KindBase):
 
     name = "semaphore"
     renew_script = RENEW
+    #: ZSCORE, ZADD and two PEXPIREs per permit of its own semaphore: about 3x a
+    #: lock's Redis time per hold, so 150 a call stay under a millisecond (benchmarks/NOTES.md,
+    #: issue 24)
+    renew_batch = 150
     shared = True
     claims = True
     claim_ttl = 10.0
