@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNABLE = (
     "getting-started.md",
     "recipes/workers.md",
+    "leader-election.md",
     "migrating/redis-py.md",
     "migrating/python-redis-lock.md",
     "migrating/pottery.md",
