@@ -45,7 +45,9 @@ async def worker(url: str, me: str) -> None:
             while True:  # cancelled if the leadership is lost; run() campaigns again
                 report = f"report by {me} at {time.time():.3f}"
                 keys = [f"{PREFIX}:report", f"{PREFIX}:report:token"]
-                if not await store(keys=keys, args=[term.fencing_token, report]):
+                # Shielded: redis-py can lose a cancellation that arrives while a command
+                # is in flight, and a lost leadership must stop this loop.
+                if not await asyncio.shield(store(keys=keys, args=[term.fencing_token, report])):
                     print(f"{me}: a newer leader wrote already; this write was refused", flush=True)
                 print(f"{me} ran the job at {time.time():.3f}", flush=True)
                 await asyncio.sleep(0.2)
@@ -85,7 +87,8 @@ async def demo(url: str) -> None:
         took = float(first_run.split()[-1]) - killed_at
         print(f"{follower} took over {took:.2f} s after the leader was killed (lease {LEASE} s)")
         workers[follower].send_signal(signal.SIGTERM)  # a clean stop: leadership released
-        print(f"{follower} stopped with exit code {await workers[follower].wait()}")
+        code = await asyncio.wait_for(workers[follower].wait(), 30)
+        print(f"{follower} stopped with exit code {code}")
     finally:
         for process in workers.values():
             if process.returncode is None:

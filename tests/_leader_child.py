@@ -29,13 +29,18 @@ async def run(spec: dict[str, Any]) -> None:
     records = Redis.from_url(spec["url"])
     manager = aiolock.LockManager.from_url(spec["url"], prefix=prefix, lease=spec["lease"])
 
+    async def record(key: str, entry: str) -> None:
+        # Shielded: redis-py 8.1 can lose a cancellation that arrives while a command is
+        # in flight (the task goes on as if never cancelled); the shield's own future
+        # always delivers it to this task, and the write completes in the background.
+        await asyncio.shield(records.rpush(f"{prefix}:{key}", f"{pid} {entry}"))
+
     async def job(term: aiolock.LeaderTerm) -> None:
-        await records.rpush(f"{prefix}:terms", f"{pid} {term.fencing_token} {time.time()}")
+        await record("terms", f"{term.fencing_token} {time.time()}")
         while True:
-            mark = f"{pid} {term.fencing_token}"
-            await records.rpush(f"{prefix}:begin", f"{mark} {time.time()}")
+            await record("begin", f"{term.fencing_token} {time.time()}")
             await asyncio.sleep(spec["work"])  # the job's work
-            await records.rpush(f"{prefix}:end", f"{mark} {time.time()}")
+            await record("end", f"{term.fencing_token} {time.time()}")
             await asyncio.sleep(spec["period"])
 
     try:

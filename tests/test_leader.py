@@ -196,6 +196,18 @@ def intervals(
     return sorted(found)
 
 
+def overlaps(runs: list[tuple[float, float, int]]) -> list[tuple[int, int]]:
+    """The pids of consecutive runs (sorted by start) where one began before the other ended."""
+    return [(a[2], b[2]) for a, b in itertools.pairwise(runs) if a[1] > b[0]]
+
+
+def test_the_overlap_checker_finds_overlaps() -> None:
+    runs = intervals([(1, 7, 1.0), (2, 8, 1.5)], [(2, 8, 2.5)], {1: 2.0, 2: 9.0})
+    assert runs == [(1.0, 2.0, 1), (1.5, 2.5, 2)]
+    assert overlaps(runs) == [(1, 2)]
+    assert overlaps([(1.0, 2.0, 1), (2.0, 2.5, 2)]) == []
+
+
 async def test_a_killed_leader_is_replaced_within_the_lease(
     redis_url: str, prefix: str, admin: Redis
 ) -> None:
@@ -239,8 +251,7 @@ async def test_a_killed_leader_is_replaced_within_the_lease(
         begins = await records(admin, f"{prefix}:begin")
         runs_of = intervals(begins, await records(admin, f"{prefix}:end"), stopped)
         assert {pid for _, _, pid in runs_of} == {first.pid, second.pid}
-        for (_, end, pid), (start, _, next_pid) in itertools.pairwise(runs_of):
-            assert end <= start, f"runs of {pid} and {next_pid} overlap"
+        assert overlaps(runs_of) == []
         key = aiolock.LockManager(admin, prefix=prefix).lock("scheduler").key
         assert not await admin.exists(key)
     finally:
