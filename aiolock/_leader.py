@@ -11,14 +11,13 @@ name: a resource that records the largest token it has seen refuses a deposed le
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._errors import LockConnectionError, LockLostError, ManagerNotOpenError
+from ._errors import LockLostError, ManagerNotOpenError
 
 if TYPE_CHECKING:
     from ._kind import Hold
@@ -55,12 +54,11 @@ class LeaderElection:
     manager: ``aiolock show NAME`` shows the leader.
     """
 
-    __slots__ = ("_active", "_hold", "_lock", "_lost", "_manager", "_retry", "_term", "_terms")
+    __slots__ = ("_active", "_hold", "_lock", "_lost", "_manager", "_term", "_terms")
 
-    def __init__(self, manager: LockManager, lock: Lock, *, retry: float) -> None:
+    def __init__(self, manager: LockManager, lock: Lock) -> None:
         self._manager = manager
         self._lock = lock
-        self._retry = retry
         #: the hold of the current term (None between terms)
         self._hold: Hold | None = None
         self._term: LeaderTerm | None = None
@@ -132,9 +130,8 @@ class LeaderElection:
         A lost leadership cancels *body* and campaigns again. Returns when *body* returns
         (the leadership is released then), or when the manager stops: it was closed, or
         :meth:`~aiolock.LockManager.stop_acquiring` was called. Cancelling the task that
-        awaits it releases the leadership. An error of *body* is raised, after release;
-        while Redis cannot be reached, it tries again every *retry* seconds given to
-        :meth:`~aiolock.LockManager.leader`.
+        awaits it releases the leadership. An error of *body* is raised, after release. A
+        campaign rides out a Redis outage: it waits until Redis answers again.
         """
         while True:
             term: LeaderTerm | None = None
@@ -156,11 +153,6 @@ class LeaderElection:
                 if self._manager._state in ("new", "failed"):
                     raise  # never opened, or broken: not a stop the caller asked for
                 return
-            except LockConnectionError as exc:
-                logger.warning(
-                    "campaigning for %r: %s; trying again in %s s", self.name, exc, self._retry
-                )
-                await asyncio.sleep(self._retry)
 
 
 def _describe(term: LeaderTerm) -> tuple[str, int, int]:

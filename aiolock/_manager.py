@@ -556,15 +556,12 @@ class LockManager:
         fair._replicas = self._handle_replicas(replicas, replica_timeout)
         return fair
 
-    def leader(self, name: str, *, retry: float = 1.0) -> LeaderElection:
-        """An election for *name*: at most one process at a time leads it.
+    def leader(self, name: str) -> LeaderElection:
+        """An election for *name*: at most one process at a time leads it; no I/O.
 
         Leading is holding the lock *name* (the manager's wire format) with the manager's
         lease, renewed while the process lives; a crashed leader's term ends within one
         lease. See :class:`LeaderElection` and ``docs/leader-election.md``.
-
-        Args:
-            retry: seconds between campaigns while Redis cannot be reached.
         """
         lock = self.lock(name)
         if lock._kind.fencing_unavailable:
@@ -572,7 +569,7 @@ class LockManager:
                 f"leader election needs fencing tokens, which the {self.wire!r} wire format "
                 f"does not have ({lock._kind.fencing_unavailable}); use the default wire format"
             )
-        return LeaderElection(self, lock, retry=check_lease(retry, "retry"))
+        return LeaderElection(self, lock)
 
     def locked(
         self,

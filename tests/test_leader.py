@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 import aiolock
+from aiolock.testing import RedisServer
 
 from .helpers import eventually
 
@@ -123,9 +126,29 @@ async def test_closing_the_manager_ends_the_run(redis_url: str, prefix: str) -> 
         assert not await locks.lock("scheduler").locked()
 
 
+async def test_an_outage_ends_the_term_and_the_campaign_resumes_when_redis_is_back() -> None:
+    with RedisServer() as server:
+        # No retries inside redis-py: each attempt fails at once while the server is down.
+        client = Redis.from_url(server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2)
+        try:
+            async with aiolock.LockManager(client, prefix="outage", lease=1) as locks:
+                election = locks.leader("scheduler")
+                leader = Leader(election)
+                await eventually(lambda: bool(leader.terms), what="leading")
+                server.stop()
+                await eventually(lambda: bool(leader.ended), timeout=10, what="the loss")
+                assert isinstance(leader.ended[0], asyncio.CancelledError)
+                assert not election.is_leader
+                assert not leader.task.done()  # the campaign waits through the outage
+                server.start()
+                await eventually(lambda: len(leader.terms) == 2, timeout=20, what="a new term")
+                assert leader.terms[1].number == 2 and election.is_leader
+                await leader.stop()
+        finally:
+            await client.aclose()
+
+
 async def test_bad_input_fails_at_the_call(locks: aiolock.LockManager) -> None:
-    with pytest.raises(ValueError, match="retry"):
-        locks.leader("a", retry=0)
     with pytest.raises(ValueError, match="empty"):
         locks.leader("")
     token = aiolock.LockManager(locks.redis, prefix=locks.prefix, wire="token")
