@@ -115,13 +115,17 @@ async def test_an_error_of_the_body_is_raised_after_release(locks: aiolock.LockM
     assert not await locks.lock("failing").locked()
 
 
-async def test_closing_the_manager_ends_the_run(redis_url: str, prefix: str) -> None:
+async def test_stopping_and_closing_the_manager_end_the_run(redis_url: str, prefix: str) -> None:
     manager = await aiolock.LockManager.from_url(redis_url, prefix=prefix).open()
     leader = Leader(manager.leader("scheduler"))
     await eventually(lambda: bool(leader.terms), what="leading")
     waiting = Leader(manager.leader("scheduler"))  # campaigns while the first leads
+    await asyncio.sleep(0.1)
+    manager.stop_acquiring()  # a graceful stop: the campaign ends, the leader keeps leading
+    await asyncio.wait_for(waiting.task, 5)
+    assert not leader.task.done() and not waiting.terms
     await manager.aclose()
-    await asyncio.wait_for(asyncio.gather(leader.task, waiting.task), 5)  # both return
+    await asyncio.wait_for(leader.task, 5)  # returns
     async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as locks:
         assert not await locks.lock("scheduler").locked()
 
