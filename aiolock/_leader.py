@@ -15,18 +15,25 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ._errors import LockLostError, ManagerNotOpenError
+from ._guard import ManagerLike
 
 if TYPE_CHECKING:
     from ._kind import Hold
     from ._lock import Lock
-    from ._manager import LockManager
 
 __all__ = ["LeaderElection", "LeaderTerm"]
 
 logger = logging.getLogger("aiolock")
+
+
+class _Manager(ManagerLike, Protocol):
+    """What an election needs of the manager that made it (no import of the manager,
+    which imports this module)."""
+
+    _state: str
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class LeaderElection:
 
     __slots__ = ("_active", "_hold", "_lock", "_lost", "_manager", "_term", "_terms")
 
-    def __init__(self, manager: LockManager, lock: Lock) -> None:
+    def __init__(self, manager: _Manager, lock: Lock) -> None:
         self._manager = manager
         self._lock = lock
         #: the hold of the current term (None between terms)
