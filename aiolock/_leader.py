@@ -122,7 +122,9 @@ class LeaderElection:
                 hold = self._hold = self._lock._current_hold()
                 assert hold is not None  # the block holds it
                 term = self._term = LeaderTerm(self.name, self._terms, hold.token)
-                logger.info("leading %r (term %d, fencing token %d)", *_describe(term))
+                logger.info(
+                    "leading %r (term %d, fencing token %d)", self.name, term.number, hold.token
+                )
                 try:
                     yield term
                 finally:
@@ -147,20 +149,18 @@ class LeaderElection:
                     await body(term)
                 return
             except LockLostError as exc:
-                if term is None or not self._lost:
+                if term is not None and not self._lost:
                     raise  # the body's own error, about another lock
                 if not self._manager.is_open:
                     return  # lost by the manager's close: the process is stopping
+                # (term None: the lease ran out before the term began; the body never ran)
                 logger.warning(
-                    "lost the leadership of %r (term %d, fencing token %d): %s; campaigning again",
-                    *_describe(term),
+                    "lost the leadership of %r (%s): %s; campaigning again",
+                    self.name,
+                    "before the term began" if term is None else f"term {term.number}",
                     exc,
                 )
             except ManagerNotOpenError:
                 if self._manager._state in ("new", "failed"):
                     raise  # never opened, or broken: not a stop the caller asked for
                 return
-
-
-def _describe(term: LeaderTerm) -> tuple[str, int, int]:
-    return term.name, term.number, term.fencing_token
