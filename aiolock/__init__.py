@@ -24,6 +24,7 @@ from ._errors import (
 )
 from ._fair_lock import FairLock
 from ._hub import HubStatistics
+from ._leader import LeaderElection, LeaderTerm
 from ._lock import Lock
 from ._manager import LockManager, ManagerStatistics
 from ._multi import MultiLock
@@ -37,6 +38,8 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "FairLock",
     "HubStatistics",
+    "LeaderElection",
+    "LeaderTerm",
     "Lock",
     "LockBackendError",
     "LockConnectionError",

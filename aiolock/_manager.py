@@ -41,6 +41,7 @@ from ._hub import HubStatistics, WaiterHub
 from ._identity import Identity, check_app_name
 from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
 from ._kinds.semaphore import check_limit
+from ._leader import LeaderElection
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
@@ -554,6 +555,21 @@ class LockManager:
         fair = FairLock(self, kind, keys, timeout=timeout, lease=lease)
         fair._replicas = self._handle_replicas(replicas, replica_timeout)
         return fair
+
+    def leader(self, name: str) -> LeaderElection:
+        """An election for *name*: at most one process at a time leads it; no I/O.
+
+        Leading is holding the lock *name* (the manager's wire format) with the manager's
+        lease, renewed while the process lives; a crashed leader's term ends within one
+        lease. See :class:`LeaderElection` and ``docs/leader-election.md``.
+        """
+        lock = self.lock(name)
+        if lock._kind.fencing_unavailable:
+            raise WireFormatError(
+                f"leader election needs fencing tokens, which the {self.wire!r} wire format "
+                f"does not have ({lock._kind.fencing_unavailable}); use the default wire format"
+            )
+        return LeaderElection(self, lock)
 
     def locked(
         self,

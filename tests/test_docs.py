@@ -29,6 +29,7 @@ RUNNABLE = (
     "getting-started.md",
     "recipes/workers.md",
     "recipes/handoff.md",
+    "leader-election.md",
     "migrating/redis-py.md",
     "migrating/python-redis-lock.md",
     "migrating/pottery.md",

@@ -42,3 +42,20 @@ def test_example_starts_its_own_server_without_redis_url() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "started a throwaway redis-server" in result.stderr
+
+
+def test_leader_example_fails_over_after_sigkill(redis_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "leader_scheduler.py")],
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("killed worker-")
+    took = next(line for line in lines if " took over " in line)
+    assert float(took.split()[3]) < 1.0 + 4  # the lease, plus slack for a loaded machine
+    assert "stopped with exit code 0" in lines[-1]

@@ -16,6 +16,8 @@ def test_public_names_are_pinned() -> None:
     assert set(aiolock.__all__) == {
         "FairLock",
         "HubStatistics",
+        "LeaderElection",
+        "LeaderTerm",
         "Lock",
         "LockBackendError",
         "LockConnectionError",
