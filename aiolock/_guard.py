@@ -44,6 +44,11 @@ logger = logging.getLogger("aiolock")
 #: its own, like the FastAPI dependency's exit function).
 _FRAME_DEPTH = 4
 
+#: Seconds between the cancellations a loss sends while its block stays open (see
+#: Block._send): short, so that a body whose library swallowed one goes on for no more
+#: than this; not zero, so that a body that takes a while to leave costs no busy loop.
+RESEND_INTERVAL = 0.005
+
 
 class ManagerLike(Protocol):
     """What a kind's handle needs from the manager that made it (no import of the manager,
@@ -65,24 +70,51 @@ H = TypeVar("H")
 class Block(Generic[H]):
     """One ``async with`` block in progress: its holds, the task and frame that entered it."""
 
-    __slots__ = ("cancelling", "frame", "holds", "requested", "task")
+    __slots__ = ("_resend", "cancelling", "closed", "frame", "holds", "requested", "sent", "task")
 
     def __init__(self, holds: tuple[H, ...], task: asyncio.Task[Any], frame: FrameType) -> None:
         self.holds = holds
         self.task = task
         self.frame: FrameType | None = frame
         #: the task's cancellation count at entry (Python >= 3.11): an exit that finds
-        #: it higher after taking back its own cancellation was cancelled from outside too
+        #: it higher after taking back its own cancellations was cancelled from outside too
         self.cancelling = _cancelling(task)
         #: whether a loss has cancelled the task (the hold calls cancel())
         self.requested = False
+        #: how many cancellations the loss sent (it sends again until the block exits)
+        self.sent = 0
+        #: whether the exit has taken the block: nothing is sent any more
+        self.closed = False
+        self._resend: asyncio.TimerHandle | None = None
 
     def cancel(self) -> None:
-        """A hold of the block was lost: cancel the task running the body, once."""
+        """A hold of the block was lost: cancel the task running the body until it leaves."""
         if self.requested:
             return
         self.requested = True
+        self._send()
+
+    def _send(self) -> None:
+        # Level-triggered, as anyio's cancel scopes are: the cancellation is sent again
+        # every RESEND_INTERVAL until the exit takes the block. A library that swallows a
+        # CancelledError (redis-py 8.1 does now and then, inside a command: 26 bodies of
+        # 60 ran on after their loss when it was sent once) cannot let the body run on
+        # without its lock.
+        self._resend = None
+        if self.closed or self.task.done():
+            return
+        self.sent += 1
         self.task.cancel(self.message)
+        loop = self.task.get_loop()
+        self._resend = loop.call_later(RESEND_INTERVAL, self._send)
+
+    def close(self) -> None:
+        """The exit has taken the block: stop sending."""
+        self.closed = True
+        self.frame = None  # no reference cycle through the generator's frame
+        if self._resend is not None:
+            self._resend.cancel()
+            self._resend = None
 
     @property
     def message(self) -> str:
@@ -145,7 +177,7 @@ class Blocks(Generic[H]):
     def _pop(self, owner: asyncio.Task[Any], index: int) -> Block[H]:
         stack = self._entered[owner]
         block = stack.pop(index)
-        block.frame = None  # no reference cycle through the generator's frame
+        block.close()
         if not stack:
             del self._entered[owner]
         return block
@@ -260,9 +292,9 @@ def _cancelling(task: asyncio.Task[Any]) -> int:
 
 
 async def take_back(block: Block[Any], exc: BaseException | None) -> bool:
-    """Withdraw the cancellation a loss sent to *block*'s task; True if *exc* was it.
+    """Withdraw the cancellations a loss sent to *block*'s task; True if *exc* was one.
 
-    The body may have ended before the cancellation reached it (the loss was noticed
+    The body may have ended before a cancellation reached it (the loss was noticed
     while the task ran, or the body caught it): then it is still pending, and is
     absorbed here rather than let through to the release or to the code after the
     block. A cancellation from outside (the count stays above the entry's) goes on.
@@ -270,20 +302,33 @@ async def take_back(block: Block[Any], exc: BaseException | None) -> bool:
     task = block.task
     if isinstance(exc, asyncio.CancelledError):
         if sys.version_info >= (3, 11):
-            return task.uncancel() <= block.cancelling
+            _withdraw(block)
+            return task.cancelling() <= block.cancelling
         # 3.10 has no count: the message tells (a Task.cancel() after ours replaces it,
         # with None when it gives none).
         return bool(exc.args) and exc.args[0] == block.message
     if sys.version_info >= (3, 11):
         if task.cancelling() <= block.cancelling:
             return False  # already taken back (the body caught it and went on)
-        task.uncancel()
+        _withdraw(block)
     try:
         await asyncio.sleep(0)  # where a pending cancellation of ours lands
     except asyncio.CancelledError:
         if _cancelling(task) > block.cancelling:
             raise  # another one came with it: it goes on
     return False
+
+
+def _withdraw(block: Block[Any]) -> None:
+    """Take back, from the task's count (Python >= 3.11), every cancellation the block
+    sent, down to the count at entry: what is left came from outside."""
+    if sys.version_info < (3, 11):
+        return
+    task = block.task
+    for _ in range(block.sent):
+        if task.cancelling() <= block.cancelling:
+            break
+        task.uncancel()
 
 
 def forget_lost(engine: Engine, hold: Hold) -> None:
