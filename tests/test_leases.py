@@ -280,7 +280,9 @@ async def test_a_lost_hold_cancels_a_body_that_swallowed_the_first_cancellation(
         await asyncio.sleep(0)  # nothing of the loss's is left pending for the task
         task = asyncio.current_task()
         assert task is not None
-        return task.cancelling() if sys.version_info >= (3, 11) else 0
+        if sys.version_info >= (3, 11):
+            return task.cancelling()
+        return 0
 
     task = asyncio.create_task(body())
     await asyncio.wait_for(entered.wait(), 10)
