@@ -46,7 +46,8 @@ async def worker(url: str, me: str) -> None:
                 report = f"report by {me} at {time.time():.3f}"
                 keys = [f"{PREFIX}:report", f"{PREFIX}:report:token"]
                 # Shielded: redis-py can lose a cancellation that arrives while a command
-                # is in flight, and a lost leadership must stop this loop.
+                # is in flight; a lost leadership's is sent again, but a stop signal's
+                # is sent once, and it must end this loop too.
                 if not await asyncio.shield(store(keys=keys, args=[term.fencing_token, report])):
                     print(f"{me}: a newer leader wrote already; this write was refused", flush=True)
                 print(f"{me} ran the job at {time.time():.3f}", flush=True)
