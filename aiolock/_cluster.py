@@ -221,24 +221,23 @@ class ClusterClient:
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """EVALSHA the sharded variant of *script* on the primary owning *keys*' slot."""
-        if not keys:
-            raise LockError(f"the {script.name} script names no key: it cannot be routed")
-        variant = sharded(script)
-
-        async def send(client: Client) -> Any:
-            return await client.run(variant, keys, args)
-
-        command = ("EVALSHA", variant.sha, len(keys), *keys, *args)
-        return await self._routed(keys[0], send, command, variant)
+        return await self._run(script, keys, args, ordered=False)
 
     async def run_in_order(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """:meth:`run` through the owning primary's ordered lane (Client.run_in_order)."""
+        return await self._run(script, keys, args, ordered=True)
+
+    async def _run(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], *, ordered: bool
+    ) -> Any:
         if not keys:
             raise LockError(f"the {script.name} script names no key: it cannot be routed")
         variant = sharded(script)
 
         async def send(client: Client) -> Any:
-            return await client.run_in_order(variant, keys, args)
+            if ordered:
+                return await client.run_in_order(variant, keys, args)
+            return await client.run(variant, keys, args)
 
         command = ("EVALSHA", variant.sha, len(keys), *keys, *args)
         return await self._routed(keys[0], send, command, variant)
