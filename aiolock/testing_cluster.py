@@ -24,6 +24,8 @@ __all__ = ["LocalCluster"]
 
 #: slots of a Redis Cluster
 SLOTS = 16384
+#: starts of one node on fresh ports before giving up (its ports may be taken meanwhile)
+NODE_START_TRIES = 5
 
 
 class LocalCluster:
@@ -128,9 +130,15 @@ class LocalCluster:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _start(self) -> None:
-        count = self.primaries * (1 + self.replicas)
-        for _ in range(count):
+    def _start_node(self) -> tuple[RedisServer, int]:
+        """One node on a free client port and a free bus port, and the bus port.
+
+        Both ports are picked before the process binds them, so another process (a test
+        suite running beside this one starts servers too) may take one meanwhile: the
+        node is then started again on two fresh ports, as RedisServer does for its one.
+        """
+        error: RedisServerError | None = None
+        for _ in range(NODE_START_TRIES):
             # The cluster bus defaults to port + 10000, which may be taken or beyond
             # 65535 for a free port picked by the kernel: pick both explicitly.
             bus = free_port()
@@ -144,7 +152,19 @@ class LocalCluster:
                 "--cluster-replica-validity-factor", "0",
             ]  # fmt: skip
             server = RedisServer(args, port=free_port())
-            self.servers.append(server.start())
+            try:
+                return server.start(), bus
+            except RedisServerError as exc:
+                error = exc
+                server.stop()
+        assert error is not None
+        raise error
+
+    def _start(self) -> None:
+        count = self.primaries * (1 + self.replicas)
+        for _ in range(count):
+            server, bus = self._start_node()
+            self.servers.append(server)
             self._bus[server.port] = bus
         primaries = self.servers[: self.primaries]
         share = SLOTS // self.primaries

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -676,3 +677,26 @@ async def test_the_redisson_format_is_refused_on_a_cluster(
             a.lock("x", wire="redisson")
     with pytest.raises(aiolock.WireFormatError, match="not supported on a Redis Cluster"):
         aiolock.LockManager.from_url(cluster.url, cluster=True, wire="redisson")
+
+
+def test_a_node_whose_port_is_taken_meanwhile_starts_on_fresh_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port picked free may be taken before the node binds it: CI's suites run side by
+    side and start servers too (a fresh-clone run failed so, 4 tests of a module whose
+    cluster did not start). The node is started again on fresh ports."""
+    import aiolock.testing_cluster as local
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        real = free_port
+        picks = iter([real(), port])  # the first node's bus port, then its taken port
+        monkeypatch.setattr(
+            local, "free_port", lambda host="127.0.0.1": next(picks, 0) or real(host)
+        )
+        with LocalCluster(primaries=1, replicas=0) as cluster:
+            assert [server.port for server in cluster.servers] != [port]
+            with cluster.node(cluster.servers[0].port) as client:
+                assert client.ping()
