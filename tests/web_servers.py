@@ -12,14 +12,13 @@ from typing import Any
 import uvicorn
 from aiohttp import web
 
-from aiolock.testing import free_port
-
 
 @asynccontextmanager
 async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
     """Serve the ASGI *app* with uvicorn (lifespan on); yield its base URL."""
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    # Port 0: the kernel picks a free port as the socket binds it (a port picked free
+    # beforehand may be taken meanwhile by a suite running beside this one).
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
@@ -28,6 +27,7 @@ async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
             assert not task.done(), "uvicorn did not start"
             assert time.monotonic() < deadline, "uvicorn did not start within 20 s"
             await asyncio.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
@@ -39,11 +39,10 @@ async def aiohttp_serving(app: web.Application) -> AsyncIterator[str]:
     """Serve *app* as ``web.run_app`` does (``handler_cancellation`` off); yield its URL."""
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, "127.0.0.1", 0)  # port 0: bound free, no race
     await site.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
 
