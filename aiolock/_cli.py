@@ -24,7 +24,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._cli_target import Target, Unreachable, connect, describe_name, hint, list_objects, mask
+from ._cli_target import (
+    ShardedWatch,
+    Target,
+    Unreachable,
+    connect,
+    describe_name,
+    hint,
+    list_objects,
+    mask,
+)
 from ._errors import LockConnectionError, LockError
 from ._inspect import KINDS, LABELS, Holder, LockInfo, Who, glob_escape, parse_key
 
@@ -138,14 +147,7 @@ async def _command(target: Target, args: argparse.Namespace) -> int:
         )
     if args.command == "force-release":
         return await _force_release(target, args)
-    if target.cluster is not None:
-        print(
-            "aiolock: watch does not work on a Redis Cluster: aiolock publishes there with "
-            "sharded pub/sub (SPUBLISH), which has no pattern subscriptions; use list or show",
-            file=sys.stderr,
-        )
-        return 1
-    return await _watch(target.redis, args)
+    return await _watch(target, args)
 
 
 # -- output ------------------------------------------------------------------------------
@@ -318,10 +320,13 @@ async def _force_release(target: Target, args: argparse.Namespace) -> int:
 # -- watch -------------------------------------------------------------------------------
 
 
-async def _watch(redis: Redis, args: argparse.Namespace) -> int:
-    pubsub = redis.pubsub()
-    pattern = f"{glob_escape(args.prefix)}:*released"
-    await pubsub.psubscribe(pattern)
+async def _watch(target: Target, args: argparse.Namespace) -> int:
+    source: _PatternWatch | ShardedWatch
+    if target.cluster is None:
+        source = _PatternWatch(target.redis)
+        await source.subscribe(f"{glob_escape(args.prefix)}:*released")
+    else:
+        source = ShardedWatch(target, args.prefix)
     deadline = None if args.duration is None else time.monotonic() + args.duration
     seen = 0
     try:
@@ -332,8 +337,8 @@ async def _watch(redis: Redis, args: argparse.Namespace) -> int:
                 if wait <= 0:
                     break
                 wait = min(wait, 1.0)
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
-            if message is None or message.get("type") != "pmessage":
+            message = await source.get(wait)
+            if message is None:
                 continue
             event = _event(args.prefix, message)
             if event is None:
@@ -347,8 +352,25 @@ async def _watch(redis: Redis, args: argparse.Namespace) -> int:
                 what = _event_text(event)
                 print(f"{stamp}  {label:<9}  {event['name']}  {what}", flush=True)
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await source.aclose()
     return 0
+
+
+class _PatternWatch:
+    """Every release channel under the prefix of one server, by one PSUBSCRIBE."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._pubsub = redis.pubsub()
+
+    async def subscribe(self, pattern: str) -> None:
+        await self._pubsub.psubscribe(pattern)
+
+    async def get(self, timeout: float) -> dict[str, Any] | None:
+        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+        return message if message is not None and message.get("type") == "pmessage" else None
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 def _event(prefix: str, message: dict[str, Any]) -> dict[str, Any] | None:

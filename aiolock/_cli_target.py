@@ -9,15 +9,19 @@ password in anything printed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -26,7 +30,9 @@ from ._inspect import (
     LockInfo,
     describe,
     find_objects,
+    glob_escape,
     lock_key,
+    parse_key,
     read_objects,
     resolve,
     scan,
@@ -36,6 +42,8 @@ from ._keys import IDENTITY_TAG, split_key
 
 __all__ = [
     "HINT_SCAN_LIMIT",
+    "RESCAN_INTERVAL",
+    "ShardedWatch",
     "Target",
     "Unreachable",
     "connect",
@@ -47,6 +55,10 @@ __all__ = [
 
 #: keys the hint for an empty prefix looks at, at most per node (SCAN, never KEYS)
 HINT_SCAN_LIMIT = 20_000
+#: seconds between two scans of every primary by ``watch`` on a cluster (new objects)
+RESCAN_INTERVAL = 2.0
+#: seconds ``watch`` on a cluster sleeps when no node had a message
+_POLL_INTERVAL = 0.05
 
 
 class Unreachable(Exception):
@@ -215,3 +227,93 @@ async def hint(target: Target, prefix: str) -> str | None:
         return None
     others = ", ".join(repr(p) for p in sorted(found))
     return f"no locks under the prefix {prefix!r}; aiolock keys exist under {others}: pass --prefix"
+
+
+class ShardedWatch:
+    """The release channels of every object under a prefix of a Redis Cluster, as
+    ``watch`` follows them.
+
+    aiolock announces releases there with SPUBLISH, and sharded pub/sub has no pattern
+    subscription: each channel is SSUBSCRIBEd, one per command (a cluster refuses
+    channels of two slots in one), on a connection to the primary that owns its slot. The
+    channels are those of the objects a SCAN of every primary finds, repeated every
+    :data:`RESCAN_INTERVAL` s to pick up new ones; a channel stays subscribed once found
+    (a lock's key is gone between its holds), and one whose slot moves away (the server
+    says so with a pushed SUNSUBSCRIBE) is subscribed again where the next scan finds it.
+    """
+
+    def __init__(self, target: Target, prefix: str) -> None:
+        assert target.cluster is not None
+        self._target = target
+        self._cluster = target.cluster
+        self._prefix = prefix
+        #: node name -> its pub/sub connection, and the channels subscribed on it
+        self._pubsubs: dict[str, PubSub] = {}
+        self._channels: dict[str, set[str]] = {}
+        self._next_scan = 0.0
+
+    async def get(self, timeout: float) -> dict[str, Any] | None:
+        """The next release message (``smessage``) of any node within *timeout* s, or None."""
+        end = time.monotonic() + timeout
+        while True:
+            if time.monotonic() >= self._next_scan:
+                await self.rescan()
+                self._next_scan = time.monotonic() + RESCAN_INTERVAL
+            for name, pubsub in list(self._pubsubs.items()):
+                message = await self._poll(name, pubsub)
+                if message is not None:
+                    return message
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(_POLL_INTERVAL, left))
+
+    async def rescan(self) -> None:
+        """SSUBSCRIBE the channels of the objects found on each primary since last time."""
+        for node in self._cluster.get_primaries():
+            client = self._target.node(node)
+            subscribed = self._channels.setdefault(node.name, set())
+            for channel in sorted(await release_channels(client, self._prefix) - subscribed):
+                pubsub = self._pubsubs.get(node.name)
+                if pubsub is None:
+                    pubsub = self._pubsubs[node.name] = client.pubsub()
+                await pubsub.ssubscribe(channel)
+                subscribed.add(channel)
+
+    async def _poll(self, name: str, pubsub: PubSub) -> dict[str, Any] | None:
+        try:
+            message: dict[str, Any] | None = await pubsub.get_message(timeout=0.0)
+        except ResponseError:
+            # MOVED for an SSUBSCRIBE: the slot moved between the scan and it; the next
+            # scan finds the object on its new node and subscribes there
+            return None
+        if message is None:
+            return None
+        kind, channel = _text(message.get("type")), _text(message.get("channel"))
+        if kind == "smessage":
+            return message
+        if kind == "sunsubscribe":
+            # pushed by the server: the slot left this node (a migration, a failover)
+            self._channels.get(name, set()).discard(channel)
+            pubsub.shard_channels.pop(channel.encode("utf-8"), None)
+            pubsub.shard_channels.pop(channel, None)
+        return None
+
+    async def aclose(self) -> None:
+        for pubsub in self._pubsubs.values():
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def release_channels(redis: Redis, prefix: str) -> set[str]:
+    """The release channel of every object with a key under *prefix* on *redis* (any of
+    its keys: a lock's fencing state outlives its hold, so a lock just released counts)."""
+    found: set[str] = set()
+    async for raw in redis.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
+        parsed = parse_key(prefix, _text(raw))
+        if parsed is not None:
+            found.add(f"{lock_key(prefix, parsed[0], parsed[1])}:released")
+    return found
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)

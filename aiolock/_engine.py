@@ -841,8 +841,19 @@ class Engine:
         if await hold.kind.extend(hold, lease):
             self.registry.reset_lease(hold, lease, sent_at)
             return
+        raise self._lost_on_extend(hold)
+
+    async def extend_by(self, hold: Hold, additional: float) -> None:
+        sent_at = time.monotonic()
+        left = await hold.kind.extend_by(hold, additional)
+        if left is None:
+            raise self._lost_on_extend(hold)
+        # The server read its PTTL after sent_at, so sent_at + left is the earlier bound.
+        self.registry.reset_lease(hold, left, sent_at)
+
+    def _lost_on_extend(self, hold: Hold) -> LockLostError:
         self.registry.lose_reported(hold, "Redis no longer had it when it was extended")
-        raise LockLostError(
+        return LockLostError(
             f"lock {hold.keys.name!r} could not be extended: its lease had already ended "
             "or it was force-released"
         )

@@ -40,7 +40,7 @@ import enum
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
-from ._errors import LockTimeoutError
+from ._errors import LockError, LockTimeoutError
 from ._keys import ms
 from ._reply import as_int
 
@@ -348,6 +348,12 @@ class LockKind(Protocol):
 
     async def extend(self, hold: Hold, lease: float) -> bool: ...
 
+    async def extend_by(self, hold: Hold, additional: float) -> float | None:
+        """Add *additional* s to the hold's lease left on the server, in one step; the
+        lease left after it (s), or None if Redis no longer has the hold. Raises
+        :class:`LockError` if the kind cannot add to a lease."""
+        ...
+
     async def force_release(self, keys: LockKeys) -> bool: ...
 
     def channel(self, keys: LockKeys) -> str:
@@ -405,6 +411,9 @@ class KindBase:
     #: per hold, the keys :meth:`renew_keys` names and the arguments (:meth:`renew_value`,
     #: lease ms); it answers 1 per hold Redis still has. Set by each kind.
     renew_script: ClassVar[Script]
+    #: the script that adds to one hold's lease (``extend(additional=)``), with the keys
+    #: and arguments of :attr:`renew_script` plus the ms to add; None: the kind cannot
+    extend_by_script: ClassVar[Script | None] = None
     _client: ScriptRunner
 
     def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
@@ -430,6 +439,20 @@ class KindBase:
             self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), ms(lease))
         )
         return as_int(held) == 1
+
+    async def extend_by(self, hold: Hold, additional: float) -> float | None:
+        if self.extend_by_script is None:
+            raise LockError(
+                f"the {self.name} {hold.keys.name!r} cannot add to its lease "
+                "(extend(additional=...) is for locks and fair locks of the default and "
+                "'redisson' wire formats); set the time left with extend(lease) instead"
+            )
+        left = await self._client.run(
+            self.extend_by_script,
+            self.renew_keys(hold.keys),
+            (self.renew_value(hold), ms(additional)),
+        )
+        return as_int(left) / 1000 if as_int(left) > 0 else None
 
     def hold_field(self, owner: str, number: int) -> str:
         return f"{owner}:{number}"

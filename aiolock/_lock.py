@@ -168,9 +168,20 @@ class Lock:
             hold = self._owned_hold()  # raises: lost, or never held
         await engine.release(hold)
 
-    async def extend(self, lease: float) -> None:
-        """Set the remaining lease of the current task's fixed-lease hold to *lease* s."""
-        seconds = check_lease(lease)
+    async def extend(self, lease: float | None = None, *, additional: float | None = None) -> None:
+        """Set the remaining lease of the current task's fixed-lease hold to *lease* s, or
+        add *additional* s to what is left of it (one atomic step on the server, like
+        redis-py's ``extend(additional_time)``); give exactly one of the two."""
+        if (lease is None) == (additional is None):
+            raise TypeError(
+                "extend() takes either lease (the time left to set) or additional= (the "
+                f"time to add to what is left), exactly one; got lease={lease!r}, "
+                f"additional={additional!r}"
+            )
+        seconds = check_lease(
+            lease if additional is None else additional,
+            "lease" if additional is None else "additional",
+        )
         engine = self._manager._open_engine()
         hold = self._owned_hold()
         if hold.renew:
@@ -178,7 +189,10 @@ class Lock:
                 f"lock {self.name!r} is renewed automatically, so there is nothing to extend; "
                 "extend() is for holds acquired with an explicit lease="
             )
-        await engine.extend(hold, seconds)
+        if additional is None:
+            await engine.extend(hold, seconds)
+        else:
+            await engine.extend_by(hold, seconds)
 
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it and wake a waiter; True if it was held.

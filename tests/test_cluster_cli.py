@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -23,7 +24,7 @@ import aiolock
 from aiolock.testing_cluster import LocalCluster
 
 from .helpers import eventually
-from .test_cli import run_cli
+from .test_cli import CHILD_TIMEOUT, run_cli
 
 pytestmark = pytest.mark.skipif(
     not hasattr(PubSub, "ssubscribe"),
@@ -151,11 +152,55 @@ async def test_show_and_force_release_of_a_name_on_another_node(
         assert [o["kind"] for o in json.loads(gone.out)["objects"]] == ["semaphore"]
 
 
-async def test_watch_on_a_cluster_says_it_cannot(cluster: LocalCluster, prefix: str) -> None:
-    result = await run_cli(cluster.url, prefix, "watch", "--duration", "1")
-    assert result.code == 1
-    assert "Redis Cluster" in result.err
-    assert "Traceback" not in result.err
+def shard_listeners(cluster: LocalCluster, channel: str) -> int:
+    """PUBSUB SHARDNUMSUB of *channel* on the primary that owns its slot."""
+    with cluster.node(cluster.owner_port(key_slot(channel.encode()))) as node:
+        reply = node.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1])
+
+
+async def test_watch_on_a_cluster_prints_the_releases_of_every_primary(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    fresh = names_by_primary(cluster, "later-")
+    async with aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix) as locks:
+        held = {port: locks.lock(name) for port, name in names_by_primary(cluster, "w-").items()}
+        for lock in held.values():
+            await lock.acquire()
+        url_port = next(iter(held))
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "aiolock", "--url", node_url(url_port), "--prefix", prefix,
+            "--json", "watch", "--count", "4", "--duration", "60",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            channels = [f"{lock.key}:released" for lock in held.values()]
+            # subscribed on the node owning each name's slot
+            await eventually(
+                lambda: all(shard_listeners(cluster, c) == 1 for c in channels), what="ssubscribe"
+            )
+            for lock in held.values():
+                await lock.release()
+            # an object that did not exist when watch started: found by a later scan
+            name = next(iter(fresh.values()))
+            late = locks.lock(name)
+            await late.acquire()
+            channel = f"{late.key}:released"
+            await eventually(lambda: shard_listeners(cluster, channel) == 1, what=channel)
+            await late.release()
+            out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert process.returncode == 0, err.decode()
+        events = [json.loads(line) for line in out.decode().splitlines()]
+        expected = [("lock", lock.name, "released") for lock in held.values()]
+        expected.append(("lock", name, "released"))
+        # the nodes' messages are read in turn: the order across nodes is not kept
+        assert sorted((e["kind"], e["name"], e["event"]) for e in events) == sorted(expected)
+        assert all(e["message"] == locks._keyspace.manager_id for e in events)
 
 
 async def test_an_error_on_a_cluster_is_one_line(cluster: LocalCluster, prefix: str) -> None:

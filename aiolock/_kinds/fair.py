@@ -55,6 +55,7 @@ UNDO = Script("fair/undo")
 REFRESH = Script("fair/refresh")
 FORCE_RELEASE = Script("fair/force_release")
 RENEW = Script("lock/renew")  # the hash is the lock's: same renewal
+EXTEND_BY = Script("lock/extend_by")
 
 #: Seconds a waiter's place lasts in Redis unless its process refreshes it; also the
 #: pickup lease of a grant, so a dead waiter holds the queue up for this long at most.
@@ -76,6 +77,7 @@ class FairLockKind(KindBase):
 
     name = "fair lock"
     renew_script = RENEW
+    extend_by_script = EXTEND_BY
     reentrant = True
     hand_over = False  # Redis grants the next waiter itself: no local hand-over
     claims = True

@@ -34,6 +34,7 @@ __all__ = ["ReentrantLockKind"]
 ACQUIRE = Script("lock/acquire")
 RELEASE = Script("lock/release")
 RENEW = Script("lock/renew")
+EXTEND_BY = Script("lock/extend_by")
 UNDO = Script("lock/undo")
 FORCE_RELEASE = Script("lock/force_release")
 DETACH = Script("lock/detach")
@@ -45,6 +46,7 @@ class ReentrantLockKind(KindBase):
 
     name = "lock"
     renew_script = RENEW
+    extend_by_script = EXTEND_BY
     reentrant = True
     hand_over = True
 

@@ -67,6 +67,7 @@ FORCE_RELEASE = Script("redisson/force_release")
 #: Redisson's watchdog renews exactly this way (HEXISTS the field, then PEXPIRE), so the
 #: lock's own batched renewal script serves unchanged.
 RENEW = Script("lock/renew")
+EXTEND_BY = Script("lock/extend_by")
 
 #: Redisson's ``LockPubSub.UNLOCK_MESSAGE``: the message its waiters wake on.
 UNLOCK_MESSAGE = "0"
@@ -128,6 +129,7 @@ class RedissonLockKind(KindBase):
 
     name = "lock"
     renew_script = RENEW
+    extend_by_script = EXTEND_BY
     reentrant = True
     hand_over = True
     # Redisson publishes the same "0" for every release, ours included.
