@@ -17,9 +17,10 @@ The manager id is the key's hash tag, and every owner, attempt and release id of
 manager starts with it (``<manager id>:<serial>``), so any field in a lock's structure
 leads to its record. The record is written with ``SET ... PX <lease>`` when the manager
 opens (by open() itself after its check of the server, so that it exists once open()
-returns; with ``check_on_open=False``, which promises no I/O at open, by the first
-watchdog round, a third of a lease later) and again by every watchdog round (each
-``lease / 3``): no command per acquire. It disappears within one lease after the process
+returns; with ``check_on_open=False``, which promises no I/O at open, a third of a
+lease later) and again every ``lease / 3``, the watchdog's period, by a loop of its own
+(:meth:`Identity.keep`): no command per acquire, and a slow write never holds back a
+renewal. It disappears within one lease after the process
 dies, and is deleted when the manager closes. ``LockManager(identity=False)`` writes none.
 """
 
@@ -153,6 +154,16 @@ class Identity:
             self._failing = True
             return
         self._failing = False
+
+    async def keep(self, period: float) -> None:
+        """Refresh the record every *period* (the watchdog's) while the manager is open.
+
+        A loop of its own beside the watchdog's, not a step of its rounds: a slow write
+        (bounded at a third of the lease) must never hold back a renewal.
+        """
+        while True:
+            await anyio.sleep(period)
+            await self.publish()
 
     async def delete(self) -> None:
         """Delete the record (at close); it expires on its own if this fails."""

@@ -714,8 +714,6 @@ class LockManager:
         else:
             hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
-        if self._identity is not None:
-            core.watchdog.beat = self._identity.publish
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in
         # different tasks (pytest fixtures, lifespan hooks), and a crash of a background
@@ -759,6 +757,8 @@ class LockManager:
         async with anyio.create_task_group() as tg:
             tg.start_soon(core.hub.run, name="aiolock pub/sub hub")
             tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
+            if self._identity is not None:
+                tg.start_soon(self._identity.keep, core.watchdog.period, name="aiolock identity")
             tg.start_soon(core.cleanup.run, name="aiolock cleanup")
             tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
             if isinstance(self._redis, Redis) and is_sentinel_primary(self._redis):

@@ -13,9 +13,6 @@ names the number of holds whose renewal stays under a millisecond of Redis time 
 script blocks the server while it runs), measured per kind (``benchmarks/NOTES.md``,
 issue 24). The batches of a round renew distinct holds, so their order does not matter:
 up to :data:`RENEW_IN_FLIGHT` are in flight at once instead of one after another.
-
-Each round also runs the manager's *beat* (:attr:`Watchdog.beat`), which refreshes its
-identity record (:mod:`aiolock._identity`): one command per round, whatever the holds.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -68,8 +64,6 @@ class Watchdog:
         self._changed = asyncio.Event()
         #: when the loop plans to wake up next (monotonic clock)
         self._wake_at = math.inf
-        #: run with every renewal round (the identity record); it handles its own errors
-        self.beat: Callable[[], Awaitable[None]] | None = None
 
     def reschedule(self, due: float) -> None:
         """A fixed-lease hold was added or extended and is due at *due*.
@@ -96,8 +90,6 @@ class Watchdog:
             holds = self._registry.renewable() if renewing else []
             checked = [hold for hold in fixed if hold.next_check <= now]
             ok = await self.run_round(holds + checked)
-            if renewing and self.beat is not None:
-                await self.beat()
             after = self.period if ok else min(self.period, RETRY_AFTER)
             if renewing:
                 next_round = time.monotonic() + after

@@ -21,6 +21,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+import aiolock._identity
 from aiolock.contrib.jobs import Claim
 
 from .helpers import eventually
@@ -82,6 +83,30 @@ async def test_without_the_open_check_the_first_round_writes_it(redis: Redis, pr
         record = await record_of(redis, m)
         assert record["p"] == os.getpid()
         assert m.statistics().renewal_rounds >= 1
+
+
+async def test_a_stalled_record_write_never_holds_back_renewals(
+    redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record is refreshed beside the watchdog, not as a step of its rounds: a write
+    that hangs (a slow node; the real one gives up after a third of the lease) must not
+    keep the watchdog from renewing the holds."""
+    stalled = asyncio.Event()
+
+    async def hang(self: object) -> None:
+        stalled.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(aiolock._identity.Identity, "publish", hang)
+    lease = 0.6
+    async with aiolock.LockManager(redis, prefix=prefix, lease=lease, check_on_open=False) as locks:
+        lock = locks.lock("renewed-beside-a-stalled-record")
+        await lock.acquire()
+        await asyncio.wait_for(stalled.wait(), 10)
+        await asyncio.sleep(3 * lease)  # three leases: only renewals keep it
+        assert await lock.locked()
+        assert await lock.owned()
+        await lock.release()
 
 
 async def test_identity_false_writes_no_record(redis: Redis, prefix: str) -> None:
