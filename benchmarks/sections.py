@@ -18,6 +18,7 @@ MARKERS = {
     "cluster": ("<!-- cluster-bench:start -->", "<!-- cluster-bench:end -->"),
     "script-floor": ("<!-- script-floor:start -->", "<!-- script-floor:end -->"),
     "client-floor": ("<!-- client-floor:start -->", "<!-- client-floor:end -->"),
+    "scale": ("<!-- scale-bench:start -->", "<!-- scale-bench:end -->"),
     # Written by hand from what the failover tests print (tests/test_cluster.py,
     # tests/test_sentinel.py): kept like the others.
     "failover": ("<!-- failover:start -->", "<!-- failover:end -->"),

@@ -67,3 +67,36 @@ async def test_c3_counts_only_its_own_names(monkeypatch: pytest.MonkeyPatch) -> 
             await admin.close()
     assert result["names"] == PROFILES["quick"]["c3"]["names"]
     assert not [shape for shape in result["key_shapes"] if "warm" in shape], result["key_shapes"]
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick_run_reports_every_phase(tmp_path: Path) -> None:
+    """Issue 24: ``python -m benchmarks.scale --quick`` measures waiters, holds and
+    redis-py's waiters at two small sizes and writes its section with the targets (the
+    structure only: timings on a shared machine say nothing here)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.scale", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert [row["n"] for row in data["rows"]] == data["sizes"]
+    assert not data["errors"] and not data["skipped"]
+    for row in data["rows"]:
+        waiters = row["waiters"]
+        assert waiters["setup_cpu_us_per_waiter"] > 0 and waiters["wake_cpu_us_per_waiter"] > 0
+        assert waiters["all_held_s"] > 0 and waiters["probe_window_s"] > 0
+        assert waiters["held_before_release"] == 0
+        holds = row["holds"]
+        assert set(holds["by_kind"]) == {"lock", "read lock", "semaphore"}
+        for kind in holds["by_kind"].values():
+            assert kind["holds"] == row["n"] and kind["calls_per_round"] >= 1
+            assert kind["redis_us_per_call"] > 0
+        assert holds["full_round_ok"] and holds["round_trips_per_period"] >= 3
+        assert row["peer_redis_py"]["all_held_s"] > 0
+        assert row["peer_aiolock"]["waiting_cpu_us_per_waiter_s"] >= 0
+    statuses = {target["status"].split(" (")[0] for target in data["targets"]}
+    assert statuses <= {"met", "**not met**"} and len(data["targets"]) >= 4
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "<!-- scale-bench:start -->" in report and "<!-- scale-bench:end -->" in report
+    assert "Scale: per-waiter and per-hold costs" in report and "redis-py" in report
