@@ -208,7 +208,7 @@ class Holder:
             try:
                 await self.send("exit")
                 await asyncio.wait_for(self.proc.wait(), 60)
-            except (TimeoutError, ConnectionError):
+            except (asyncio.TimeoutError, ConnectionError):  # wait_for's, on 3.10 too
                 self.proc.kill()  # our own child, by its handle
                 await self.proc.wait()
 
