@@ -209,23 +209,33 @@ async def test_force_release_of_each_kind(
         assert await locks.semaphore("pool", 3).available() == 3
 
 
-async def test_watch_prints_release_messages(
-    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
-) -> None:
+async def start_watch(
+    admin: Redis, url: str, prefix: str, *options: str
+) -> asyncio.subprocess.Process:
+    """``aiolock watch`` as a process, once it has subscribed (killed if it never does)."""
     before = await admin.pubsub_numpat()
+    # (the options go after the command: the CLI takes them on either side)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "--json",
-        "watch", "--count", "2", "--duration", "20",
+        sys.executable, "-m", "aiolock", "--url", url, "--prefix", prefix, "watch", *options,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
+    for _ in range(500):
+        if await admin.pubsub_numpat() > before:
+            return process
+        await asyncio.sleep(0.02)
+    process.kill()
+    await process.wait()
+    pytest.fail("watch never subscribed")
+
+
+async def test_watch_prints_release_messages(
+    redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
+) -> None:
+    process = await start_watch(
+        admin, redis_url, prefix, "--json", "--count", "2", "--duration", "20"
+    )
     try:
-        for _ in range(500):
-            if await admin.pubsub_numpat() > before:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("watch never subscribed")
         async with locks.lock("orders"):
             pass
         async with locks.semaphore("pool", 2):
@@ -343,19 +353,8 @@ async def test_an_empty_prefix_hints_at_the_prefixes_in_use(
 
 
 async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Redis) -> None:
-    before = await admin.pubsub_numpat()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "watch",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await start_watch(admin, redis_url, prefix)
     try:
-        for _ in range(500):
-            if await admin.pubsub_numpat() > before:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("watch never subscribed")
         process.send_signal(signal.SIGINT)
         _out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
     finally:
@@ -369,20 +368,10 @@ async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Red
 async def test_watch_tells_a_fair_grant_from_a_release(
     redis_url: str, prefix: str, locks: aiolock.LockManager, admin: Redis
 ) -> None:
-    before = await admin.pubsub_numpat()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiolock", "--url", redis_url, "--prefix", prefix, "--json",
-        "watch", "--count", "2", "--duration", "20",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await start_watch(
+        admin, redis_url, prefix, "--json", "--count", "2", "--duration", "20"
+    )
     try:
-        for _ in range(500):
-            if await admin.pubsub_numpat() > before:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("watch never subscribed")
         fair = locks.fair_lock("queue")
         await fair.acquire()
         queued = asyncio.Event()
