@@ -8,7 +8,8 @@ fencing tokens, and cancellation-safe acquire and release::
             ...
 """
 
-from ._errors import (
+from aiolock._engine.hub import HubStatistics
+from aiolock._errors import (
     LockBackendError,
     LockConnectionError,
     LockError,
@@ -22,16 +23,14 @@ from ._errors import (
     ReplicaAckError,
     WireFormatError,
 )
-from ._fair_lock import FairLock
-from ._hub import HubStatistics
-from ._leader import LeaderElection, LeaderTerm
-from ._lock import Lock
-from ._manager import LockManager, ManagerStatistics
-from ._multi import MultiLock
-from ._observe import Observer
-from ._redlock import RedlockLock, RedlockManager, RedlockStatistics
-from ._rwlock import ReadWriteLock
-from ._semaphore import Permit, Semaphore
+from aiolock._kinds.lock.handle import FairLock, Lock
+from aiolock._kinds.multi.handle import MultiLock
+from aiolock._kinds.rw.handle import ReadWriteLock
+from aiolock._kinds.semaphore.handle import Permit, Semaphore
+from aiolock._leader import LeaderElection, LeaderTerm
+from aiolock._manager import LockManager, ManagerStatistics
+from aiolock._observe import Observer
+from aiolock._redlock.manager import RedlockLock, RedlockManager, RedlockStatistics
 
 __version__ = "0.1.0.dev0"
 

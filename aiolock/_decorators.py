@@ -25,8 +25,8 @@ import string
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from ._errors import LockTimeoutError
-from ._keys import check_lease, check_timeout
+from aiolock._errors import LockTimeoutError
+from aiolock._keys import check_lease, check_timeout
 
 __all__ = ["LOCK_MAKERS", "LockKindName", "OnBusy", "check_spec", "decorate", "distinct"]
 

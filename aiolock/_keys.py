@@ -21,7 +21,7 @@ kind stores in its structure is documented with the kind (:mod:`aiolock._kinds`)
 tags (:data:`TAGS`): ``lock``, ``fair``, ``rw``, ``sem``, ``redlock``, and for aiolock's
 own keys beside a lock shared with other clients ``token``, ``ts`` and ``rs``. One more
 tag is not a lock's: ``mgr``, the identity record of a manager, ``P:mgr:{<manager id>}``
-(:mod:`aiolock._identity`); a manager id is no lock name, and no lock has that tag.
+(:mod:`aiolock._redis.identity`); a manager id is no lock name, and no lock has that tag.
 
 The hash tag is the name itself, ``T = N``, unless ``N`` starts with ``}`` or with the
 escape character ``~``; then ``T = "~" + N``. Examples: ``order:42`` -> ``P:lock:{order:42}``,

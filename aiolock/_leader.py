@@ -17,12 +17,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ._errors import LockLostError, ManagerNotOpenError
-from ._guard import ManagerLike
+from aiolock._engine.guard import ManagerLike
+from aiolock._errors import LockLostError, ManagerNotOpenError
 
 if TYPE_CHECKING:
-    from ._kind import Hold
-    from ._lock import Lock
+    from aiolock._engine.kind import Hold
+    from aiolock._kinds.lock.handle import Lock
 
 __all__ = ["LeaderElection", "LeaderTerm"]
 

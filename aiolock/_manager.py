@@ -23,12 +23,12 @@ import anyio
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from ._client import Client
-from ._cluster import ClusterClient, check_cluster_support, is_cluster, refuse_cluster_node
-from ._cluster_hub import ClusterHub
-from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
-from ._engine import Engine
-from ._errors import (
+from aiolock._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
+from aiolock._engine.cluster_hub import ClusterHub
+from aiolock._engine.engine import Engine
+from aiolock._engine.hub import HubStatistics, WaiterHub
+from aiolock._engine.runtime import Runtime
+from aiolock._errors import (
     LockBackendError,
     LockConnectionError,
     LockError,
@@ -36,29 +36,37 @@ from ._errors import (
     ManagerNotOpenError,
     WireFormatError,
 )
-from ._fair_lock import FairLock
-from ._hub import HubStatistics, WaiterHub
-from ._identity import Identity, check_app_name
-from ._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from ._kinds.semaphore import check_limit
-from ._leader import LeaderElection
-from ._lock import Lock
-from ._multi import MultiLock, check_names
-from ._observe import Observer, ObserverSet
-from ._reach import describe
-from ._redlock import RedlockManager
-from ._replicas import (
+from aiolock._formats import WireFormat, WireName, check_wire, wire_format
+from aiolock._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
+from aiolock._kinds.lock.handle import FairLock, Lock
+from aiolock._kinds.multi.handle import MultiLock, check_names
+from aiolock._kinds.rw.handle import ReadWriteLock
+from aiolock._kinds.semaphore.handle import Semaphore
+from aiolock._kinds.semaphore.kind import check_limit
+from aiolock._leader import LeaderElection
+from aiolock._observe import Observer, ObserverSet
+from aiolock._redis.client import Client
+from aiolock._redis.cluster import (
+    ClusterClient,
+    check_cluster_support,
+    is_cluster,
+    refuse_cluster_node,
+)
+from aiolock._redis.identity import Identity, check_app_name
+from aiolock._redis.reach import describe
+from aiolock._redis.replicas import (
     HandlePolicy,
     OnShortfall,
     check_handle_replicas,
     check_replica_options,
 )
-from ._runtime import Runtime
-from ._rwlock import ReadWriteLock
-from ._semaphore import Semaphore
-from ._sentinel import PrimaryWatch, check_sentinels, is_sentinel_primary, sentinel_client
-from ._wire import WireFormat, WireName, check_wire, wire_format
-from ._wires import RedissonFormat, TokenFormat  # noqa: F401  (importing it registers the formats)
+from aiolock._redis.sentinel import (
+    PrimaryWatch,
+    check_sentinels,
+    is_sentinel_primary,
+    sentinel_client,
+)
+from aiolock._redlock.manager import RedlockManager
 
 __all__ = ["LockManager", "ManagerStatistics"]
 

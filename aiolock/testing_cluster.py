@@ -18,7 +18,7 @@ from types import TracebackType
 
 import redis
 
-from .testing import RedisServer, RedisServerError, free_port
+from aiolock.testing import RedisServer, RedisServerError, free_port
 
 __all__ = ["LocalCluster"]
 

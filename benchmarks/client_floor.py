@@ -45,11 +45,11 @@ import hiredis
 from redis.asyncio import Redis
 
 from aiolock import LockManager
-from aiolock._client import Arg, Client, _pack
+from aiolock._engine.kind import Granted, ReleaseStatus, decode_attempt, decode_release
 from aiolock._keys import KeySpace
-from aiolock._kind import Granted, ReleaseStatus, decode_attempt, decode_release
-from aiolock._kinds.lock import ACQUIRE, RELEASE
-from aiolock._scripts import Script
+from aiolock._kinds.lock.kind import ACQUIRE, RELEASE
+from aiolock._redis.client import Arg, Client, _pack
+from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
 from benchmarks.sections import write_section
 
@@ -75,7 +75,7 @@ class ScriptCycles:
         self._run = run
         self._keys = KeySpace(PREFIX, MANAGER_ID)
         self._number = 0
-        # what a manager with the default fence_ttl sends (aiolock._runtime.Runtime)
+        # what a manager with the default fence_ttl sends (aiolock._engine.runtime.Runtime)
         self.fence_ms = "60000"
         self.tombstone_ms = 10_000
 

@@ -45,7 +45,7 @@ from typing import Any
 import redis
 from redis.lock import Lock as RedisPyLock
 
-from aiolock._scripts import Script
+from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
 from benchmarks.sections import write_section
 
@@ -97,7 +97,7 @@ def _aiolock_acquire(i: int) -> tuple[list[str], list[str]]:
 def _aiolock_release(i: int) -> tuple[list[str], list[str]]:
     keys = ["sf:{lock}", "sf:{lock}:fence", f"sf:{{lock}}:rel:{OWNER}:{i}"]
     # field, count, message, token, fence_ttl ms, tombstone ms, successor, its lease,
-    # hand over freely, the releasing manager listens (aiolock._kinds.lock)
+    # hand over freely, the releasing manager listens (aiolock._kinds.lock.kind)
     return keys, [f"{OWNER}:{i}", "1", OWNER, "1", "60000", "10000", "", "0", "0", "0"]
 
 
@@ -131,8 +131,8 @@ def pairs() -> list[Pair]:
         Pair("+ idempotent release", fenced, tombstone, _marked("void"), release_tomb),
         Pair(
             AIOLOCK,
-            Script("lock/acquire").source,
-            Script("lock/release").source,
+            Script("_kinds/lock/acquire").source,
+            Script("_kinds/lock/release").source,
             _aiolock_acquire,
             _aiolock_release,
             # the common path answers the listener count (0 here), a refusal a list

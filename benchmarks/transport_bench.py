@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 
 import aiolock
 import aiolock._manager
-from aiolock._client import Client
+from aiolock._redis.client import Client
 from aiolock.testing import RedisServer
 
 TASKS = 64
@@ -44,9 +44,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def baseline_client(rev: str) -> type[Any]:
-    """``Client`` from ``aiolock/_client.py`` at git revision *rev*, importing today's siblings."""
+    """``Client`` from ``aiolock/_redis/client.py`` at git revision *rev*, with today's siblings.
+
+    Revisions before the package layout of issue 19 kept it in ``aiolock/_client.py`` with
+    relative imports of modules that have moved since: compare those in a checkout of *rev*.
+    """
     source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:aiolock/_client.py"],
+        ["git", "-C", str(ROOT), "show", f"{rev}:aiolock/_redis/client.py"],
         check=True,
         capture_output=True,
         text=True,
@@ -54,8 +58,8 @@ def baseline_client(rev: str) -> type[Any]:
     spec = importlib.util.spec_from_loader("aiolock._client_baseline", loader=None)
     assert spec is not None
     module: ModuleType = importlib.util.module_from_spec(spec)
-    module.__package__ = "aiolock"  # so its relative imports find this tree's modules
-    exec(compile(source, f"{rev}:aiolock/_client.py", "exec"), module.__dict__)
+    module.__package__ = "aiolock._redis"  # so any relative import finds this tree's
+    exec(compile(source, f"{rev}:aiolock/_redis/client.py", "exec"), module.__dict__)
     client: type[Any] = module.Client
     return client
 

@@ -22,7 +22,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kinds import FairLockKind
+from aiolock._kinds.fair.kind import FairLockKind
 
 
 def _say(text: str) -> None:

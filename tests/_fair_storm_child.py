@@ -26,7 +26,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kinds import FairLockKind
+from aiolock._kinds.fair.kind import FairLockKind
 
 #: KEYS[1] = store; ARGV[1] = token. 1 if the token beats every token accepted so far.
 FENCED = """

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import aiolock
-from aiolock._kinds import WriteLockKind
+from aiolock._kinds.rw.kind import WriteLockKind
 
 #: KEYS[1] counters hash; ARGV[1] 'r' or 'w'; ARGV[2] +1 (enter) or -1 (leave).
 #: Returns 1 if the entry is exclusive as it must be, 0 on an overlap.

@@ -8,8 +8,8 @@ import random
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._client import Client
-from aiolock._kinds.lock import ACQUIRE, RELEASE
+from aiolock._kinds.lock.kind import ACQUIRE, RELEASE
+from aiolock._redis.client import Client
 
 from .helpers import eventually
 

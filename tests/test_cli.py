@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._inspect import parse_key, scan
+from aiolock._redis.inspect import parse_key, scan
 from aiolock.testing import RedisServer, free_port
 
 #: every child gets at most this long: a hung command fails the test instead of the suite

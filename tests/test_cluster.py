@@ -22,10 +22,10 @@ from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
-from aiolock._client import Client
-from aiolock._cluster import ClusterClient, sharded
-from aiolock._cluster_hub import ClusterHub
-from aiolock._kinds.lock import RELEASE
+from aiolock._engine.cluster_hub import ClusterHub
+from aiolock._kinds.lock.kind import RELEASE
+from aiolock._redis.client import Client
+from aiolock._redis.cluster import ClusterClient, sharded
 from aiolock.testing import free_port
 from aiolock.testing_cluster import LocalCluster
 

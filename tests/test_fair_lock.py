@@ -26,9 +26,9 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._client import Client, as_text
-from aiolock._kind import Attempt, Busy, Granted
-from aiolock._kinds import FairLockKind
+from aiolock._engine.kind import Attempt, Busy, Granted
+from aiolock._kinds.fair.kind import FairLockKind
+from aiolock._redis.client import Client, as_text
 
 from .helpers import eventually
 

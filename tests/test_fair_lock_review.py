@@ -19,10 +19,10 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._client import as_text
+from aiolock._engine.kind import Attempt, Busy, Granted, ReleaseStatus
 from aiolock._errors import LockConnectionError
-from aiolock._kind import Attempt, Busy, Granted
-from aiolock._kinds import FairLockKind
+from aiolock._kinds.fair.kind import FairLockKind
+from aiolock._redis.client import as_text
 
 from .helpers import eventually
 from .test_fair_lock import (
@@ -307,7 +307,7 @@ async def test_a_resent_release_after_other_owners_changes_nothing(
     await until_queued(admin, prefix, "resend", 1)
     before = await admin.hgetall(lock_key(prefix, "resend"))
     again = await kind.release(hold, 1, "rid-1", None, False, False)
-    assert again.status is first_outcome.status is aiolock._kind.ReleaseStatus.RELEASED
+    assert again.status is first_outcome.status is ReleaseStatus.RELEASED
     assert again.value == 0  # no grant, no message
     assert await admin.hgetall(lock_key(prefix, "resend")) == before
     assert len(await queued(admin, prefix, "resend")) == 1

@@ -21,7 +21,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-import aiolock._identity
+import aiolock._redis.identity
 from aiolock.contrib.jobs import Claim
 
 from .helpers import eventually
@@ -97,7 +97,7 @@ async def test_a_stalled_record_write_never_holds_back_renewals(
         stalled.set()
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(aiolock._identity.Identity, "publish", hang)
+    monkeypatch.setattr(aiolock._redis.identity.Identity, "publish", hang)
     lease = 0.6
     async with aiolock.LockManager(redis, prefix=prefix, lease=lease, check_on_open=False) as locks:
         lock = locks.lock("renewed-beside-a-stalled-record")

@@ -20,10 +20,10 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 import aiolock
-from aiolock._inspect import scan
 from aiolock._keys import IDENTITY_TAG, TAGS, LockKeys, identity_key, split_key
 from aiolock._kinds.foreign import ForeignKeys
-from aiolock._wires.redisson import RedissonKeys
+from aiolock._kinds.redisson.kind import RedissonKeys
+from aiolock._redis.inspect import scan
 
 
 async def test_a_lock_under_prefix_app_sem_and_a_semaphore_under_app_are_independent(

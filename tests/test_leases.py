@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._guard import BodyGuard
+from aiolock._engine.guard import BodyGuard
 
 from .faults.proxy import FaultProxy
 

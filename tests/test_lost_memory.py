@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine import Engine
+from aiolock._engine.engine import Engine
 
 
 def _engine(locks: aiolock.LockManager) -> Engine:

@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-import aiolock._multi as multi_module
+import aiolock._kinds.multi.handle as multi_module
 from aiolock._keys import LockKeys
 
 from .faults.proxy import FaultProxy

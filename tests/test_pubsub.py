@@ -39,7 +39,7 @@ async def test_concurrent_commands_go_out_in_pipelines_of_at_most_max_batch(
     connection busy go out in pipelines of at most Client.MAX_BATCH, so Redis runs one
     while the client reads another's replies (in one pipeline of them all, the two took
     turns; W2 ran 1.3x-1.6x faster with 16 than with 512)."""
-    from aiolock._client import Client
+    from aiolock._redis.client import Client
 
     client, trips = counting_client(redis_url)
     async with aiolock.LockManager(client, prefix=prefix) as locks:

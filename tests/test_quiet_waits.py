@@ -19,8 +19,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._engine.kind import Attempt, Busy, Granted, LockKind
 from aiolock._keys import LockKeys
-from aiolock._kind import Attempt, Busy, Granted, LockKind
 
 LEASE = 0.6
 NAMES = 3

@@ -486,7 +486,7 @@ def test_a_holder_with_under_a_millisecond_left_is_not_an_unknown_ttl() -> None:
     """PTTL answers 0 when less than 1 ms of the holder's lease is left. Decoded as
     "unknown", a waiter slept a whole lease (a crashed holder never wakes it); it must try
     again at once instead. Negative answers (no expiry, no key) stay unknown."""
-    from aiolock._kind import BUSY, Busy, busy_for, decode_attempt
+    from aiolock._engine.kind import BUSY, Busy, busy_for, decode_attempt
 
     def never(reply: object) -> Exception:
         raise AssertionError(f"not a bad-key reply: {reply!r}")

@@ -15,9 +15,9 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kind import Hold, LockKind
-from aiolock._kinds.semaphore import SemaphoreKeys
-from aiolock._watchdog import RENEW_IN_FLIGHT
+from aiolock._engine.kind import Hold, LockKind
+from aiolock._engine.watchdog import RENEW_IN_FLIGHT
+from aiolock._kinds.semaphore.kind import SemaphoreKeys
 
 Maker = Callable[[aiolock.LockManager, int], Any]
 

@@ -20,8 +20,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kind import Busy, Granted
-from aiolock._kinds import WriteLockKind
+from aiolock._engine.kind import Busy, Granted
+from aiolock._kinds.rw.kind import WriteLockKind
 
 from .faults._support import Child, bounded, children
 from .helpers import counting_client, eventually

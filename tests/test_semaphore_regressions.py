@@ -14,7 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import aiolock
-from aiolock._kind import Attempt
+from aiolock._engine.kind import Attempt
 
 from .faults.proxy import FaultProxy
 from .helpers import eventually

@@ -23,7 +23,7 @@ from redis.asyncio.sentinel import Sentinel
 
 import aiolock
 from aiolock._errors import LockBackendError
-from aiolock._sentinel import PrimaryWatch
+from aiolock._redis.sentinel import PrimaryWatch
 
 from .sentinel_servers import SERVICE, SentinelGroup
 
@@ -314,7 +314,7 @@ async def test_failover_tells_unconfirmed_holders_and_moves_waiters(
 
 
 def _shas() -> list[str]:
-    from aiolock._kinds.lock import ACQUIRE, RELEASE
+    from aiolock._kinds.lock.kind import ACQUIRE, RELEASE
 
     return [ACQUIRE.sha, RELEASE.sha]
 

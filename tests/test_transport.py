@@ -1,5 +1,5 @@
 """The client's transport: replies read without redis-py's per-read timeout, the round-trip
-time limits, and the retry after a broken connection (aiolock/_transport.py, _client.py)."""
+time limits, and the retry after a broken connection (aiolock/_redis/transport.py, _client.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from redis._parsers import _AsyncRESP2Parser, _AsyncRESP3Parser
 from redis.asyncio import Redis
 
 import aiolock
-import aiolock._client
-from aiolock._client import Arg, Client
-from aiolock._transport import fast_parser
+import aiolock._redis.client
+from aiolock._redis.client import Arg, Client
+from aiolock._redis.transport import fast_parser
 from aiolock.testing import RedisServer
 
 
@@ -165,7 +165,7 @@ async def test_no_time_limit_arms_no_timer(redis_url: str, monkeypatch: pytest.M
     def no_timer(*_: object) -> None:
         raise AssertionError("a round-trip timer was armed")
 
-    monkeypatch.setattr(aiolock._client, "RoundTripTimer", no_timer)
+    monkeypatch.setattr(aiolock._redis.client, "RoundTripTimer", no_timer)
     client = Client(Redis.from_url(redis_url, socket_timeout=None))
     try:
         assert await client.call("PING") == b"PONG"
@@ -191,7 +191,7 @@ async def test_a_broken_connection_is_retried_on_a_pool_connection_not_a_kept_on
         await admin.client_kill_filter(_id=conn_id)
     client._idle.extend(kept)
     # as if the server's FIN had not arrived yet: the kept connections look usable
-    monkeypatch.setattr(aiolock._client, "_usable", lambda _: True)
+    monkeypatch.setattr(aiolock._redis.client, "_usable", lambda _: True)
     try:
         assert await client.call("PING") == b"PONG"
         assert len(client._idle) == 1  # the dead ones were dropped, the fresh one kept

@@ -196,7 +196,7 @@ async def test_a_release_does_not_hand_the_lock_to_a_waiter_being_cancelled(
     cancelled at once) or is about to try (only Task.cancelling() tells, 3.11+)."""
     if not asleep and sys.version_info < (3, 11):
         pytest.skip("Python 3.10 has no Task.cancelling(): only a sleeping waiter is seen")
-    from aiolock._engine import Engine
+    from aiolock._engine.engine import Engine
 
     handed: list[str] = []
     deliver = Engine._deliver

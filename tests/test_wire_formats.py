@@ -6,7 +6,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._wire import wire_format
+from aiolock._formats import wire_format
 
 
 def test_the_default_format_is_aiolocks_own() -> None:

@@ -19,8 +19,9 @@ from redis.asyncio import Redis
 from redis.exceptions import LockNotOwnedError
 
 import aiolock
+from aiolock._engine.kind import ReleaseStatus
 from aiolock._kinds.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, cluster_hash_tag
-from aiolock._kinds.token import TokenLockKind
+from aiolock._kinds.token.kind import TokenLockKind
 
 from .helpers import counting_client
 from .wire_fleet import REPO_ROOT, run_fleet
@@ -382,7 +383,7 @@ async def test_a_resent_final_release_is_harmless(
     foreign = redis.lock(name, timeout=5)
     assert await foreign.acquire(blocking=False)  # another client holds it meanwhile
     again = await kind.release(hold, 1, "rid-1", None, False, False)
-    assert first.status is again.status is aiolock._kind.ReleaseStatus.RELEASED
+    assert first.status is again.status is ReleaseStatus.RELEASED
     assert await redis.get(name) == foreign.local.token  # untouched
     await foreign.release()
     locks._open_engine().registry.remove(hold)

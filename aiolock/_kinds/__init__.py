@@ -1,8 +1,4 @@
-"""Lock kinds: one module per kind, each implementing :class:`aiolock._kind.LockKind`."""
-
-from .fair import FairLockKind
-from .lock import ReentrantLockKind
-from .rw import ReadLockKind, WriteLockKind
-from .semaphore import SemaphoreKind
-
-__all__ = ["FairLockKind", "ReadLockKind", "ReentrantLockKind", "SemaphoreKind", "WriteLockKind"]
+"""The lock kinds: one folder per kind, holding its handle (what users call), its kind
+(the engine seam: which script does what) and its Lua scripts. Kinds do not import each
+other; what several share lives in :mod:`aiolock._kinds.foreign` and ``_lua/``.
+"""

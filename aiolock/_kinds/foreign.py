@@ -22,7 +22,7 @@ import time
 
 from redis.crc import key_slot
 
-from .._keys import TAGS, LockKeys, check_foreign_key
+from aiolock._keys import TAGS, LockKeys, check_foreign_key
 
 __all__ = [
     "POLL_FIRST",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
-from .._manager import LockManager
+from aiolock._manager import LockManager
 
 __all__ = ["ManagerSource", "check_source", "check_statuses", "make_manager", "missing"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-from .._manager import ManagerStatistics
-from .._observe import ObservedManager
+from aiolock._manager import ManagerStatistics
+from aiolock._observe import ObservedManager
 
 __all__ = ["PrefixTotals", "WatchedManagers"]
 

@@ -32,10 +32,16 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
-from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
-from .._manager import LockManager
-from ._disconnect import CLIENT_LEFT_STATUS, ClientWatch
-from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
+from aiolock._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
+from aiolock._manager import LockManager
+from aiolock.contrib._disconnect import CLIENT_LEFT_STATUS, ClientWatch
+from aiolock.contrib._source import (
+    ManagerSource,
+    check_source,
+    check_statuses,
+    make_manager,
+    missing,
+)
 
 try:
     from aiohttp import web

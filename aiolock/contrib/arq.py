@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-from .._manager import LockManager
-from . import jobs
+from aiolock._manager import LockManager
+from aiolock.contrib import jobs
 
 try:
     from arq.worker import Retry

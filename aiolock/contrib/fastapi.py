@@ -39,12 +39,18 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Seq
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, NoReturn
 
-from .._decorators import LOCK_MAKERS, LockKindName, check_spec, distinct
-from .._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
-from .._keys import check_lease, check_timeout
-from .._manager import LockManager
-from ._disconnect import CLIENT_LEFT_STATUS, ClientWatch
-from ._source import ManagerSource, check_source, check_statuses, make_manager, missing
+from aiolock._decorators import LOCK_MAKERS, LockKindName, check_spec, distinct
+from aiolock._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
+from aiolock._keys import check_lease, check_timeout
+from aiolock._manager import LockManager
+from aiolock.contrib._disconnect import CLIENT_LEFT_STATUS, ClientWatch
+from aiolock.contrib._source import (
+    ManagerSource,
+    check_source,
+    check_statuses,
+    make_manager,
+    missing,
+)
 
 try:
     from fastapi import Depends, HTTPException, Request

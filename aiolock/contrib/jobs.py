@@ -44,11 +44,11 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from redis.exceptions import RedisError
 
-from .._decorators import template_fields
-from .._errors import LockBackendError, LockTimeoutError, WireFormatError
-from .._keys import check_lease, check_timeout
-from .._lock import Lock
-from .._manager import LockManager
+from aiolock import Lock
+from aiolock._decorators import template_fields
+from aiolock._errors import LockBackendError, LockTimeoutError, WireFormatError
+from aiolock._keys import check_lease, check_timeout
+from aiolock._manager import LockManager
 
 __all__ = [
     "BusyHandler",

@@ -33,9 +33,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'aiolock[otel]' (or opentelemetry-api)"
     ) from exc
 
-from .. import __version__
-from .._observe import AcquireFailure, ObservedManager, Observer
-from ._statistics import WatchedManagers
+from aiolock import __version__
+from aiolock._observe import AcquireFailure, ObservedManager, Observer
+from aiolock.contrib._statistics import WatchedManagers
 
 __all__ = ["METRICS", "SECONDS_BUCKETS", "OpenTelemetryObserver"]
 

@@ -26,8 +26,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "pip install 'aiolock[prometheus]' (or prometheus-client)"
     ) from exc
 
-from .._observe import AcquireFailure, ObservedManager, Observer
-from ._statistics import PrefixTotals, WatchedManagers
+from aiolock._observe import AcquireFailure, ObservedManager, Observer
+from aiolock.contrib._statistics import PrefixTotals, WatchedManagers
 
 __all__ = ["METRICS", "SECONDS_BUCKETS", "PrometheusObserver", "StatisticsCollector"]
 

@@ -25,8 +25,8 @@ import typing
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
-from .._manager import LockManager
-from . import jobs
+from aiolock._manager import LockManager
+from aiolock.contrib import jobs
 
 try:
     from taskiq import Context

@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import aiolock
-from aiolock._scripts import REQUIRED_COMMANDS
+from aiolock._redis.scripts import REQUIRED_COMMANDS
 from aiolock.testing import RedisServer
 
 from ._support import bounded, eventually, unique_prefix

@@ -1,4 +1,4 @@
-"""The client's transport over TLS and through network faults (aiolock/_transport.py)."""
+"""The client's transport over TLS and through network faults (aiolock/_redis/transport.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._client import Client
-from aiolock._transport import fast_parser
+from aiolock._redis.client import Client
+from aiolock._redis.transport import fast_parser
 
 from .proxy import FaultProxy
 from .servers import TlsRedisServer

@@ -1,0 +1,402 @@
+"""The ``aiolock`` command: list, show, force-release and watch the locks in a Redis.
+
+``aiolock [--url URL] [--prefix P] [--json] COMMAND ...``; see ``docs/cli.md``. Reading
+is done by :mod:`aiolock._redis.inspect` (read-only commands), on one server or on every
+primary of a Redis Cluster (:mod:`aiolock._cli.target`); ``force-release`` goes through a
+:class:`~aiolock.LockManager` and the kind's own handle, so holders learn of it as a
+loss and waiters wake, as with the library's ``force_release()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from aiolock._cli.target import (
+    ShardedWatch,
+    Target,
+    Unreachable,
+    connect,
+    describe_name,
+    hint,
+    list_objects,
+    mask,
+)
+from aiolock._errors import LockConnectionError, LockError
+from aiolock._redis.inspect import KINDS, LABELS, Holder, LockInfo, Who, glob_escape, parse_key
+
+__all__ = ["main"]
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: exit status when Redis cannot be reached (or the URL is not one)
+EXIT_UNREACHABLE = 2
+#: exit status when Redis answered a command with an error (auth, ACL, wrong type, ...)
+EXIT_REDIS_ERROR = 3
+#: exit status after Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiolock",
+        description="Inspect and administer aiolock locks in a Redis server or Redis Cluster.",
+    )
+    _global_options(parser, argparse.SUPPRESS)
+    # The same options after the command (``aiolock list --url ...``); SUPPRESS keeps a
+    # subcommand that was not given one from overwriting the value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("list", parents=[common], help="every lock object under the prefix")
+    show = commands.add_parser(
+        "show", parents=[common], help="one name, every kind found for it, in detail"
+    )
+    show.add_argument("name")
+    force = commands.add_parser(
+        "force-release", parents=[common], help="free a lock whoever holds it (holders see a loss)"
+    )
+    force.add_argument("name")
+    force.add_argument("--kind", choices=list(KINDS), help="which object (needed if several)")
+    force.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    watch = commands.add_parser(
+        "watch", parents=[common], help="print every release message as it comes"
+    )
+    watch.add_argument("--duration", type=float, default=None, help="stop after S seconds")
+    watch.add_argument("--count", type=int, default=None, help="stop after N messages")
+    return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--url",
+        default=default,
+        help=f"Redis URL (any node of a cluster; default: $REDIS_URL, else {DEFAULT_URL})",
+    )
+    parser.add_argument("--prefix", default=default, help="key prefix (default: aiolock)")
+    parser.add_argument(
+        "--json", action="store_true", default=default, help="print JSON instead of tables"
+    )
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = _parser().parse_args(argv)
+    args.url = getattr(args, "url", None) or os.environ.get("REDIS_URL") or DEFAULT_URL
+    args.prefix = getattr(args, "prefix", "aiolock")
+    args.json = getattr(args, "json", False)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 nothing done, 2 no Redis,
+    3 an error reply from Redis, 130 interrupted)."""
+    args = _parse(argv)
+    try:
+        return asyncio.run(_run(args))
+    except Unreachable as exc:
+        _error(args.url, f"cannot reach redis at {args.url}: {exc}")
+        return EXIT_UNREACHABLE
+    except (RedisError, RedisClusterException) as exc:
+        # An error reply (NOAUTH, NOPERM, WRONGTYPE, ...): one line, never a traceback.
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        _error(args.url, f"redis at {args.url} answered with an error: {what}")
+        return EXIT_REDIS_ERROR
+    except LockError as exc:  # aiolock refused (a key of another type, ...): says why
+        _error(args.url, str(exc))
+        return EXIT_REDIS_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _error(url: str, message: str) -> None:
+    """Print *message* on stderr with the password of *url* masked wherever it appears."""
+    print(f"aiolock: {mask(message, url)}", file=sys.stderr)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    async with connect(args.url) as target:
+        try:
+            return await _command(target, args)
+        except (RedisConnectionError, RedisTimeoutError, LockConnectionError) as exc:
+            # lost half-way (a server restart, a failover): still one line, no traceback
+            raise Unreachable(str(exc) or type(exc).__name__) from None
+
+
+async def _command(target: Target, args: argparse.Namespace) -> int:
+    if args.command == "list":
+        infos = await list_objects(target, args.prefix)
+        code = _print_list(infos, args.json)
+        line = None if infos else await hint(target, args.prefix)
+        if line is not None:
+            print(line, file=sys.stderr if args.json else sys.stdout)
+        return code
+    if args.command == "show":
+        return _print_show(
+            args.name, await describe_name(target, args.prefix, args.name), args.json
+        )
+    if args.command == "force-release":
+        return await _force_release(target, args)
+    return await _watch(target, args)
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def _ttl_text(ttl: float | None) -> str:
+    return "-" if ttl is None else f"{ttl:.1f}s"
+
+
+def _who_text(who: Holder | Who) -> str:
+    """``billing-worker@web-1 pid 4242``, or ``(no record)`` when the record is gone."""
+    if who.host is None and who.pid is None:
+        return "(no record)"
+    return f"{who.name or '?'}@{who.host or '?'} pid {who.pid if who.pid is not None else '?'}"
+
+
+def _holders_text(info: LockInfo) -> str:
+    if not info.holders:
+        return "-"
+    parts = []
+    for holder in info.holders:
+        role = f" {holder.role}" if holder.role else ""
+        parts.append(f"{holder.owner}{role} x{holder.count} {_who_text(holder)}")
+    return ", ".join(parts)
+
+
+def _hold_line(info: LockInfo, holder: Holder) -> str:
+    unit = "permit" if info.kind == "semaphore" else "hold"
+    role = f" ({holder.role})" if holder.role else ""
+    line = f"    {holder.owner}{role}: {_plural(holder.count, unit)}, {_who_text(holder)}"
+    if holder.lease_left is not None:
+        line += f", lease left {holder.lease_left:.1f}s"
+    if holder.held_for is not None:
+        line += f", held for {holder.held_for:.1f}s"
+    return line
+
+
+def _plural(count: int, what: str) -> str:
+    """``1 hold``, ``2 holds``."""
+    return f"{count} {what}" if count == 1 else f"{count} {what}s"
+
+
+def _job_line(job: dict[str, Any]) -> str:
+    since = job.get("since")
+    stamp = (
+        datetime.fromtimestamp(since).strftime("%Y-%m-%d %H:%M:%S")
+        if isinstance(since, (int, float))
+        else "?"
+    )
+    job_id = job.get("job_id") or "-"
+    return f"  job:        {job_id} on {job.get('host')} pid {job.get('pid')} since {stamp}"
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        print("  ".join(cells).rstrip(), file=out)
+
+
+def _print_list(infos: list[LockInfo], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps([info.to_dict() for info in infos], indent=2))
+        return 0
+    if not infos:
+        print("no locks")
+        return 0
+    rows = [["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "LISTENERS"]]
+    for info in infos:
+        holders = _holders_text(info)
+        if info.kind == "semaphore":
+            limit = "?" if info.limit is None else str(info.limit)
+            holders = f"{info.held}/{limit} permits: {holders}"
+        rows.append([
+            info.label,
+            info.name,
+            holders,
+            _ttl_text(info.ttl),
+            str(info.waiters),
+            str(info.listeners),
+        ])  # fmt: skip
+    _table(rows, sys.stdout)
+    return 0
+
+
+def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"name": name, "objects": [info.to_dict() for info in infos]}, indent=2))
+        return 0 if infos else 1
+    if not infos:
+        print(f"no lock object named {name!r}")
+        return 1
+    for number, info in enumerate(infos):
+        if number:
+            print()
+        print(f"{info.label} {info.name!r}")
+        print(f"  key:        {info.key}")
+        print(f"  ttl:        {_ttl_text(info.ttl)}")
+        if info.kind == "semaphore":
+            print(f"  limit:      {'?' if info.limit is None else info.limit}")
+            print(f"  held:       {info.held}")
+        print(f"  listeners:  {info.listeners}")
+        if info.fence is not None:
+            print(f"  fence:      {info.fence} (the last token released or issued)")
+        if info.job is not None:
+            print(_job_line(info.job))
+        print(f"  holders:    {len(info.holders)}")
+        for holder in info.holders:
+            print(_hold_line(info, holder))
+        print(f"  waiters:    {info.waiters}")
+        for waiter in info.waiting_who or tuple(Who(text) for text in info.waiting):
+            print(f"    {waiter.field}: {_who_text(waiter)}")
+    return 0
+
+
+# -- force-release -----------------------------------------------------------------------
+
+
+def _confirm(question: str) -> bool:
+    print(f"{question} [y/N] ", end="", flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in {"y", "yes"}
+
+
+async def _force_release(target: Target, args: argparse.Namespace) -> int:
+    from aiolock._manager import LockManager
+    from aiolock._redis.cluster import check_cluster_support
+
+    if target.cluster is not None:
+        try:
+            check_cluster_support()  # a manager on a cluster needs a recent redis-py
+        except TypeError as exc:
+            print(f"aiolock: cannot force-release on a Redis Cluster: {exc}", file=sys.stderr)
+            return 1
+    infos = await describe_name(target, args.prefix, args.name)
+    if args.kind is not None:
+        infos = [info for info in infos if info.kind == args.kind]
+    if not infos:
+        kind = f"{LABELS[args.kind]} " if args.kind else ""
+        print(f"no {kind}lock object named {args.name!r}: nothing to release")
+        return 1
+    if len(infos) > 1:
+        kinds = ", ".join(info.kind for info in infos)
+        print(
+            f"aiolock: {args.name!r} names several objects ({kinds}); choose one with --kind",
+            file=sys.stderr,
+        )
+        return 1
+    info = infos[0]
+    holders = _plural(len(info.holders), "holder")
+    question = f"Force-release {info.label} {info.name!r} ({holders})?"
+    if not args.yes and not _confirm(question):
+        print("not released")
+        return 1
+    async with LockManager(target.client, prefix=args.prefix, identity=False) as locks:
+        if info.kind == "lock":
+            held = await locks.lock(info.name).force_release()
+        elif info.kind == "fair":
+            held = await locks.fair_lock(info.name).force_release()
+        elif info.kind == "rw":
+            # both sides share one structure and one force release script
+            held = await locks.rw_lock(info.name).write().force_release()
+        else:
+            limit = info.limit if info.limit is not None else max(1, info.held or 1)
+            held = await locks.semaphore(info.name, limit=limit).force_release()
+    print(f"released {info.label} {info.name!r}" if held else f"{info.name!r} was not held")
+    return 0
+
+
+# -- watch -------------------------------------------------------------------------------
+
+
+async def _watch(target: Target, args: argparse.Namespace) -> int:
+    source: _PatternWatch | ShardedWatch
+    if target.cluster is None:
+        source = _PatternWatch(target.redis)
+        await source.subscribe(f"{glob_escape(args.prefix)}:*released")
+    else:
+        source = ShardedWatch(target, args.prefix)
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    seen = 0
+    try:
+        while args.count is None or seen < args.count:
+            wait = 1.0
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    break
+                wait = min(wait, 1.0)
+            message = await source.get(wait)
+            if message is None:
+                continue
+            event = _event(args.prefix, message)
+            if event is None:
+                continue
+            seen += 1
+            if args.json:
+                print(json.dumps(event), flush=True)
+            else:
+                stamp = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S.%f")[:-3]
+                label = LABELS[event["kind"]]
+                what = _event_text(event)
+                print(f"{stamp}  {label:<9}  {event['name']}  {what}", flush=True)
+    finally:
+        await source.aclose()
+    return 0
+
+
+class _PatternWatch:
+    """Every release channel under the prefix of one server, by one PSUBSCRIBE."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._pubsub = redis.pubsub()
+
+    async def subscribe(self, pattern: str) -> None:
+        await self._pubsub.psubscribe(pattern)
+
+    async def get(self, timeout: float) -> dict[str, Any] | None:
+        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+        return message if message is not None and message.get("type") == "pmessage" else None
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+def _event(prefix: str, message: dict[str, Any]) -> dict[str, Any] | None:
+    channel = _decode(message["channel"])
+    parsed = parse_key(prefix, channel)
+    if parsed is None or parsed[2] != ":released":
+        return None
+    kind, name, _ = parsed
+    return {
+        "time": time.time(),
+        "kind": kind,
+        "name": name,
+        "channel": channel,
+        "message": _decode(message["data"]),
+        # A fair lock publishes only when it hands the lock to its next waiter (the
+        # message is that waiter's field); the other kinds publish every release (the
+        # message is the releasing manager's id).
+        "event": "granted" if kind == "fair" else "released",
+    }
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    if event["event"] == "granted":
+        return f"granted to {event['message']}"
+    return f"released by {event['message']}"
+
+
+def _decode(value: Any) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)

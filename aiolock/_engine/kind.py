@@ -1,0 +1,480 @@
+"""The seam between the engine and the lock kinds: what a kind provides, and what it grants.
+
+The engine (:mod:`aiolock._engine.engine`) owns everything generic: local queues, waiting on
+pub/sub, undoing attempts cancelled in flight, shielded and retried releases, the hold
+registry, the watchdog, loss reporting. A lock *kind* (:mod:`aiolock._kinds`) owns its
+wire format: it runs its own scripts and decodes their replies into the small outcome
+types below. Adding a kind is one module implementing :class:`LockKind`, its scripts, a
+factory method on the manager and an export.
+
+A kind answers:
+
+* :meth:`~LockKind.attempt`: one try at acquiring (or re-entering) -> :class:`Granted`
+  or :class:`Busy`;
+* :meth:`~LockKind.undo`: revert an attempt whose outcome is unknown, or void it before
+  it runs;
+* :meth:`~LockKind.release`: release one hold, or hand the resource to a local successor
+  -> :class:`Released`;
+* :meth:`~LockKind.renew`: renew (or, for fixed leases, only check) a batch of holds that
+  share one Redis Cluster slot;
+* :attr:`~LockKind.reentrant` and :attr:`~LockKind.shared`: whether a task's second
+  acquire re-enters its hold, and whether one grant lets the next local waiter try at
+  once (read locks and semaphores) instead of waiting for a release;
+* :attr:`~LockKind.hand_over`: whether its release script can hand the resource to a
+  local successor in the same call;
+* :attr:`~LockKind.claims`: whether a waiter registers in Redis (a place in a fair
+  lock's queue, a writer's claim that holds off new readers): then it keeps one field
+  for its whole wait, :meth:`~LockKind.refresh_claims` keeps the registrations of live
+  waiters from expiring, and a waiter that gives up withdraws its own (by undo);
+* :attr:`~LockKind.queued`: whether Redis keeps the waiters' order (a fair lock, which
+  also has claims): every local waiter then tries at once, and a release message names
+  the waiter it was granted to, which alone is woken.
+
+:class:`KindBase` gives the defaults; a kind overrides what differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+
+from aiolock._errors import LockError, LockTimeoutError
+from aiolock._keys import ms
+from aiolock._redis.reply import as_int
+
+if TYPE_CHECKING:
+    from aiolock._keys import LockKeys
+    from aiolock._redis.scripts import Script
+
+__all__ = [
+    "Attempt",
+    "Busy",
+    "Granted",
+    "Hold",
+    "KindBase",
+    "LockKind",
+    "ReleaseStatus",
+    "Released",
+    "Successor",
+    "busy_for",
+    "decode_attempt",
+    "decode_release",
+]
+
+
+class Hold:
+    """One grant of one kind to one owner task: the registry's unit."""
+
+    __slots__ = (
+        "count",
+        "field",
+        "keys",
+        "kind",
+        "lease",
+        "lost",
+        "lost_reason",
+        "next_check",
+        "observed_at",
+        "owner",
+        "permits",
+        "release_id",
+        "release_sent_at",
+        "renew",
+        "resource",
+        "scopes",
+        "slot",
+        "timer",
+        "token",
+        "valid_until",
+    )
+
+    def __init__(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        field: str,
+        token: int,
+        lease: float,
+        renew: bool,
+        sent_at: float,
+        permits: int = 1,
+    ) -> None:
+        #: the kind that granted it: its scripts release and renew it
+        self.kind = kind
+        self.keys = keys
+        #: what the hold is a hold on, for the registry: the key of the kind's structure
+        #: (two kinds on one structure, such as the read and write sides of a read-write
+        #: lock, give distinct resources)
+        self.resource = kind.resource(keys)
+        #: how much of the resource it holds (a semaphore's permits; 1 otherwise)
+        self.permits = permits
+        #: the owner id of the task that holds it
+        self.owner = owner
+        #: the hash field in Redis: unique to this acquisition, so a late or resent
+        #: command about an earlier hold can never touch this one
+        self.field = field
+        self.token = token
+        self.count = 1
+        self.lease = lease
+        self.renew = renew
+        #: monotonic time by which the lease has surely ended unless renewed: measured
+        #: from before the command was sent, so it errs early, never late
+        self.valid_until = sent_at + lease
+        #: when the watchdog next asks Redis whether a fixed-lease hold still exists
+        self.next_check = sent_at + lease / 3
+        #: the Redis Cluster slot of the hold's keys: renewal batches never mix slots
+        self.slot = keys.slot
+        self.timer: asyncio.TimerHandle | None = None
+        self.lost = False
+        self.lost_reason = ""
+        #: the ``async with`` blocks running under this hold: a loss cancels each
+        #: (aiolock._engine.guard's blocks; anything with a cancel() method)
+        self.scopes: list[Cancellable] = []
+        #: the id of a final release sent but not confirmed (reused when it is sent
+        #: again), and when it was first sent: Redis remembers it for a while only
+        self.release_id: str | None = None
+        self.release_sent_at = 0.0
+        #: when the observers were told it was acquired; None once they were told it
+        #: ended, or if they never heard of it (see aiolock._observe)
+        self.observed_at: float | None = None
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else ("renewed" if self.renew else "fixed")
+        return f"<Hold {self.keys.name!r} count={self.count} token={self.token} {state}>"
+
+
+#: A void marker outlives any plausible delay of the attempt it voids.
+MIN_VOID_TTL = 60.0
+
+
+class Attempt(NamedTuple):
+    """One try at acquiring: everything a kind's attempt and undo scripts need.
+
+    The outcome types here are named tuples: they are made on every acquisition and
+    release, and a tuple is the cheapest immutable record to make."""
+
+    keys: LockKeys
+    owner: str
+    #: the hash field the grant is recorded under (unique per acquisition)
+    field: str
+    #: the hold count the owner already has (0 for a new acquisition, n to re-enter)
+    before: int
+    lease: float
+    #: the key that, once set by an undo, makes this attempt a no-op if it runs late
+    void: str
+    #: how much of the resource is asked for (a semaphore's permits; 1 otherwise)
+    permits: int = 1
+    #: kinds with claims: register (or keep) the waiter's claim if the attempt finds the
+    #: resource busy. False for a single attempt (``timeout=0``), which will not wait.
+    claim: bool = True
+
+    @property
+    def void_ms(self) -> int:
+        """How long an undo keeps this attempt's void marker, in ms: twice the lease, and
+        at least :data:`MIN_VOID_TTL`, so a delayed attempt never runs after it expired."""
+        return ms(max(2 * self.lease, MIN_VOID_TTL))
+
+
+class Granted(NamedTuple):
+    token: int
+    #: the hold count after the attempt (1 for a new acquisition)
+    held: int
+
+
+class Busy(NamedTuple):
+    #: seconds the current holder's lease has left (0 if unknown): the longest a waiter
+    #: sleeps before trying again, in case the holder crashed
+    ttl: float
+
+
+class Successor(NamedTuple):
+    """A local waiter that a final release may hand the resource to in the same script."""
+
+    field: str
+    lease: float
+
+
+class ReleaseStatus(enum.Enum):
+    STILL_HELD = "still held"  # a nested release: value = holds left
+    RELEASED = "released"  # value = other clients that heard the release message
+    HANDED_OVER = "handed over"  # value = the successor's fencing token
+    NOT_HELD = "not held"  # Redis no longer had the hold
+
+
+class Released(NamedTuple):
+    status: ReleaseStatus
+    value: int
+
+
+#: Reply codes shared by the acquire scripts of the lock, fair lock and read-write lock:
+#: ``{code, value}``, or (lock and fair lock) a bare token for the common path.
+ACQUIRED, REENTERED, BUSY, VOIDED, BAD_KEY = 1, 2, 0, 3, -1
+#: ... and by their release scripts (``{code, value}``, or a bare listener count).
+_RELEASE_CODES = {
+    1: ReleaseStatus.STILL_HELD,
+    2: ReleaseStatus.RELEASED,
+    4: ReleaseStatus.HANDED_OVER,
+    0: ReleaseStatus.NOT_HELD,
+}
+
+#: Makes the error for a ``{-1, ...}`` reply: a key of the structure holds another type.
+BadKey = Callable[[Sequence[Any]], Exception]
+
+
+def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
+    """An acquire script's reply as :class:`Granted` or :class:`Busy`.
+
+    ``{ACQUIRED, token}`` (or a bare token), ``{REENTERED, holds}``, ``{BUSY, pttl ms}``,
+    ``{VOIDED, _}`` (only an attempt resent after its own undo sees it: busy, no ttl), or
+    ``{BAD_KEY, ...}``, which raises what *bad_key* makes of the reply.
+    """
+    if isinstance(reply, int):  # the common path: acquired, this is the token
+        return Granted(reply, 1)
+    code, value = as_int(reply[0]), reply[1]
+    if code == ACQUIRED:
+        return Granted(as_int(value), 1)
+    if code == REENTERED:
+        return Granted(0, as_int(value))
+    if code == BAD_KEY:
+        raise bad_key(reply)
+    return busy_for(as_int(value)) if code == BUSY else Busy(0.0)
+
+
+def busy_for(pttl: int) -> Busy:
+    """:class:`Busy` for a holder whose lease ends in *pttl* ms (PTTL's answer).
+
+    PTTL says 0 when under a millisecond is left: that is "try again in a moment", not
+    "unknown" (which makes a waiter sleep a whole lease unless woken, and a crashed holder
+    never wakes it). Negative answers (no expiry, no key) are unknown.
+    """
+    if pttl < 0:
+        return Busy(0.0)
+    return Busy(max(pttl, 1) / 1000)
+
+
+def decode_release(reply: Any, bad_key: BadKey) -> Released:
+    """A release script's reply (see the codes above; a bare int: released, heard by n)."""
+    if isinstance(reply, int):  # the common path: released, heard by this many others
+        return Released(ReleaseStatus.RELEASED, reply)
+    status = _RELEASE_CODES.get(as_int(reply[0]))
+    if status is None:  # -1: a key holds another type
+        raise bad_key(reply)
+    return Released(status, max(as_int(reply[1]), 0))
+
+
+class Cancellable(Protocol):
+    """What a hold cancels when it is lost: the body of an ``async with`` block."""
+
+    def cancel(self) -> object: ...
+
+
+class LockKind(Protocol):
+    """What the engine needs from a lock kind (one instance per manager and kind)."""
+
+    #: a short name for messages and statistics ("lock", "semaphore", ...)
+    name: str
+    #: a task's second acquire re-enters its hold instead of waiting
+    reentrant: bool
+    #: one grant lets the next local waiter try at once (shared holds)
+    shared: bool
+    #: release() may hand the resource to a local successor in the same script
+    hand_over: bool
+    #: waiters register in Redis; see the module docstring
+    claims: bool
+    #: Redis keeps the waiters' order; see the module docstring
+    queued: bool
+    #: seconds a waiter's registration lasts in Redis unless refreshed
+    claim_ttl: float
+    #: holds per renewal call: as many as stay under a millisecond of Redis time
+    #: (measured per kind; see aiolock._engine.watchdog)
+    renew_batch: int
+    #: why this kind's holds have no fencing token ("" if they have one): the message of
+    #: the WireFormatError that ``fencing_token`` raises
+    fencing_unavailable: str
+    #: its release messages do not name the releasing client (a foreign client's wire
+    #: format): this manager cannot tell its own releases from others', so a message
+    #: wakes the local head but never ends a yield to other clients (see aiolock._engine.hub)
+    anonymous_messages: bool
+
+    def hold_field(self, owner: str, number: int) -> str:
+        """The field a new hold of *owner* is recorded under; *number* is unique in the
+        manager, so the field is unique per acquisition."""
+        ...
+
+    def resource(self, keys: LockKeys) -> str:
+        """The registry's name for holds of this kind on *keys* (see :attr:`Hold.resource`)."""
+        ...
+
+    def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
+        """The error for a wait that ran out (a :class:`~aiolock.LockTimeoutError`)."""
+        ...
+
+    async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
+        """Kinds with claims: extend these live waiters' registrations by ``claim_ttl``."""
+        ...
+
+    async def attempt(self, attempt: Attempt) -> Granted | Busy: ...
+
+    async def undo(self, attempt: Attempt) -> bool:
+        """Revert *attempt* if it ran (True), or make sure it never does (False)."""
+        ...
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        """Release one of *count* holds; the last frees the resource or hands it over.
+
+        *hand_over_freely* allows the hand-over to *successor* even while other clients
+        wait; otherwise it happens only if nobody else listens. *listening* says whether
+        this manager itself is subscribed to the release channel.
+        """
+        ...
+
+    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
+        """Renew auto-renewed holds to *lease* and check fixed ones; True where Redis has it.
+
+        The holds share one Redis Cluster slot.
+        """
+        ...
+
+    async def extend(self, hold: Hold, lease: float) -> bool: ...
+
+    async def extend_by(self, hold: Hold, additional: float) -> float | None:
+        """Add *additional* s to the hold's lease left on the server, in one step; the
+        lease left after it (s), or None if Redis no longer has the hold. Raises
+        :class:`LockError` if the kind cannot add to a lease."""
+        ...
+
+    async def force_release(self, keys: LockKeys) -> bool: ...
+
+    def channel(self, keys: LockKeys) -> str:
+        """The pub/sub channel on which releases of *keys* are announced."""
+        ...
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        """The current task's hold count per Redis (*hold*: its hold, if any), or None
+        if it is the hold's field in the kind's hash, which the handle then reads."""
+        ...
+
+    async def still_held(self, keys: LockKeys) -> float | None:
+        """Seconds left of the lease of whoever holds *keys*, by one cheap read, or None
+        if it may be free (or the kind cannot tell without an attempt).
+
+        Only a kind whose every way of freeing publishes on its channel, except its
+        lease ending, may answer (see the engine's quiet waits, issue 24)."""
+        ...
+
+
+class ScriptRunner(Protocol):
+    """What a kind sends its scripts through (the manager's client, single node or
+    cluster); a protocol, so that the seam does not import the client, which imports it."""
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]: ...
+
+    def run_in_order(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any]
+    ) -> Awaitable[Any]: ...
+
+    async def call(self, *args: Any, key: str | None = None) -> Any: ...
+
+
+class KindBase:
+    """Defaults for a :class:`LockKind`: an exclusive, non-reentrant kind with no queue.
+
+    Subclasses set the flags and implement the script calls (attempt, undo, release,
+    renew, extend, force_release).
+    """
+
+    name = "lock"
+    reentrant = False
+    shared = False
+    hand_over = False
+    claims = False
+    queued = False
+    claim_ttl = 10.0
+    #: 500 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.7 ms of Redis
+    #: time per call (benchmarks/NOTES.md, issue 24); kinds with more work per hold
+    #: set a smaller batch
+    renew_batch = 500
+    fencing_unavailable = ""
+    anonymous_messages = False
+    #: the script that renews holds (lease in ms) or only checks them (0), many per call:
+    #: per hold, the keys :meth:`renew_keys` names and the arguments (:meth:`renew_value`,
+    #: lease ms); it answers 1 per hold Redis still has. Set by each kind.
+    renew_script: ClassVar[Script]
+    #: the script that adds to one hold's lease (``extend(additional=)``), with the keys
+    #: and arguments of :attr:`renew_script` plus the ms to add; None: the kind cannot
+    extend_by_script: ClassVar[Script | None] = None
+    _client: ScriptRunner
+
+    def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
+        """The keys the renew script takes for one hold."""
+        return (keys.lock,)
+
+    def renew_value(self, hold: Hold) -> str:
+        """What names the hold to the renew script (its hash field, by default)."""
+        return hold.field
+
+    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
+        lease_ms = ms(lease)
+        keys: list[str] = []
+        args: list[Any] = []
+        for hold in holds:
+            keys += self.renew_keys(hold.keys)
+            args += (self.renew_value(hold), lease_ms if hold.renew else 0)
+        replies = await self._client.run(self.renew_script, keys, args)
+        return [as_int(reply) == 1 for reply in replies]
+
+    async def extend(self, hold: Hold, lease: float) -> bool:
+        (held,) = await self._client.run(
+            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), ms(lease))
+        )
+        return as_int(held) == 1
+
+    async def extend_by(self, hold: Hold, additional: float) -> float | None:
+        if self.extend_by_script is None:
+            raise LockError(
+                f"the {self.name} {hold.keys.name!r} cannot add to its lease "
+                "(extend(additional=...) is for locks and fair locks of the default and "
+                "'redisson' wire formats); set the time left with extend(lease) instead"
+            )
+        left = await self._client.run(
+            self.extend_by_script,
+            self.renew_keys(hold.keys),
+            (self.renew_value(hold), ms(additional)),
+        )
+        return as_int(left) / 1000 if as_int(left) > 0 else None
+
+    def hold_field(self, owner: str, number: int) -> str:
+        return f"{owner}:{number}"
+
+    def resource(self, keys: LockKeys) -> str:
+        return keys.lock
+
+    def channel(self, keys: LockKeys) -> str:
+        return keys.channel
+
+    def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
+        return LockTimeoutError(
+            f"{self.name} {keys.name!r} is held by another owner and was not released "
+            f"within {timeout} s; pass a longer timeout, or timeout=None to wait as long "
+            "as it takes"
+        )
+
+    async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
+        raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        return None  # the count is the hold's field in the hash (see Lock.hold_count)
+
+    async def still_held(self, keys: LockKeys) -> float | None:
+        return None  # a waiter attempts whenever its wait ends

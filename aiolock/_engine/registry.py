@@ -1,0 +1,266 @@
+"""The hold registry: the client's side of what Redis granted to this manager's tasks.
+
+A :class:`~aiolock._engine.kind.Hold` is one grant of one lock kind to one owner (an asyncio
+task): a lock, a read or write side, some permits. The registry is keyed by hold, not
+by (lock, owner), because one task may hold several things of one resource (two permit
+batches, a read and a write hold); kinds that re-enter (the reentrant lock) also use
+the ``(resource, owner)`` index.
+
+A hold ends in one of three ways:
+
+* released: removed from the registry;
+* lost: its lease ran out locally, Redis no longer had it, or the manager closed. Its
+  ``async with`` bodies are cancelled, and the owner's next release or extend says so;
+* parked: its final release could not be confirmed and is retried in the background.
+  A parked hold no longer counts as held: its task acquires anew (with a new hash
+  field), never re-enters it.
+
+Deadlines: ``valid_until`` is the latest monotonic time at which the lease is surely
+still running (measured from before the command was sent, so it errs early). Fixed-lease
+holds each have a timer at that moment; auto-renewed holds share one timer at the
+earliest of their deadlines, and a renewal only moves ``valid_until`` forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+from aiolock._engine.kind import Hold
+
+__all__ = ["HoldRegistry"]
+
+logger = logging.getLogger("aiolock")
+
+#: Lost holds remembered so the owner's next release()/extend() can say "lost" rather
+#: than "not owned"; beyond this many the oldest are forgotten.
+LOST_MEMORY = 10_000
+
+_ENDED_FIXED = "the lease ended: its fixed lease ran out"
+_ENDED_RENEWED = "the lease ended: renewal could not reach Redis in time"
+
+
+class HoldRegistry:
+    """Every live hold of one manager, plus the lost and parked ones its owners may ask about."""
+
+    def __init__(self, on_lost: Callable[[Hold], None], on_fixed: Callable[[Hold], None]) -> None:
+        self._holds: dict[int, Hold] = {}
+        #: (resource, owner) -> the owner's hold of a reentrant kind
+        self._index: dict[tuple[str, str], Hold] = {}
+        #: owner -> its live holds (to release them when its task ends)
+        self._by_owner: dict[str, dict[int, Hold]] = {}
+        self._lost: OrderedDict[tuple[str, str], Hold] = OrderedDict()
+        #: owner -> the resources of its remembered lost holds (forgotten when its task ends)
+        self._lost_of: dict[str, set[str]] = {}
+        self._parked: dict[tuple[str, str], Hold] = {}
+        #: parked holds whose release the background retrier has since confirmed
+        self._settled: OrderedDict[tuple[str, str], Hold] = OrderedDict()
+        self._shared: asyncio.TimerHandle | None = None
+        self._on_lost = on_lost
+        self._on_fixed = on_fixed
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def __iter__(self) -> Iterator[Hold]:
+        return iter(list(self._holds.values()))
+
+    def get(self, resource: str, owner: str) -> Hold | None:
+        return self._index.get((resource, owner))
+
+    def of_owner(self, owner: str) -> list[Hold]:
+        return list(self._by_owner.get(owner, {}).values())
+
+    def add(self, hold: Hold) -> None:
+        self._holds[id(hold)] = hold
+        self._settled.pop((hold.resource, hold.owner), None)
+        if hold.kind.reentrant:
+            self._index[(hold.resource, hold.owner)] = hold
+        self._by_owner.setdefault(hold.owner, {})[id(hold)] = hold
+        self.pop_lost(hold.resource, hold.owner)
+        if hold.renew:
+            self._arm_shared(hold.valid_until)
+        else:
+            self._arm(hold)
+            self._on_fixed(hold)
+
+    def remove(self, hold: Hold) -> None:
+        if self._holds.pop(id(hold), None) is None:
+            return
+        if self._index.get((hold.resource, hold.owner)) is hold:
+            del self._index[(hold.resource, hold.owner)]
+        owned = self._by_owner.get(hold.owner)
+        if owned is not None:
+            owned.pop(id(hold), None)
+            if not owned:
+                del self._by_owner[hold.owner]
+        if hold.timer is not None:
+            hold.timer.cancel()
+            hold.timer = None
+
+    def holds(self, hold: Hold) -> bool:
+        """Whether *hold* is live (registered, not lost, not parked)."""
+        return self._holds.get(id(hold)) is hold
+
+    def alive(self, hold: Hold) -> bool:
+        """Whether *hold* is still held; one whose deadline has passed is lost now.
+
+        Its timer may not have run yet (the event loop was busy, or the reply that
+        granted it came after the lease had run out): an acquire or an ``async with``
+        that is about to hand the hold to its caller asks here, not the timer.
+        """
+        if hold.lost or not self.holds(hold):
+            return False
+        if time.monotonic() >= hold.valid_until:
+            self.lose(hold, _ENDED_FIXED if not hold.renew else _ENDED_RENEWED)
+            return False
+        return True
+
+    def confirm(self, hold: Hold, sent_at: float) -> None:
+        """Redis renewed *hold* by a command sent at monotonic time *sent_at*."""
+        hold.valid_until = max(hold.valid_until, sent_at + hold.lease)
+
+    def reset_lease(self, hold: Hold, lease: float, sent_at: float) -> None:
+        """A fixed lease was set anew (extend): the deadline may move either way."""
+        hold.lease = lease
+        hold.valid_until = sent_at + lease
+        hold.next_check = sent_at + lease / 3
+        if hold.timer is not None:
+            hold.timer.cancel()
+        self._arm(hold)
+        self._on_fixed(hold)
+
+    def lose(self, hold: Hold, reason: str) -> None:
+        """Mark *hold* lost: forget it, cancel its ``async with`` bodies, tell the engine."""
+        if hold.lost:
+            return
+        hold.lost = True
+        hold.lost_reason = reason
+        self.remove(hold)
+        self._remember_lost(hold)
+        logger.warning("lock %r lost: %s", hold.keys.name, reason)
+        for scope in hold.scopes:
+            scope.cancel()
+        self._on_lost(hold)
+
+    def lose_reported(self, hold: Hold, reason: str) -> None:
+        """Mark *hold* lost for a caller about to raise the loss itself.
+
+        The owner learns of it from that error, so it is not remembered for a later
+        release()/extend() to report a second time.
+        """
+        self.lose(hold, reason)
+        self.pop_lost(hold.resource, hold.owner)
+
+    def _remember_lost(self, hold: Hold) -> None:
+        """Keep *hold* for its owner's next release()/extend() to report as lost.
+
+        A hold whose task has ended (orphaned: the empty owner) is not kept, as no task
+        can ask about it.
+        """
+        if not hold.owner:
+            return
+        self._lost[(hold.resource, hold.owner)] = hold
+        self._lost_of.setdefault(hold.owner, set()).add(hold.resource)
+        while len(self._lost) > LOST_MEMORY:
+            (resource, owner), _ = self._lost.popitem(last=False)
+            self._unindex_lost(resource, owner)
+
+    def pop_lost(self, resource: str, owner: str) -> Hold | None:
+        hold = self._lost.pop((resource, owner), None)
+        if hold is not None:
+            self._unindex_lost(resource, owner)
+        return hold
+
+    def forget_lost(self, hold: Hold) -> None:
+        """The owner was told of *hold*'s loss: forget it (not another hold of the key)."""
+        if self._lost.get((hold.resource, hold.owner)) is hold:
+            self.pop_lost(hold.resource, hold.owner)
+
+    def forget_owner(self, owner: str) -> None:
+        """*owner*'s task ended: nobody can ask about its lost holds any more."""
+        for resource in self._lost_of.pop(owner, ()):
+            self._lost.pop((resource, owner), None)
+
+    def _unindex_lost(self, resource: str, owner: str) -> None:
+        resources = self._lost_of.get(owner)
+        if resources is not None:
+            resources.discard(resource)
+            if not resources:
+                del self._lost_of[owner]
+
+    def park(self, hold: Hold) -> None:
+        """Its final release is unconfirmed: stop counting it as held, stop renewing it."""
+        self.remove(hold)
+        hold.renew = False
+        self._parked[(hold.resource, hold.owner)] = hold
+
+    def unpark(self, hold: Hold, *, settled: bool = True) -> None:
+        """*hold*'s final release was confirmed (*settled*), or it was lost after all."""
+        key = (hold.resource, hold.owner)
+        if self._parked.get(key) is hold:
+            del self._parked[key]
+            if settled:
+                # The owner was told its release failed; if it calls release() again,
+                # that call finds the work done instead of "not owned".
+                self._settled[key] = hold
+                while len(self._settled) > LOST_MEMORY:
+                    self._settled.popitem(last=False)
+
+    def pop_settled(self, resource: str, owner: str) -> Hold | None:
+        return self._settled.pop((resource, owner), None)
+
+    def parked(self, resource: str, owner: str) -> Hold | None:
+        return self._parked.get((resource, owner))
+
+    def renewable(self) -> list[Hold]:
+        return [hold for hold in self._holds.values() if hold.renew]
+
+    def fixed(self) -> list[Hold]:
+        return [hold for hold in self._holds.values() if not hold.renew]
+
+    # -- local deadlines ---------------------------------------------------------------
+
+    def _arm(self, hold: Hold) -> None:
+        """A timer of its own for a fixed-lease hold, at its deadline."""
+        loop = asyncio.get_running_loop()
+        # loop.time() is the monotonic clock, the same one valid_until is measured on.
+        hold.timer = loop.call_at(hold.valid_until, self._check_expiry, hold)
+
+    def _check_expiry(self, hold: Hold) -> None:
+        hold.timer = None
+        if hold.lost or not self.holds(hold):
+            return
+        if time.monotonic() < hold.valid_until:
+            self._arm(hold)  # extended since the timer was set
+            return
+        self.lose(hold, _ENDED_FIXED)
+
+    def _arm_shared(self, when: float) -> None:
+        """One timer for all auto-renewed holds, at the earliest of their deadlines.
+
+        They share the manager's lease and are renewed together, so their deadlines
+        cluster; one timer spares a timer per acquisition on the hot path.
+        """
+        if self._shared is not None:
+            if self._shared.when() <= when:
+                return
+            self._shared.cancel()
+        self._shared = asyncio.get_running_loop().call_at(when, self._check_renewed)
+
+    def _check_renewed(self) -> None:
+        self._shared = None
+        now = time.monotonic()
+        earliest: float | None = None
+        for hold in list(self._holds.values()):
+            if not hold.renew or hold.lost:
+                continue
+            if hold.valid_until <= now:
+                self.lose(hold, _ENDED_RENEWED)
+            elif earliest is None or hold.valid_until < earliest:
+                earliest = hold.valid_until
+        if earliest is not None:
+            self._arm_shared(earliest)

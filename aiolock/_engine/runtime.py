@@ -1,0 +1,65 @@
+"""What the engine and the lock kinds receive from the manager, instead of the manager.
+
+One :class:`Runtime` per open manager: the client, the naming of keys and ids, and the
+options that shape the wire traffic. It holds no reference back to the manager, so
+neither the engine nor a kind can reach into the manager's lifecycle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from aiolock._keys import KeySpace, ms
+from aiolock._redis.replicas import ReplicaPolicy
+
+if TYPE_CHECKING:
+    from aiolock._redis.client import Client
+    from aiolock._redis.cluster import ClusterClient
+
+__all__ = ["TOMBSTONE_TTL", "Runtime"]
+
+#: Seconds a final release is remembered in Redis, so that a resend within that time
+#: (a retry after a dropped connection, a shielded finish, the background retrier, or
+#: the owner calling release() again) is recognised as done, however busy the lock was.
+TOMBSTONE_TTL = 10.0
+
+
+class Runtime:
+    __slots__ = (
+        "client",
+        "fence_ms",
+        "ids",
+        "keyspace",
+        "lease",
+        "manager_id",
+        "replicas",
+        "tombstone_ms",
+    )
+
+    def __init__(
+        self,
+        client: Client | ClusterClient,
+        keyspace: KeySpace,
+        lease: float,
+        fence_ttl: float | None,
+        replicas: ReplicaPolicy | None = None,
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.manager_id = keyspace.manager_id
+        #: the manager's lease: auto-renewed holds get it
+        self.lease = lease
+        #: fence state lifetime as the scripts take it: '0' none, '-1' forever, else ms
+        if fence_ttl is None:
+            self.fence_ms = "-1"
+        else:
+            self.fence_ms = "0" if fence_ttl == 0 else str(ms(fence_ttl))
+        self.tombstone_ms = ms(TOMBSTONE_TTL)
+        #: numbers for attempts and releases, unique within the manager
+        self.ids = itertools.count(1)
+        #: replicas that must acknowledge each acquisition (WAIT), or None
+        self.replicas = replicas
+
+    def next_id(self) -> int:
+        return next(self.ids)

@@ -1,0 +1,180 @@
+"""The watchdog: one loop per manager that keeps Redis and the client's holds in step.
+
+Every ``lease / 3`` it renews all auto-renewed holds, and it checks each fixed-lease hold
+(without extending it) at least every third of that hold's lease, so a hold that Redis
+no longer has (force-released by another client, evicted, lost in a failover) reaches
+its owner within a third of its lease, not only at its end. Holds are sent in batches
+of one lock kind; on Redis Cluster (``group_by_slot``) also of one slot, since a script
+may only touch keys of one slot there. A single server takes any mix, and 10,000 holds
+spread over as many slots then still take 20 round trips, not 10,000.
+
+A batch is as large as its kind's :attr:`~aiolock._engine.kind.LockKind.renew_batch`: each kind
+names the number of holds whose renewal stays under a millisecond of Redis time (a
+script blocks the server while it runs), measured per kind (``benchmarks/NOTES.md``,
+issue 24). The batches of a round renew distinct holds, so their order does not matter:
+up to :data:`RENEW_IN_FLIGHT` are in flight at once instead of one after another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict
+
+import anyio
+
+from aiolock._engine.kind import Hold, LockKind
+from aiolock._engine.registry import HoldRegistry
+from aiolock._errors import LockError
+from aiolock._observe import ObserverSet
+
+__all__ = ["Watchdog"]
+
+logger = logging.getLogger("aiolock")
+
+#: Renewal calls of one round in flight at once: a round of 100,000 holds does not wait
+#: for each batch's reply before sending the next, and a few calls at a time keep the
+#: connections few (the client pipelines calls that wait for a connection).
+RENEW_IN_FLIGHT = 4
+#: After a failed round, try again this soon (at most): the leases are running out.
+RETRY_AFTER = 1.0
+
+
+class Watchdog:
+    """Renews auto-renewed holds every ``lease / 3``; checks fixed-lease holds."""
+
+    def __init__(
+        self,
+        registry: HoldRegistry,
+        lease: float,
+        *,
+        group_by_slot: bool,
+        observers: ObserverSet | None = None,
+    ) -> None:
+        self._registry = registry
+        self._observers = ObserverSet() if observers is None else observers
+        #: batches never span Redis Cluster slots (needed on a cluster only)
+        self.group_by_slot = group_by_slot
+        self._lease = lease
+        self.period = lease / 3
+        self.rounds = 0
+        self.round_trips = 0
+        self._changed = asyncio.Event()
+        #: when the loop plans to wake up next (monotonic clock)
+        self._wake_at = math.inf
+
+    def reschedule(self, due: float) -> None:
+        """A fixed-lease hold was added or extended and is due at *due*.
+
+        The loop is woken only if that is before its planned wake-up, so that acquiring
+        fixed-lease holds does not wake it (and make it scan every hold) each time.
+        """
+        if due < self._wake_at:
+            self._changed.set()
+
+    async def run(self) -> None:
+        next_round = time.monotonic() + self.period
+        while True:
+            now = time.monotonic()
+            fixed = self._registry.fixed()
+            due = min((hold.next_check for hold in fixed), default=math.inf)
+            wake_at = self._wake_at = min(next_round, due)
+            if wake_at > now:
+                self._changed.clear()
+                with anyio.move_on_after(wake_at - now):
+                    await self._changed.wait()
+                continue
+            renewing = now >= next_round
+            holds = self._registry.renewable() if renewing else []
+            checked = [hold for hold in fixed if hold.next_check <= now]
+            ok = await self.run_round(holds + checked)
+            after = self.period if ok else min(self.period, RETRY_AFTER)
+            if renewing:
+                next_round = time.monotonic() + after
+            for hold in checked:
+                third = hold.lease / 3
+                hold.next_check = time.monotonic() + (third if ok else min(third, RETRY_AFTER))
+
+    async def renew_all(self) -> bool:
+        """Renew every auto-renewed hold and check every fixed one, once."""
+        return await self.run_round(self._registry.renewable() + self._registry.fixed())
+
+    async def run_round(self, holds: list[Hold]) -> bool:
+        """Send *holds* in batches of one kind (and slot); False if a batch failed."""
+        self.rounds += 1
+        groups: defaultdict[tuple[LockKind, int], list[Hold]] = defaultdict(list)
+        by_slot = self.group_by_slot
+        for hold in holds:
+            groups[(hold.kind, hold.slot if by_slot else 0)].append(hold)
+        batches = [
+            (kind, group[start : start + kind.renew_batch])
+            for (kind, _slot), group in groups.items()
+            for start in range(0, len(group), kind.renew_batch)
+        ]
+        if len(batches) == 1:  # the common case: no task group needed
+            return await self._renew_batch(*batches[0])
+        failed = 0
+        errors: list[Exception] = []
+        limiter = anyio.Semaphore(RENEW_IN_FLIGHT)
+
+        async def renew(kind: LockKind, batch: list[Hold]) -> None:
+            nonlocal failed
+            async with limiter:
+                try:
+                    if not await self._renew_batch(kind, batch):
+                        failed += 1
+                except Exception as exc:  # raised below as it came, not in a group
+                    errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for kind, batch in batches:
+                tg.start_soon(renew, kind, batch)
+        if errors:
+            raise errors[0]
+        return failed == 0
+
+    async def _renew_batch(self, kind: LockKind, batch: list[Hold]) -> bool:
+        sent_at = time.monotonic()
+        self.round_trips += 1
+        try:
+            with anyio.fail_after(self.period):
+                held = await kind.renew(batch, self._lease)
+        except (LockError, TimeoutError) as exc:
+            logger.warning(
+                "lease renewal of %s failed, will retry: %s",
+                _count(len(batch), f"{kind.name} hold"),
+                _reason(exc, self.period),
+            )
+            return False
+        round_trip = time.monotonic() - sent_at
+        registry = self._registry
+        renewed = 0
+        for hold, still in zip(batch, held, strict=True):
+            if hold.lost or not registry.holds(hold):
+                continue  # released or lost while the batch was in flight
+            if hold.release_id is not None:
+                continue  # a final release is in flight: a 0 here is that release, not a loss
+            if not still:
+                registry.lose(
+                    hold, "Redis no longer has it (expired, force-released, evicted or replaced)"
+                )
+            elif hold.renew:
+                registry.confirm(hold, sent_at)
+                renewed += 1
+        if renewed and self._observers.active:
+            self._observers.renewed(kind.name, renewed, round_trip)
+        return True
+
+
+def _count(n: int, what: str) -> str:
+    """``1 lock hold``, ``2 lock holds``."""
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _reason(exc: BaseException, period: float) -> str:
+    """What went wrong, for the log: anyio's TimeoutError carries no message."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"no reply within {period:.3g} s (a third of the lease)"
+    return str(exc) or repr(exc)

@@ -1,0 +1,1 @@
+"""The fair lock's kind: a queue of waiters in Redis, granted first come, first served."""

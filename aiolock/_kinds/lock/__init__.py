@@ -1,0 +1,1 @@
+"""The reentrant lock (and the fair lock's handle, which is a lock granted in queue order)."""

@@ -1,0 +1,383 @@
+"""Lock: the handle a user holds; validates arguments and delegates to the engine.
+
+A handle has no state of its own beyond its name and defaults: which task holds the
+lock, how often, and with which fencing token is kept by the manager, per task. One
+handle may be shared by many tasks; each task is a separate owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from aiolock._engine.guard import BodyGuard, ManagerLike
+from aiolock._errors import LockError, LockLostError, LockNotOwnedError, WireFormatError
+from aiolock._keys import LockKeys, check_lease, check_timeout
+from aiolock._kinds.lock.handoff import HandoffToken, adopt, detach, handoff_kind
+from aiolock._redis.client import as_int
+from aiolock._redis.replicas import INHERIT, HandlePolicy, under_policy
+
+if TYPE_CHECKING:
+    from aiolock._engine.kind import Hold, LockKind
+    from aiolock._kinds.lock.kind import ReentrantLockKind
+
+__all__ = ["FairLock", "Lock"]
+
+
+class _Default:
+    """The marker of an argument left out: the handle's default applies."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+#: Typed as Any so that public signatures read ``timeout: float | None = <default>``.
+_DEFAULT: Any = _Default()
+
+
+def resolve(
+    timeout: float | None,
+    lease: float | None,
+    default_timeout: float | None,
+    default_lease: float | None,
+) -> tuple[float | None, float | None]:
+    """The wait and fixed lease of one acquire: the handle's defaults, or the given ones
+    (checked here, at the call that received them)."""
+    wait = default_timeout if timeout is _DEFAULT else check_timeout(timeout)
+    if lease is _DEFAULT:
+        return wait, default_lease
+    return wait, None if lease is None else check_lease(lease)
+
+
+class Lock:
+    """A reentrant distributed lock, owned by the asyncio task that acquires it.
+
+    Made by :meth:`aiolock.LockManager.lock`. Use it as ``async with lock:`` (the body is
+    cancelled and :class:`LockLostError` raised if the hold is lost), or call
+    :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
+    """
+
+    __slots__ = (
+        "_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_resource", "_timeout"
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        manager: ManagerLike,
+        kind: LockKind,
+        keys: LockKeys,
+        *,
+        timeout: float | None,
+        lease: float | None,
+    ) -> None:
+        self._manager = manager
+        self._kind = kind
+        self._keys = keys
+        self._resource = kind.resource(keys)
+        self._timeout = timeout
+        self._lease = lease
+        self._guard = BodyGuard()
+        #: the factory's replicas= (see aiolock._redis.replicas), set by the manager
+        self._replicas: HandlePolicy = INHERIT
+
+    @property
+    def name(self) -> str:
+        """The name given to the factory (the key is derived from it)."""
+        return self._keys.name
+
+    @property
+    def key(self) -> str:
+        """The Redis key of the lock (a hash in aiolock's own wire format; see
+        ``docs/wire-formats.md`` for the others)."""
+        return self._keys.lock
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The fencing token of the current task's hold, or None if it holds none.
+
+        Every new acquisition of a name gets a larger token than the one before it;
+        pass it to the resource the lock protects so it can refuse stale writers.
+        """
+        if self._kind.fencing_unavailable:
+            raise WireFormatError(self._kind.fencing_unavailable)
+        hold = self._current_hold()
+        return None if hold is None else hold.token
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} timeout={self._timeout} lease={self._lease}>"
+
+    # -- acquire and release -------------------------------------------------------------
+
+    async def acquire(
+        self,
+        timeout: float | None = _DEFAULT,
+        lease: float | None = _DEFAULT,
+    ) -> None:
+        """Acquire the lock for the current task, waiting up to *timeout* seconds.
+
+        Re-entrant: a task that holds the lock acquires it again at once and must
+        release it as many times. Raises :class:`LockTimeoutError` when the wait runs
+        out. *timeout* and *lease* default to the values given to
+        :meth:`aiolock.LockManager.lock`.
+        """
+        await self._acquire(timeout, lease)
+
+    async def try_acquire(self, timeout: float | None = 0, lease: float | None = _DEFAULT) -> bool:
+        """Like :meth:`acquire`, but return False instead of raising on timeout.
+
+        The default ``timeout=0`` makes exactly one attempt.
+        """
+        try:
+            await self._acquire(timeout, lease)
+        except TimeoutError:
+            return False
+        return True
+
+    def _acquire(self, timeout: float | None, lease: float | None) -> Coroutine[Any, Any, Hold]:
+        """The engine's acquisition for the current task (awaitable; no layer of its own)."""
+        wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
+        engine = self._manager._open_engine()
+        acquire = engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
+        if self._replicas is INHERIT:  # the common case: no coroutine layer for the policy
+            return acquire
+        return under_policy(self._replicas, acquire)
+
+    async def release(self) -> None:
+        """Release one hold of the current task (the lock is free when the count hits 0).
+
+        Raises :class:`LockNotOwnedError` if the task does not hold the lock, and
+        :class:`LockLostError` (a subclass) if it held it but the hold was lost. A release
+        interrupted by a cancellation still completes (shielded, bounded in time).
+        """
+        engine = self._manager._open_engine()
+        owner = self._manager._owner()
+        registry = engine.registry
+        hold = registry.get(self._resource, owner)
+        if hold is None:
+            parked = registry.parked(self._resource, owner)
+            if parked is not None:
+                await engine.release(parked)  # an unconfirmed release, sent again (idempotent)
+                return
+            if registry.pop_settled(self._resource, owner) is not None:
+                return  # the release that raised LockConnectionError has since gone through
+            hold = self._owned_hold()  # raises: lost, or never held
+        await engine.release(hold)
+
+    async def extend(self, lease: float | None = None, *, additional: float | None = None) -> None:
+        """Set the remaining lease of the current task's fixed-lease hold to *lease* s, or
+        add *additional* s to what is left of it (one atomic step on the server, like
+        redis-py's ``extend(additional_time)``); give exactly one of the two."""
+        if (lease is None) == (additional is None):
+            raise TypeError(
+                "extend() takes either lease (the time left to set) or additional= (the "
+                f"time to add to what is left), exactly one; got lease={lease!r}, "
+                f"additional={additional!r}"
+            )
+        seconds = check_lease(
+            lease if additional is None else additional,
+            "lease" if additional is None else "additional",
+        )
+        engine = self._manager._open_engine()
+        hold = self._owned_hold()
+        if hold.renew:
+            raise LockError(
+                f"lock {self.name!r} is renewed automatically, so there is nothing to extend; "
+                "extend() is for holds acquired with an explicit lease="
+            )
+        if additional is None:
+            await engine.extend(hold, seconds)
+        else:
+            await engine.extend_by(hold, seconds)
+
+    async def force_release(self) -> bool:
+        """Delete the lock whoever holds it and wake a waiter; True if it was held.
+
+        An administrator's tool: the holder is not asked, and learns of it as a lost lease.
+        """
+        return await self._manager._open_engine().force_release(self._kind, self._keys)
+
+    # -- hand-off between tasks and processes -------------------------------------------
+
+    async def detach(self, *, lease: float | None = None) -> str:
+        """Give up the current task's hold without freeing the lock; a token to adopt it.
+
+        The lock stays held, by nobody, until a task of this or another process passes
+        the token to :meth:`adopt` (once), or for *lease* seconds (default: the manager's
+        lease), which bounds a token nobody adopts. From here the current task does not
+        own it: its :meth:`release` raises :class:`LockNotOwnedError`, and an ``async
+        with`` block around the call releases nothing at its end. The token is a short
+        str, safe in argv, URLs and headers; it carries the fencing token, which does not
+        change. Plain locks of aiolock's own wire format only; a re-entered hold (held
+        more than once by the task) is refused. See ``docs/recipes/handoff.md``.
+        """
+        kind = self._handoff_kind()
+        seconds = None if lease is None else check_lease(lease)
+        engine = self._manager._open_engine()
+        hold = self._owned_hold()
+        return await detach(engine, kind, hold, engine.rt.lease if seconds is None else seconds)
+
+    async def adopt(self, token: str, *, lease: float | None = _DEFAULT) -> None:
+        """Take over the lock that :meth:`detach` handed off as *token*, for the current task.
+
+        The task then owns it as if it had acquired it: renewed, its loss detected,
+        released by :meth:`release` (or when the task ends). *lease* is the hold's lease
+        as for :meth:`acquire` (default: the handle's; None renews it automatically).
+        Raises :class:`LockHandoffError` if the token was adopted already, or its lease
+        ran out, or the lock was force-released; ``ValueError`` if the token is not one
+        or names another lock (the name, prefix and wire format must match).
+        """
+        fixed = self._adopt_lease(lease)
+        found = HandoffToken.decode(token)
+        kind = self._handoff_kind()
+        if found.key != self._keys.lock:
+            raise ValueError(
+                f"the hand-off token is for the lock key {found.key!r}, not this lock's "
+                f"{self._keys.lock!r}: adopt it with a handle of the same name, from a "
+                "LockManager with the same prefix"
+            )
+        engine = self._manager._open_engine()
+        await adopt(engine, kind, self._keys, self._manager._owner(), found, fixed)
+
+    def adopted(self, token: str, *, lease: float | None = _DEFAULT) -> Adopted:
+        """``async with lock.adopted(token):`` adopts (see :meth:`adopt`), runs the body
+        guarded as ``async with lock:`` does (cancelled if the hold is lost), and releases."""
+        return Adopted(self, token, self._adopt_lease(lease))
+
+    def _adopt_lease(self, lease: float | None) -> float | None:
+        return resolve(None, lease, None, self._lease)[1]
+
+    def _handoff_kind(self) -> ReentrantLockKind:
+        what = f"{type(self).__name__} {self.name!r}"
+        return handoff_kind(self._kind, what, plain=type(self) is Lock)
+
+    # -- queries -------------------------------------------------------------------------
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock."""
+        client = self._manager._open_engine().client
+        return as_int(await client.call("EXISTS", self._keys.lock, key=self._keys.lock)) == 1
+
+    async def owned(self) -> bool:
+        """Whether the current task holds the lock (asks Redis)."""
+        return await self.hold_count() > 0
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds the lock, per Redis (0 if not)."""
+        engine = self._manager._open_engine()
+        hold = engine.registry.get(self._resource, self._manager._owner())
+        counted = await self._kind.hold_count(self._keys, hold)  # formats without a hash
+        if counted is not None:
+            return counted
+        if hold is None:
+            # Still ask Redis, so that a key of another type is reported as such.
+            await engine.client.call("HEXISTS", self._keys.lock, "-", key=self._keys.lock)
+            return 0
+        count = await engine.client.call("HGET", self._keys.lock, hold.field, key=self._keys.lock)
+        return 0 if count is None else as_int(count)
+
+    async def ttl(self) -> float | None:
+        """Seconds left on the lock's lease; None if nobody holds it, inf if it never expires."""
+        client = self._manager._open_engine().client
+        ms = as_int(await client.call("PTTL", self._keys.lock, key=self._keys.lock))
+        if ms == -2:
+            return None
+        return math.inf if ms < 0 else ms / 1000
+
+    # -- async with ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Lock:
+        hold = await self._acquire(_DEFAULT, _DEFAULT)
+        engine = self._manager._open_engine()
+        if not self._guard.enter(engine, hold):
+            await self._guard.refuse(engine, hold)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        engine = self._manager._engine if self._manager.is_open else None
+        await self._guard.exit(self, engine, exc_type, exc, tb)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _current_hold(self) -> Hold | None:
+        engine = self._manager._engine
+        if engine is None or asyncio.current_task() is None:
+            return None
+        return engine.registry.get(self._resource, self._manager._owner())
+
+    def _owned_hold(self) -> Hold:
+        engine = self._manager._open_engine()
+        owner = self._manager._owner()
+        hold = engine.registry.get(self._resource, owner)
+        if hold is not None:
+            return hold
+        lost = engine.registry.pop_lost(self._resource, owner)
+        if lost is not None:
+            raise LockLostError(
+                f"lock {self.name!r} was lost while this task held it ({lost.lost_reason}); "
+                "another owner may have entered the critical section"
+            )
+        raise LockNotOwnedError(
+            f"lock {self.name!r} is not held by the current task; locks belong to the task "
+            "that acquired them (a child task is a different owner)"
+        )
+
+
+class Adopted:
+    """``async with lock.adopted(token):``: adopt, guard the body as ``async with lock:``
+    does, release at the end (see :meth:`Lock.adopted`)."""
+
+    __slots__ = ("_lease", "_lock", "_token")
+
+    def __init__(self, lock: Lock, token: str, lease: float | None) -> None:
+        HandoffToken.decode(token)  # a bad token is refused at the call that got it
+        self._lock = lock
+        self._token = token
+        self._lease = lease
+
+    async def __aenter__(self) -> Lock:
+        lock = self._lock
+        await lock.adopt(self._token, lease=self._lease)
+        engine = lock._manager._open_engine()
+        hold = lock._current_hold()
+        assert hold is not None  # adopt() registered it for this task
+        # (enter() records the block under its caller's caller: this method's caller)
+        if not lock._guard.enter(engine, hold):
+            await lock._guard.refuse(engine, hold)
+        return lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock = self._lock
+        engine = lock._manager._engine if lock._manager.is_open else None
+        await lock._guard.exit(lock, engine, exc_type, exc, tb)
+
+
+class FairLock(Lock):
+    """A reentrant distributed lock granted first come, first served, across processes.
+
+    Made by :meth:`aiolock.LockManager.fair_lock`; the API is :class:`~aiolock.Lock`'s.
+    A waiting task's first attempt puts it in a queue kept in Redis; each release grants
+    the lock to the first waiter still alive and wakes that waiter alone. A waiter that
+    gives up (timeout, cancellation) leaves the queue at once; one whose process died
+    leaves it within the claim lifetime (10 s). ``try_acquire()`` (one attempt) succeeds
+    only if nobody holds the lock and nobody waits for it. See ``docs/fair-lock.md``.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<FairLock {self.name!r} timeout={self._timeout} lease={self._lease}>"

@@ -1,0 +1,267 @@
+"""Hand-off: detach a held lock into a token that another task or process adopts.
+
+Ownership in aiolock is per asyncio task (the hold is the hash field
+``<manager id>:<serial>:<number>``), so a lock taken in a request handler cannot simply
+be released by a background task or another process. A hand-off moves it explicitly:
+
+* :func:`detach` renames the owner's field, in one script, to a fresh field
+  ``detached:<128 random bits>`` and sets the lock's lease to the detach lease; the
+  local hold leaves the registry (no renewal, no loss reports, no release when its task
+  ends). The token names that field; whoever holds the token may adopt the lock. An
+  abandoned token is bounded by the detach lease: nobody renews a detached field.
+* :func:`adopt` renames the detached field, in one script, to a field of the adopting
+  task iff it is still there, so a token is adopted once; the hold is then registered
+  like a fresh acquisition (renewed, loss-checked, released when its task ends).
+
+The fencing token travels in the token: the hold keeps the token it was granted, and
+the fence rule of the next acquisition is unchanged.
+
+Only the plain reentrant lock of aiolock's own wire format supports it (one field per
+owner, so a rename moves the whole ownership); :mod:`aiolock._kinds.lock.handle` refuses the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.kind import Hold
+from aiolock._errors import (
+    LockConnectionError,
+    LockError,
+    LockHandoffError,
+    LockKeyTypeError,
+    LockLostError,
+    WireFormatError,
+)
+from aiolock._kinds.lock.kind import ReentrantLockKind
+
+if TYPE_CHECKING:
+    from aiolock._engine.engine import Engine
+    from aiolock._keys import LockKeys
+
+__all__ = ["DETACHED", "HandoffToken", "adopt", "detach", "handoff_kind"]
+
+#: The start of a detached hold's field (and of nothing else: owner fields start with a
+#: manager id, 32 hex digits).
+DETACHED = "detached:"
+#: The start of every token: the format's name and version.
+_MAGIC = "aiolock-hold-1."
+
+
+class HandoffToken(NamedTuple):
+    """What a token carries: the lock's key, the detached field and the fencing token."""
+
+    key: str
+    field: str
+    fence: int
+
+    def encode(self) -> str:
+        """Text safe in argv, environment variables, URLs and HTTP headers."""
+        raw = json.dumps([self.key, self.field, self.fence], separators=(",", ":"))
+        return _MAGIC + base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
+
+    @classmethod
+    def decode(cls, token: object) -> HandoffToken:
+        """The token *token*, or a ValueError/TypeError saying what is wrong with it."""
+        if not isinstance(token, str):
+            kind = type(token).__name__
+            raise TypeError(f"a hand-off token is a str (from Lock.detach()), not {kind}")
+        bad = ValueError(
+            f"not a hand-off token made by Lock.detach(): {token[:40]!r}"
+            + ("…" if len(token) > 40 else "")
+        )
+        if not token.startswith(_MAGIC):
+            raise bad
+        body = token[len(_MAGIC) :]
+        try:
+            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+            key, field, fence = json.loads(raw.decode("utf-8"))
+        except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
+            raise bad from None
+        if not (
+            isinstance(key, str)
+            and isinstance(field, str)
+            and field.startswith(DETACHED)
+            and isinstance(fence, int)
+            and not isinstance(fence, bool)
+        ):
+            raise bad
+        return cls(key, field, fence)
+
+
+def handoff_kind(kind: object, what: str, plain: bool) -> ReentrantLockKind:
+    """*kind* if it supports hand-off, else a clear error naming what does; *what* names
+    the handle, *plain* says whether it is a plain Lock (of another wire format, then)."""
+    if type(kind) is ReentrantLockKind:
+        return kind
+    supported = (
+        "only a plain Lock of aiolock's own wire format can be detached and adopted "
+        "(LockManager.lock(name), wire='aiolock')"
+    )
+    if plain:
+        raise WireFormatError(f"{what} uses another wire format: {supported}")
+    raise LockError(f"{what} cannot be handed off: {supported}")
+
+
+# -- detach ------------------------------------------------------------------------------
+
+
+async def detach(engine: Engine, kind: ReentrantLockKind, hold: Hold, lease: float) -> str:
+    """Detach *hold* (the current task's, counted once) for *lease* s; the token."""
+    registry = engine.registry
+    name = hold.keys.name
+    if hold.count > 1:
+        raise LockError(
+            f"lock {name!r} is held {hold.count} times by this task (re-entered); only a "
+            "hold counted once can be detached. Release the inner holds first (leave the "
+            "inner 'async with' blocks)"
+        )
+    if not registry.alive(hold):
+        registry.forget_lost(hold)  # reported right here
+        raise LockLostError(
+            f"lock {name!r} was lost before it could be detached ({hold.lost_reason}); "
+            "there is nothing to hand over"
+        )
+    field = DETACHED + secrets.token_hex(16)
+    # From here the hold is not this task's: the watchdog neither renews it nor reports
+    # its field gone (which the rename makes it), and the task's end does not release it.
+    registry.remove(hold)
+    outcome: list[bool] = []
+
+    async def send() -> None:
+        outcome.append(await kind.detach(hold, field, lease))
+
+    try:
+        await finish_despite_cancel(send)  # a detach that ran must not be left unknown
+    except asyncio.CancelledError:
+        _cancelled_detach(engine, kind, hold, field, lease, outcome)
+        raise
+    except LockConnectionError as exc:
+        registry.add(hold)  # unknown: the watchdog tells (renewed, or reported lost)
+        raise LockConnectionError(
+            f"the detach of lock {name!r} was not confirmed ({exc}); the task still counts "
+            "as holding it. If the detach did run, the hold is reported lost and the lock "
+            "is freed by its lease"
+        ) from exc
+    except LockKeyTypeError:
+        registry.add(hold)
+        registry.lose_reported(hold, "its key was replaced by a value of another type")
+        raise
+    except LockError:  # refused (an ACL): it did not run
+        registry.add(hold)
+        raise
+    if not outcome[0]:
+        registry.add(hold)
+        registry.lose_reported(hold, "Redis no longer had it when it was detached")
+        raise LockLostError(
+            f"lock {name!r} could not be detached: its lease had already ended or it was "
+            "force-released, so another owner may have entered the critical section"
+        )
+    engine._ended(hold)  # for the observers, this task's hold ends here
+    return HandoffToken(hold.keys.lock, field, hold.token).encode()
+
+
+def _cancelled_detach(
+    engine: Engine,
+    kind: ReentrantLockKind,
+    hold: Hold,
+    field: str,
+    lease: float,
+    outcome: list[bool],
+) -> None:
+    """The detaching task was cancelled: nobody will get the token, so give the lock back.
+
+    Detached: the detached field is released in the background. Not held: nothing to do.
+    Unknown (the command failed): the hold is registered again, and its task's end
+    releases it (or the watchdog reports it gone).
+    """
+    if not outcome:
+        engine.registry.add(hold)
+    elif outcome[0]:
+        engine._ended(hold)
+        stray = Hold(kind, hold.keys, "", field, hold.token, lease, False, time.monotonic())
+        engine.release_lost(stray)
+
+
+# -- adopt -------------------------------------------------------------------------------
+
+
+async def adopt(
+    engine: Engine,
+    kind: ReentrantLockKind,
+    keys: LockKeys,
+    owner: str,
+    token: HandoffToken,
+    lease: float | None,
+) -> Hold:
+    """Make the detached hold *token* names the hold of *owner* (the current task)."""
+    if engine.hub.closed:
+        raise engine.manager_closed()
+    if engine.registry.get(kind.resource(keys), owner) is not None:
+        raise LockError(
+            f"this task already holds lock {keys.name!r}, so the token cannot name a hold "
+            "of it that is still adoptable; a task adopts a lock it does not hold"
+        )
+    rt = engine.rt
+    lease_s = rt.lease if lease is None else lease
+    field = kind.hold_field(owner, rt.next_id())
+    sent_at = time.monotonic()
+    try:
+        adopted, pttl = await kind.adopt(keys, token.field, field, lease_s)
+    except (LockConnectionError, asyncio.CancelledError):
+        await _give_back(engine, kind, keys, token, field)  # it may have run
+        raise
+    if not adopted:
+        raise LockHandoffError(_not_adoptable(keys.name, pttl))
+    hold = Hold(kind, keys, owner, field, token.fence, lease_s, lease is None, sent_at)
+    if engine.hub.closed:  # the manager closed while the script was in flight
+        await engine.release_quietly(hold)
+        raise engine.manager_closed()
+    engine._adopt(hold)  # registered like a fresh acquisition: renewed, loss-checked
+    if engine.observers.active:
+        hold.observed_at = time.monotonic()
+        engine.observers.acquired(kind.name, keys.name, 0.0, hold.token)
+    return hold
+
+
+def _not_adoptable(name: str, pttl: int) -> str:
+    if pttl == -2:
+        now = "the lock is free now: the detached lease ran out, or it was adopted and released"
+    else:
+        now = "another owner holds it now: it was adopted already, or it expired and was taken"
+    return (
+        f"the hand-off token of lock {name!r} cannot be adopted: {now}. A token is adopted "
+        "once, and only before the lease given to detach() runs out"
+    )
+
+
+async def _give_back(
+    engine: Engine, kind: ReentrantLockKind, keys: LockKeys, token: HandoffToken, field: str
+) -> None:
+    """An adoption cancelled or failed in flight: if it ran, rename the field back, so
+    the token stays adoptable (the same script, fields swapped, lease untouched).
+
+    A command that is still in flight when this one runs (it could not be, on one
+    connection) would leave the adopter's field holding the lock unrenewed: its lease
+    frees it, as for an adopter that crashed.
+    """
+
+    async def send() -> None:
+        await kind.adopt(keys, field, token.field, None)
+
+    def retry_later() -> None:
+        give_up_at = time.monotonic() + engine.rt.lease
+        engine.cleanup.add(f"give-back of an adoption of {keys.name!r}", send, give_up_at)
+
+    engine.cleanup.begin()  # closing waits for it
+    try:
+        await finish_despite_cancel(lambda: send_or(send, retry_later))
+    finally:
+        engine.cleanup.end()

@@ -1,0 +1,1 @@
+"""The multi-lock: several locks taken together, all or none."""

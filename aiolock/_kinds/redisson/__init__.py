@@ -1,0 +1,1 @@
+"""The ``redisson`` wire format's lock: Redisson's RLock layout."""

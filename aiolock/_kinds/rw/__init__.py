@@ -1,0 +1,1 @@
+"""The read-write lock: shared readers, one writer, writers not starved."""

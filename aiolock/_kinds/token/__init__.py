@@ -1,0 +1,1 @@
+"""The ``token`` wire format's lock: redis-py's ``Lock`` layout."""

@@ -1,0 +1,213 @@
+"""The token lock kind (``wire="token"``): a lock shared with ``SET NX PX`` token clients.
+
+The lock is a string at the lock name ``N`` itself, holding its holder's token, set with
+the equivalent of ``SET N <token> NX PX <lease>`` and deleted by compare-and-delete:
+the layout of redis-py's ``Lock`` and of the ``SET NX`` + Lua recipe, so such clients
+and aiolock exclude each other on one name. ``docs/wire-token.md`` is the contract.
+
+aiolock's tokens are ``aiolock:{<prefix>}:<owner field>``: unique per acquisition (the
+owner field is), unguessable (it starts with the manager's 128 random bits), and
+recognisable, which tells a waiter whether the holder will announce its release. An
+aiolock holder publishes its manager id on ``P:token:{N}:released`` (see
+:func:`~aiolock._kinds.foreign.aux_base`); while another client holds the lock, which
+never publishes, the waiter polls with a bounded backoff
+(:class:`~aiolock._kinds.foreign.PollBackoff`).
+
+Re-entry is counted in the process (the string has no count): re-entering and a nested
+release only check that the token is still there; the final release deletes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiolock._engine.kind import (
+    Attempt,
+    Busy,
+    Granted,
+    Hold,
+    KindBase,
+    Released,
+    ReleaseStatus,
+    Successor,
+)
+from aiolock._engine.runtime import Runtime
+from aiolock._errors import LockKeyTypeError
+from aiolock._keys import LockKeys, ms
+from aiolock._kinds.foreign import ForeignKeys, PollBackoff
+from aiolock._redis.client import as_int, as_text
+from aiolock._redis.scripts import Script
+
+__all__ = ["TOKEN_TAG", "TokenLockKind", "token_keys"]
+
+ACQUIRE = Script("_kinds/token/acquire")
+RELEASE = Script("_kinds/token/release")
+RENEW = Script("_kinds/token/renew")
+UNDO = Script("_kinds/token/undo")
+FORCE_RELEASE = Script("_kinds/token/force_release")
+
+#: The format's tag in aiolock's auxiliary keys: ``P:token:{N}:...``.
+TOKEN_TAG = "token"
+
+# acquire.lua
+_BUSY, _VOIDED, _BAD_KEY = 0, 3, -1
+# release.lua
+_RESENT, _NOT_HELD = 2, 0
+
+
+def token_keys(prefix: str, name: str) -> ForeignKeys:
+    return ForeignKeys(prefix, name, TOKEN_TAG, "token")
+
+
+def string_type_error(key: str, kind: object) -> LockKeyTypeError:
+    return LockKeyTypeError(
+        f"Redis key {key!r} holds a {as_text(kind)}, not a lock of the token or timestamp "
+        "wire format (a string), so it cannot be used as a lock; pick another lock name, "
+        "or delete that key"
+    )
+
+
+class StringKindBase(KindBase):
+    """What the string formats (token, timestamp) share: the hold count lives in the
+    process, so a nested release or a count only asks Redis whether the hold is still
+    there (the renew script with no lease), and a final release (:meth:`_final_release`)
+    answers the same codes."""
+
+    reentrant = True
+
+    async def _still_held(self, hold: Hold) -> bool:
+        (held,) = await self._client.run(
+            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), 0)
+        )
+        return as_int(held) == 1
+
+    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
+        """Run the kind's release script for the last hold; its raw reply."""
+        raise NotImplementedError
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        if count > 1:  # nested: the count is ours alone; only check that we still hold it
+            if await self._still_held(hold):
+                return Released(ReleaseStatus.STILL_HELD, count - 1)
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        reply = await self._final_release(hold, release_id, listening)
+        if isinstance(reply, int):
+            return Released(ReleaseStatus.RELEASED, reply)
+        code = as_int(reply[0])
+        if code == _RESENT:
+            return Released(ReleaseStatus.RELEASED, 0)
+        if code == _NOT_HELD:
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        raise string_type_error(hold.keys.lock, reply[1])
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        """The count is kept here, in the process: Redis is asked whether the hold is
+        still there (and, with no hold, whether the key is a string or absent)."""
+        if hold is None:
+            kind = as_text(await self._client.call("TYPE", keys.lock, key=keys.lock))
+            if kind not in ("none", "string"):
+                raise string_type_error(keys.lock, kind)
+            return 0
+        return hold.count if await self._still_held(hold) else 0
+
+
+class TokenLockKind(StringKindBase):
+    """Scripts and reply decoding of the token lock; everything else is the engine's."""
+
+    name = "token lock"
+    renew_script = RENEW
+    fencing_unavailable = (
+        "locks of the 'token' wire format have no fencing token: the token layout shared "
+        "with other clients keeps only a random token per holder, and other clients "
+        "would not advance a counter. Use wire='aiolock' for fencing tokens"
+    )
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._client = runtime.client
+        #: every token of this manager starts with it (its prefix, braces around it,
+        #: cannot occur inside a prefix, so one manager's mark never starts another's)
+        self.mark = f"aiolock:{{{runtime.keyspace.prefix}}}:"
+        self._backoff = PollBackoff()
+
+    def resource(self, keys: LockKeys) -> str:
+        # Not the key itself: the registry must never confuse this lock with a lock of
+        # another format whose key happens to be spelled like this name.
+        return f"\0{TOKEN_TAG}\0{keys.lock}"
+
+    def token(self, field: str) -> str:
+        """The token stored in Redis by the hold (or attempt) with owner field *field*."""
+        return self.mark + field
+
+    async def attempt(self, attempt: Attempt) -> Granted | Busy:
+        keys = attempt.keys
+        reply = await self._client.run(
+            ACQUIRE,
+            (keys.lock, attempt.void),
+            (self.token(attempt.field), ms(attempt.lease), attempt.before),
+        )
+        if isinstance(reply, int):
+            self._backoff.forget(keys.lock)
+            return Granted(0, attempt.before + 1)
+        code = as_int(reply[0])
+        if code == _BAD_KEY:
+            raise string_type_error(keys.lock, reply[1])
+        if code == _VOIDED:  # only an attempt resent after its own undo sees that
+            return Busy(0.0)
+        holder, pttl = as_text(reply[1]), as_int(reply[2])
+        return Busy(self._wait_for(keys, holder, pttl))
+
+    def _wait_for(self, keys: LockKeys, holder: str, pttl: int) -> float:
+        """How long the local head may sleep before trying again: until the holder's lease
+        ends if the holder announces its release (an aiolock client of this prefix), else
+        until the next poll."""
+        # 0 ms left is "try again in a moment", not unknown (see busy_for)
+        ttl = max(pttl, 1) / 1000 if pttl >= 0 else 0.0
+        if holder.startswith(self.mark) or not holder:
+            return ttl  # 0: the engine waits the manager's lease, or a release message
+        return self._backoff.next(keys.lock, ttl)
+
+    async def undo(self, attempt: Attempt) -> bool:
+        if attempt.before:  # a re-entry changes nothing a late run could leave behind
+            return False
+        keys = attempt.keys
+        undone = await self._client.run(
+            UNDO,
+            (keys.lock, attempt.void),
+            (self.token(attempt.field), attempt.void_ms, keys.channel, self._rt.manager_id),
+        )
+        return as_int(undone) == 1
+
+    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
+        keys = hold.keys
+        rt = self._rt
+        return await self._client.run(
+            RELEASE,
+            (keys.lock, keys.tombstone(release_id)),
+            (
+                self.token(hold.field),
+                keys.channel,
+                rt.manager_id,
+                1 if listening else 0,
+                rt.tombstone_ms,
+            ),
+        )
+
+    def renew_value(self, hold: Hold) -> str:
+        return self.token(hold.field)
+
+    async def force_release(self, keys: LockKeys) -> bool:
+        code, value = await self._client.run(
+            FORCE_RELEASE, (keys.lock,), (keys.channel, self._rt.manager_id)
+        )
+        if as_int(code) == -1:
+            raise string_type_error(keys.lock, value)
+        return as_int(code) == 1

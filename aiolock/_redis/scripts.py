@@ -1,0 +1,62 @@
+"""The Lua script loader: one operation per ``.lua`` file, kept beside the kind that runs it.
+
+A script is named by its path inside the package without ``.lua``
+(``"_kinds/lock/acquire"``, ``"_redlock/acquire"``) and holds one script with a
+KEYS/ARGV/returns header. Code shared by several kinds (the fencing rule, the release
+tombstone, the permit bookkeeping) lives once in ``_kinds/_lua/`` as a prelude, spliced in
+where a script says ``--@include <path>`` (``--@include _kinds/_lua/fence``). Each
+:class:`Script` carries its final source and SHA1; :mod:`aiolock._redis.client` runs it with
+EVALSHA and loads it on NOSCRIPT (a restarted or flushed server forgets scripts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from importlib import resources
+
+__all__ = ["REQUIRED_COMMANDS", "Script"]
+
+#: ``--@include _kinds/_lua/fence`` (shared) or ``--@include _kinds/rw/common`` (a kind's own)
+_INCLUDE = re.compile(r"^--@include ([\w/]+)$", re.MULTILINE)
+
+
+def _read(path: str) -> str:
+    return resources.files("aiolock").joinpath(path).read_text("utf-8")
+
+
+class Script:
+    """A script of the package, by its path without ``.lua`` (``"_kinds/lock/acquire"``)."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = _INCLUDE.sub(lambda m: _read(f"{m[1]}.lua"), _read(f"{name}.lua"))
+        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+#: Every Redis command aiolock sends, or calls from its scripts: what an ACL user needs
+#: (with ``~<prefix>:*`` keys and ``&<prefix>:*`` channels). Keep in step with the scripts.
+REQUIRED_COMMANDS: tuple[str, ...] = (
+    # sent by the client
+    "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
+    "exists", "hget", "hexists", "pttl",
+    # sent by the manager for its identity record (aiolock._redis.identity)
+    "set", "del",
+    # called from the scripts
+    "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
+    "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",
+    # called from the scripts of the semaphore and the read-write lock
+    "hdel", "hmget", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zscore",
+    "zcard", "zremrangebyscore",
+    # on Redis Cluster: the scripts' sharded variant (aiolock._redis.cluster.sharded), the
+    # hub's sharded subscriptions, the slot map and migrations
+    "spublish", "pubsub|shardnumsub", "ssubscribe", "sunsubscribe", "cluster|slots",
+    "asking",
+    # called from the scripts of the redisson wire format (RFencedLock's token counter)
+    "incr",
+)  # fmt: skip

@@ -1,0 +1,1 @@
+"""Redlock: one lock over several independent Redis masters, held on a majority."""
