@@ -28,8 +28,7 @@ from .._keys import LockKeys, ms
 from .._kind import Attempt, Busy, Granted, Hold
 from .._runtime import Runtime
 from .._scripts import Script
-from .foreign import ForeignKeys, PollBackoff
-from .token import StringKindBase, string_type_error
+from .foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
 
 __all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
 
