@@ -770,7 +770,9 @@ class LockManager:
             tg.start_soon(core.cleanup.run, name="aiolock cleanup")
             tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
             if isinstance(self._redis, Redis) and is_sentinel_primary(self._redis):
-                watch = PrimaryWatch(self._redis, core, owns_sentinels=self._owns_sentinels)
+                watch = PrimaryWatch(
+                    self._redis, core.watchdog.renew_all, owns_sentinels=self._owns_sentinels
+                )
                 self._primary_watch = watch
                 tg.start_soon(watch.run, name="aiolock sentinel watch")
             await self._stop.wait()

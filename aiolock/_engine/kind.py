@@ -376,7 +376,7 @@ class LockKind(Protocol):
 
 class ScriptRunner(Protocol):
     """What a kind sends its scripts through (the manager's client, single node or
-    cluster); a protocol, so that the seam does not import the client, which imports it."""
+    cluster); a protocol, so that a kind works on either without knowing which."""
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]: ...
 

@@ -2,27 +2,40 @@
 
 One :class:`Runtime` per open manager: the client, the naming of keys and ids, and the
 options that shape the wire traffic. It holds no reference back to the manager, so
-neither the engine nor a kind can reach into the manager's lifecycle.
+neither the engine nor a kind can reach into the manager's lifecycle. The client is
+described by :class:`RuntimeClient`, which the manager's ``Client`` and ``ClusterClient``
+both satisfy: the engine never imports the cluster topology.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from aiolock._engine.kind import ScriptRunner
 from aiolock._keys import KeySpace, ms
 from aiolock._redis.replicas import ReplicaPolicy
 
-if TYPE_CHECKING:
-    from aiolock._redis.client import Client
-    from aiolock._redis.cluster import ClusterClient
-
-__all__ = ["TOMBSTONE_TTL", "Runtime"]
+__all__ = ["TOMBSTONE_TTL", "Runtime", "RuntimeClient"]
 
 #: Seconds a final release is remembered in Redis, so that a resend within that time
 #: (a retry after a dropped connection, a shielded finish, the background retrier, or
 #: the owner calling release() again) is recognised as done, however busy the lock was.
 TOMBSTONE_TTL = 10.0
+
+
+class RuntimeClient(ScriptRunner, Protocol):
+    """What the engine and the kinds use of the manager's client (one server or a cluster)."""
+
+    @property
+    def cluster(self) -> bool:
+        """Whether a script may only touch keys of one slot (renewals are grouped by slot)."""
+        ...
+
+    @property
+    def redis(self) -> Any:
+        """The redis-py client underneath (named in errors: see ``_reach.describe``)."""
+        ...
 
 
 class Runtime:
@@ -39,7 +52,7 @@ class Runtime:
 
     def __init__(
         self,
-        client: Client | ClusterClient,
+        client: RuntimeClient,
         keyspace: KeySpace,
         lease: float,
         fence_ttl: float | None,

@@ -12,6 +12,10 @@ cluster every key a script touches lives in the slot of ``N``.
 Other clients never publish when they release, so a waiter of these formats cannot sleep
 until a message while such a client holds the lock: it polls, with the backoff of
 :class:`PollBackoff`, and sleeps on pub/sub only while the holder is an aiolock client.
+
+The two string formats (``token``, ``timestamp``) also share :class:`StringKindBase`:
+their hold count lives in the process, and their release scripts answer the same codes.
+Kinds never import each other, so what they share lives here.
 """
 
 from __future__ import annotations
@@ -19,19 +23,25 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from typing import Any
 
 from redis.crc import key_slot
 
+from aiolock._engine.kind import Hold, KindBase, Released, ReleaseStatus, Successor
+from aiolock._errors import LockKeyTypeError
 from aiolock._keys import TAGS, LockKeys, check_foreign_key
+from aiolock._redis.client import as_int, as_text
 
 __all__ = [
     "POLL_FIRST",
     "POLL_MAX",
     "ForeignKeys",
     "PollBackoff",
+    "StringKindBase",
     "aux_base",
     "cluster_hash_tag",
     "slot_tag",
+    "string_type_error",
 ]
 
 #: Seconds between polls of a waiter while another client (which never publishes) holds
@@ -157,3 +167,67 @@ class PollBackoff:
 
     def forget(self, name: str) -> None:
         self._seen.pop(name, None)
+
+
+# release.lua of the string formats (token, timestamp)
+_RESENT, _NOT_HELD = 2, 0
+
+
+def string_type_error(key: str, kind: object) -> LockKeyTypeError:
+    return LockKeyTypeError(
+        f"Redis key {key!r} holds a {as_text(kind)}, not a lock of the token or timestamp "
+        "wire format (a string), so it cannot be used as a lock; pick another lock name, "
+        "or delete that key"
+    )
+
+
+class StringKindBase(KindBase):
+    """What the string formats (token, timestamp) share: the hold count lives in the
+    process, so a nested release or a count only asks Redis whether the hold is still
+    there (the renew script with no lease), and a final release (:meth:`_final_release`)
+    answers the same codes."""
+
+    reentrant = True
+
+    async def _still_held(self, hold: Hold) -> bool:
+        (held,) = await self._client.run(
+            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), 0)
+        )
+        return as_int(held) == 1
+
+    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
+        """Run the kind's release script for the last hold; its raw reply."""
+        raise NotImplementedError
+
+    async def release(
+        self,
+        hold: Hold,
+        count: int,
+        release_id: str,
+        successor: Successor | None,
+        hand_over_freely: bool,
+        listening: bool,
+    ) -> Released:
+        if count > 1:  # nested: the count is ours alone; only check that we still hold it
+            if await self._still_held(hold):
+                return Released(ReleaseStatus.STILL_HELD, count - 1)
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        reply = await self._final_release(hold, release_id, listening)
+        if isinstance(reply, int):
+            return Released(ReleaseStatus.RELEASED, reply)
+        code = as_int(reply[0])
+        if code == _RESENT:
+            return Released(ReleaseStatus.RELEASED, 0)
+        if code == _NOT_HELD:
+            return Released(ReleaseStatus.NOT_HELD, 0)
+        raise string_type_error(hold.keys.lock, reply[1])
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        """The count is kept here, in the process: Redis is asked whether the hold is
+        still there (and, with no hold, whether the key is a string or absent)."""
+        if hold is None:
+            kind = as_text(await self._client.call("TYPE", keys.lock, key=keys.lock))
+            if kind not in ("none", "string"):
+                raise string_type_error(keys.lock, kind)
+            return 0
+        return hold.count if await self._still_held(hold) else 0

@@ -1,16 +1,17 @@
 """The one door to Redis: runs scripts and commands, and turns redis-py errors into ours.
 
 Every command aiolock sends goes through :class:`Client`, so error translation, the
-optional per-command time limit and EVALSHA's NOSCRIPT fallback live in one place.
+optional per-command time limit and EVALSHA's NOSCRIPT fallback live in one place. This
+module does the round trips: RESP encoding, the connections kept between round trips,
+their checks and time limits, and the retry after a dropped connection. What is sent
+when, and in which pipeline, is :mod:`aiolock._redis.pipeline`'s; redis-py's errors
+become ours in :mod:`aiolock._redis.translate`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import ssl
 import sys
-from collections import deque
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -19,22 +20,23 @@ from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-from aiolock._errors import (
-    LockBackendError,
-    LockConnectionError,
-    LockError,
-    LockKeyTypeError,
-    LockPermissionError,
-)
-from aiolock._redis.replicas import ACKNOWLEDGE, Acknowledgement
+from aiolock._redis.pipeline import Arg, Pipelining
 from aiolock._redis.reply import as_int, as_text
-from aiolock._redis.scripts import REQUIRED_COMMANDS, Script
+from aiolock._redis.translate import POOL_EXHAUSTED, is_permanent, key_type_error, translate
 from aiolock._redis.transport import RoundTripTimer, exchange, fast_parser, where
 
-__all__ = ["Client", "as_int", "as_text", "translate"]
+__all__ = [
+    "POOL_EXHAUSTED",
+    "Arg",
+    "Client",
+    "as_int",
+    "as_text",
+    "is_permanent",
+    "key_type_error",
+    "translate",
+]
 
 T = TypeVar("T")
-Arg = str | int | float | bytes
 
 
 #: RESP bulk strings of recent arguments: lock keys, channels, ids and numbers repeat on
@@ -98,137 +100,7 @@ def _current(pool: Any, conn: AbstractConnection) -> bool:
     return primary is not None and tuple(primary) == peer
 
 
-#: The words of a pool-exhaustion error (a waiter's timeout says which outage it was).
-POOL_EXHAUSTED = "the client's connection pool is exhausted"
-
-#: Where Redis points into a script in an error ("script: <sha>, on @user_script:12.";
-#: Valkey 9 leaves out the sha): noise for the caller, who did not write the script.
-_SCRIPT_POSITION = re.compile(r"\s*script: (?:[0-9a-f]{40}, )?on @user_script:\d+\.?")
-
-
-def translate(
-    exc: rex.RedisError, what: str, key: str | None = None, *, changes: bool = True
-) -> LockError:
-    """Map a redis-py exception to the aiolock error a caller can act on."""
-    text = _SCRIPT_POSITION.sub("", str(exc)).strip() or type(exc).__name__
-    if isinstance(exc, rex.AuthenticationError) or text.startswith(("WRONGPASS", "NOAUTH")):
-        return LockPermissionError(
-            f"Redis rejected the client's credentials during {what}: {text}. "
-            "Check the username and password in the Redis URL or client."
-        )
-    if (
-        isinstance(exc, rex.NoPermissionError)
-        or "NOPERM" in text
-        or "can't run this command" in text  # an ACL refusal inside a script (Redis)
-        or "ACL failure in script" in text  # the same refusal as Valkey words it
-    ):
-        needed = ", ".join(c.upper().replace("|", " ") for c in REQUIRED_COMMANDS)
-        return LockPermissionError(
-            f"Redis refused {what}: {text}. The ACL user needs these commands: {needed}; "
-            "on keys (~prefix:*) and channels (&prefix:*) under the manager's prefix."
-        )
-    if is_permanent(exc):
-        return LockBackendError(
-            f"{what} failed: the TLS certificate of Redis was refused ({text}). Retrying "
-            "cannot mend this: give the client the CA that signed the server's certificate "
-            "(ssl_ca_certs=...) and connect by the host name the certificate names."
-        )
-    if isinstance(exc, rex.MaxConnectionsError) or text == "No connection available.":
-        return LockConnectionError(
-            f"{what} failed: {POOL_EXHAUSTED} ({text}). aiolock "
-            "uses up to max_in_flight connections plus one for pub/sub; make the pool "
-            "larger (max_connections) or share it with fewer users."
-        )
-    if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)):
-        return LockConnectionError(
-            f"{what} failed: Redis could not be reached or did not answer ({text})."
-            + (
-                " The outcome on the server is unknown; aiolock undoes partial acquisitions "
-                "and retries releases in the background."
-                if changes
-                else ""
-            )
-        )
-    # (redis-py strips the READONLY code from the text of its ReadOnlyError)
-    if isinstance(exc, rex.ReadOnlyError) or text.startswith("READONLY"):
-        return LockBackendError(
-            f"Redis refused {what}: the server is a read-only replica, not the primary "
-            f"({text}). Give aiolock a client of the primary; with Sentinel, use "
-            "LockManager.from_sentinel() or Sentinel.master_for(), which follow failovers"
-        )
-    if text.startswith("NOREPLICAS"):
-        return LockBackendError(
-            f"Redis refused {what}: the primary accepts no writes while fewer replicas than "
-            f"its min-replicas-to-write are in sync ({text}). Check the replicas' link to "
-            "the primary (INFO replication), or lower min-replicas-to-write"
-        )
-    if isinstance(exc, rex.MovedError):
-        return LockBackendError(
-            f"Redis answered {what} with MOVED ({text}): this server is a Redis Cluster "
-            "node, and a plain redis.asyncio.Redis client talks to one node only. Pass a "
-            "redis.asyncio.cluster.RedisCluster client to LockManager, or use "
-            "LockManager.from_url(url, cluster=True)."
-        )
-    if "WRONGTYPE" in text and key is not None:
-        return LockKeyTypeError(
-            f"a Redis key of lock {key!r} holds a value of another type, so it cannot be "
-            f"used as a lock; rename the lock or delete that key (Redis said: {text})"
-        )
-    return LockBackendError(f"Redis answered {what} with an error: {text}")
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """A connection error that no retry mends: the server's TLS certificate was refused.
-
-    redis-py raises its ConnectionError from the handshake's error (as ``__context__``),
-    so the chain is searched.
-    """
-    seen = 0
-    cause: BaseException | None = exc
-    while cause is not None and seen < 8:
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return True
-        cause, seen = cause.__cause__ or cause.__context__, seen + 1
-    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
-
-
-def key_type_error(key: str, kind: object) -> LockKeyTypeError:
-    return LockKeyTypeError(
-        f"Redis key {key!r} holds a {as_text(kind)}, not an aiolock lock (a hash), so it "
-        "cannot be used as a lock; pick another lock name or prefix, or delete that key."
-    )
-
-
-def _chained(error: LockError, cause: BaseException) -> LockError:
-    """*error* caused by *cause*, as ``raise error from cause`` would chain it.
-
-    A command settled from a pipeline gets its error through a future, not a ``raise``:
-    the cause must be set by hand, because the Redis Cluster router decides on it (a
-    MOVED, ASK or TRYAGAIN reply, a connection error) exactly as for a command sent alone.
-    """
-    error.__cause__ = cause
-    return error
-
-
-class _Request:
-    """A command waiting for a pipeline slot."""
-
-    __slots__ = ("command", "future", "key", "script", "what")
-
-    def __init__(
-        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
-    ) -> None:
-        self.command = command
-        self.script = script
-        self.what = what
-        self.key = key
-        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    def error(self, exc: rex.RedisError) -> LockError:
-        return _chained(translate(exc, self.what, self.key, changes=self.script is not None), exc)
-
-
-class Client:
+class Client(Pipelining):
     """Runs aiolock's scripts and commands on a ``redis.asyncio.Redis``.
 
     redis-py sends one command per connection at a time, so N concurrent commands would
@@ -245,15 +117,6 @@ class Client:
         max_in_flight: commands or pipelines in flight at once (~ connections used).
     """
 
-    #: The most commands sent in one pipeline. Small enough that Redis runs one pipeline
-    #: while the client reads the replies of another: the tasks that a pipeline's replies
-    #: wake send their next commands together, and in one pipeline of them all the client
-    #: and Redis took turns instead of working at once. 64 tasks on distinct names ran
-    #: 1.3x-1.6x the cycles per second with 16 as with 512 (W2 on one server over
-    #: loopback; 256 tasks 1.5x; 16 tasks, whose pipelines are shorter anyway, the same).
-    #: With 3 pipelines in flight that is 48 commands per round trip: on a link with a
-    #: long round trip, raise the manager's ``max_in_flight``.
-    MAX_BATCH = 16
     #: one server: renewal batches may mix slots (see aiolock._redis.cluster for a cluster)
     cluster = False
 
@@ -267,15 +130,9 @@ class Client:
         capacity = getattr(redis.connection_pool, "max_connections", None)
         if isinstance(capacity, int) and capacity >= 2:
             max_in_flight = min(max_in_flight, capacity - 1)
-        self.max_in_flight = max_in_flight
+        super().__init__(max_in_flight)
         #: a Sentinel primary's pool: connections may point at a replaced primary
         self._follows_primary = bool(getattr(redis.connection_pool, "is_master", False))
-        self._in_flight = 0
-        #: commands (or a lane's group, sent in one pipeline) waiting for a slot
-        self._queue: deque[_Request | list[_Request]] = deque()
-        #: ordered lanes (see run_in_order): key -> commands waiting for the lane's turn
-        self._lanes: dict[str, deque[_Request]] = {}
-        self._flushes: set[asyncio.Task[None]] = set()
         #: connections kept between round trips (at most max_in_flight are ever in use)
         self._idle: list[AbstractConnection] = []
         #: round trips, pipelines sent, and commands sent in them (for statistics)
@@ -285,228 +142,13 @@ class Client:
         #: round trips that failed on a connection error (and were retried once)
         self.connection_errors = 0
 
-    def run(
-        self, script: Script, keys: Sequence[str], args: Sequence[Arg]
-    ) -> Coroutine[Any, Any, Any]:
-        """EVALSHA *script*, loading it first if the server does not know it (awaitable).
-
-        A plain function that returns the coroutine doing the work: one coroutine layer
-        fewer on every script call, the hot path's main cost being such layers.
-        """
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        what = f"the {script.name} script"
-        ack = ACKNOWLEDGE.get()
-        if ack is not None:  # replicas=: WAIT must follow on the same connection
-            return self._acknowledged(command, script, what, keys[0] if keys else None, ack)
-        return self._execute(command, script, what, keys[0] if keys else None)
-
-    async def run_in_order(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        """As :meth:`run`, but calls with the same first key reach Redis in call order.
-
-        :meth:`run` lets commands overtake each other: up to *max_in_flight* pipelines
-        are in flight on as many connections, and which one Redis reads first is
-        chance. A fair lock's queue in Redis is the order its first attempts arrive in,
-        so those go through an ordered *lane* per key: while a command of the lane is
-        in flight, later ones wait in the lane, and when it is answered they go out
-        together, in order, in one pipeline (of at most :attr:`MAX_BATCH`), and so on.
-        A lone command pays nothing more than a dict lookup. Under ``replicas=`` (WAIT
-        after each grant) commands take :meth:`run`'s path, unordered.
-        """
-        if ACKNOWLEDGE.get() is not None:
-            return await self.run(script, keys, args)
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        what = f"the {script.name} script"
-        key = keys[0]
-        lane = self._lanes.get(key)
-        if lane is not None:  # the lane is busy: wait for its turn, behind earlier calls
-            request = _Request(command, script, what, key)
-            lane.append(request)
-            return await request.future
-        self._lanes[key] = deque()
-        try:
-            return await self._execute(command, script, what, key)
-        finally:
-            self._next_in_lane(key)
-
-    def _next_in_lane(self, key: str) -> None:
-        """The lane's command(s) in flight were answered: send the next group, in order."""
-        lane = self._lanes.get(key)
-        if lane is None:
-            return  # the client closed
-        group: list[_Request] = []
-        while lane and len(group) < self.MAX_BATCH:
-            request = lane.popleft()
-            if not request.future.done():  # a cancelled caller's command is dropped
-                group.append(request)
-        if not group:
-            del self._lanes[key]
-            return
-        left = len(group)
-
-        def settled(_: object) -> None:
-            nonlocal left
-            left -= 1
-            if left == 0:  # every reply of the group is in: the lane's next turn
-                self._next_in_lane(key)
-
-        for request in group:
-            request.future.add_done_callback(settled)
-        self._queue.append(group)
-        self._kick()
-
-    async def call(self, *args: Arg, key: str | None = None) -> Any:
-        """Send one plain command."""
-        return await self._execute(args, None, f"the {as_text(args[0])} command", key)
-
     async def aclose(self) -> None:
-        """Wait for the pipelines in flight; fail what is still queued."""
-        lanes, self._lanes = self._lanes, {}
-        waiting = [r for lane in lanes.values() for r in lane]
-        while self._queue:
-            item = self._queue.popleft()
-            waiting += item if isinstance(item, list) else (item,)
-        for request in waiting:
-            if not request.future.done():
-                request.future.set_exception(
-                    LockConnectionError(f"{request.what} was not sent: the manager closed")
-                )
-        if self._flushes:
-            await asyncio.wait(self._flushes)
+        """Wait for the pipelines in flight; fail what is still queued; give the kept
+        connections back to the pool."""
+        await super().aclose()
         idle, self._idle = self._idle, []
         for conn in idle:
             await self.redis.connection_pool.release(conn)
-
-    async def _execute(
-        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
-    ) -> Any:
-        if self._in_flight < self.max_in_flight and not self._queue:
-            self._in_flight += 1
-            try:
-                return await self._direct(command, script, what, key)
-            finally:
-                self._in_flight -= 1
-                self._kick()
-        request = _Request(command, script, what, key)
-        self._queue.append(request)
-        self._kick()
-        # If the caller is cancelled before the flush, the future is cancelled too and
-        # the flush skips it: the command is never sent.
-        return await request.future
-
-    async def _direct(
-        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
-    ) -> Any:
-        try:
-            (reply,) = await self._exchange([command], [script])
-        except rex.RedisError as exc:
-            raise translate(exc, what, key, changes=script is not None) from exc
-        except TimeoutError as exc:
-            raise self._timed_out(what) from exc
-        if isinstance(reply, rex.RedisError):
-            raise translate(reply, what, key, changes=script is not None) from reply
-        return reply
-
-    async def _acknowledged(
-        self,
-        command: tuple[Arg, ...],
-        script: Script,
-        what: str,
-        key: str | None,
-        ack: Acknowledgement,
-    ) -> Any:
-        """*command* then WAIT, in one round trip (so on one connection), never coalesced.
-
-        A NOSCRIPT reply loads the script and sends both again: WAIT must follow the
-        script call that actually ran.
-        """
-        commands = [command, ack.policy.wait_command]
-        self._in_flight += 1
-        try:
-            for _ in range(2):
-                try:
-                    reply, acked = await self._round_trip(commands)
-                    if not isinstance(reply, rex.NoScriptError):
-                        break
-                    (loaded,) = await self._round_trip([("SCRIPT", "LOAD", script.source)])
-                    if isinstance(loaded, rex.RedisError):
-                        raise loaded
-                except rex.RedisError as exc:
-                    raise translate(exc, what, key) from exc
-                except TimeoutError as exc:
-                    raise self._timed_out(what) from exc
-        finally:
-            self._in_flight -= 1
-            self._kick()
-        if isinstance(reply, rex.RedisError):
-            raise translate(reply, what, key) from reply
-        ack.record(acked)
-        return reply
-
-    def _kick(self) -> None:
-        """Send what is queued, as pipelines, while slots are free."""
-        while self._queue and self._in_flight < self.max_in_flight:
-            batch: list[_Request] = []
-            while self._queue and len(batch) < self.MAX_BATCH:
-                request = self._queue.popleft()
-                if isinstance(request, list):  # a lane's group: all in this one pipeline
-                    if batch and len(batch) + len(request) > self.MAX_BATCH:
-                        self._queue.appendleft(request)  # in the next one
-                        break
-                    batch += (r for r in request if not r.future.done())
-                elif not request.future.done():  # a cancelled caller's command is dropped
-                    batch.append(request)
-            if not batch:
-                return
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._flush(batch))
-            self._flushes.add(task)
-            task.add_done_callback(self._flushes.discard)
-
-    async def _flush(self, batch: list[_Request]) -> None:
-        """Send *batch* as one pipeline and settle every caller's future."""
-        try:
-            replies = await self._exchange([r.command for r in batch], [r.script for r in batch])
-            for request, reply in zip(batch, replies, strict=True):
-                if request.future.done():
-                    continue
-                if isinstance(reply, rex.RedisError):
-                    request.future.set_exception(request.error(reply))
-                else:
-                    request.future.set_result(reply)
-        except BaseException as exc:
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(self._batch_error(exc, request))
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            self._in_flight -= 1
-            self._kick()
-
-    async def _exchange(
-        self, commands: list[tuple[Arg, ...]], scripts: Sequence[Script | None]
-    ) -> list[Any]:
-        """One round trip for *commands*; replies in order, error replies as values.
-
-        A script the server does not know (restart, SCRIPT FLUSH) is loaded and its
-        commands are sent again.
-        """
-        replies = await self._round_trip(commands)
-        retry = [
-            i
-            for i, reply in enumerate(replies)
-            if isinstance(reply, rex.NoScriptError) and scripts[i] is not None
-        ]
-        if retry:
-            sources = {scripts[i].sha: scripts[i].source for i in retry}  # type: ignore[union-attr]
-            loads: list[tuple[Arg, ...]] = [("SCRIPT", "LOAD", src) for src in sources.values()]
-            for reply in await self._round_trip(loads):
-                if isinstance(reply, rex.RedisError):
-                    raise reply  # e.g. an ACL that forbids SCRIPT LOAD
-            again = await self._round_trip([commands[i] for i in retry])
-            for i, reply in zip(retry, again, strict=True):
-                replies[i] = reply
-        return replies
 
     async def _round_trip(self, commands: list[tuple[Arg, ...]]) -> list[Any]:
         """Write *commands* at once on one pooled connection and read their replies.
@@ -648,18 +290,6 @@ class Client:
         for command in commands:
             pipe.execute_command(*command)
         return await pipe.execute(raise_on_error=False)
-
-    def _batch_error(self, exc: BaseException, request: _Request) -> LockError:
-        if isinstance(exc, rex.RedisError):
-            return request.error(exc)
-        if isinstance(exc, TimeoutError):
-            return _chained(self._timed_out(request.what), exc)
-        return _chained(LockConnectionError(f"{request.what} failed: {exc!r}"), exc)
-
-    def _timed_out(self, what: str) -> LockConnectionError:
-        return LockConnectionError(
-            f"{what} got no answer from Redis within {self.command_timeout} s (command_timeout)"
-        )
 
     async def _bounded(self, awaitable: Awaitable[T], limit: float | None = None) -> T:
         """*awaitable* within *limit* seconds (default: command_timeout), else TimeoutError."""

@@ -20,14 +20,13 @@ re-checked).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from redis import exceptions as rex
 
-from aiolock._engine.kind import Attempt, Busy, Granted, LockKind
 from aiolock._errors import ReplicaAckError
 from aiolock._keys import check_lease
 
@@ -38,7 +37,7 @@ __all__ = [
     "HandlePolicy",
     "OnShortfall",
     "ReplicaPolicy",
-    "acknowledged_attempt",
+    "acknowledged",
     "check_handle_replicas",
     "check_replica_options",
     "effective_policy",
@@ -127,41 +126,47 @@ class Acknowledgement:
 ACKNOWLEDGE: ContextVar[Acknowledgement | None] = ContextVar("aiolock_acknowledge", default=None)
 
 
-async def acknowledged_attempt(
-    kind: LockKind, attempt: Attempt, policy: ReplicaPolicy
-) -> Granted | Busy:
-    """Run *attempt*, with WAIT after its script; raise if too few replicas acknowledged.
+async def acknowledged(
+    attempt: Callable[[], Awaitable[T]],
+    policy: ReplicaPolicy,
+    what: str,
+    *,
+    granted: Callable[[T], bool],
+) -> T:
+    """Run *attempt* (an acquire, called here), with WAIT after its script; raise if too
+    few replicas acknowledged an outcome that *granted* says is a grant.
 
-    On :class:`ReplicaAckError` the caller (the engine) undoes the attempt, as for an
-    attempt whose outcome is unknown.
+    *what* names the lock in errors (``"lock 'name'"``). On :class:`ReplicaAckError` the
+    caller (the engine) undoes the attempt, as for an attempt whose outcome is unknown.
     """
     ack = Acknowledgement(policy)
     token = ACKNOWLEDGE.set(ack)
     try:
-        outcome = await kind.attempt(attempt)
+        # Called only now: the client reads ACKNOWLEDGE when the script call is made.
+        outcome = await attempt()
     finally:
         ACKNOWLEDGE.reset(token)
     if ack.refused is not None:
         raise ReplicaAckError(
-            f"Redis refused WAIT after the acquire of {kind.name} {attempt.keys.name!r} "
+            f"Redis refused WAIT after the acquire of {what} "
             f"({ack.refused}); some hosted services do not offer WAIT, or an ACL forbids "
             "it. Allow WAIT for this user, or create the LockManager without replicas= "
             "(or with replicas=0) to acquire without replica acknowledgement"
         )
-    if not isinstance(outcome, Granted) or ack.acked is None:
+    if not granted(outcome) or ack.acked is None:
         return outcome
     if ack.acked >= policy.replicas:
         return outcome
-    what = (
+    shortfall = (
         f"only {ack.acked} of the {policy.replicas} replicas asked for (replicas=) "
-        f"acknowledged the acquisition of {kind.name} {attempt.keys.name!r} within "
+        f"acknowledged the acquisition of {what} within "
         f"{policy.timeout} s (replica_timeout)"
     )
     if policy.on_shortfall == "warn":
-        logger.warning("%s; keeping it (on_replica_shortfall='warn')", what)
+        logger.warning("%s; keeping it (on_replica_shortfall='warn')", shortfall)
         return outcome
     raise ReplicaAckError(
-        f"{what}, so it was undone: a failover now could lose it. Check the replicas' "
+        f"{shortfall}, so it was undone: a failover now could lose it. Check the replicas' "
         "link to the primary (INFO replication), lower replicas=, raise replica_timeout, "
         "or pass on_replica_shortfall='warn' to keep such acquisitions"
     )

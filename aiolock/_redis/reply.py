@@ -1,7 +1,7 @@
 """Reply elements as Python values, whether the client decodes responses or not.
 
 A module of its own (not part of :mod:`aiolock._redis.client`) so that the kind seam can decode
-replies without importing the client, which imports the seam.
+replies without importing the client and what it needs (redis-py's connections).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -46,7 +46,6 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
-from aiolock._engine.engine import Engine
 from aiolock._redis.client import as_text
 
 __all__ = ["PrimaryWatch", "check_sentinels", "is_sentinel_primary", "sentinel_client"]
@@ -136,14 +135,22 @@ class PrimaryWatch:
     #: seconds one sentinel may take to answer
     ASK_TIMEOUT = 1.0
 
-    def __init__(self, redis: Redis, engine: Engine, *, owns_sentinels: bool = False) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        recheck_holds: Callable[[], Awaitable[bool]],
+        *,
+        owns_sentinels: bool = False,
+    ) -> None:
+        """*recheck_holds*: one renewal round over every hold of the manager (its
+        watchdog's), True once Redis answered; run on the new primary after a move."""
         pool = redis.connection_pool
         if not isinstance(pool, SentinelConnectionPool):
             raise TypeError("PrimaryWatch needs a Sentinel.master_for() client")
         self._pool = pool
         self._sentinel: Sentinel = pool.sentinel_manager
         self._service = pool.service_name
-        self._engine = engine
+        self._recheck_holds = recheck_holds
         self._owns_sentinels = owns_sentinels
         self._check = anyio.Event()
         #: the primary as last seen by this watch
@@ -355,9 +362,8 @@ class PrimaryWatch:
         await self._confirm_holds()
 
     async def _confirm_holds(self) -> None:
-        engine = self._engine
         give_up = time.monotonic() + self.CONFIRM_FOR
-        while not await engine.watchdog.renew_all():
+        while not await self._recheck_holds():
             if time.monotonic() > give_up:
                 logger.warning("could not check the holds on the new primary; the watchdog retries")
                 break

@@ -48,7 +48,8 @@ __all__ = [
 #: aiolock does. Redis 7 checks ACLs for the commands a Lua script calls too, so the list
 #: includes what the scripts may call (``HSET``, ``PEXPIRE``, ...) as well as what the
 #: client sends. ``script|load`` style entries name one subcommand. Adjust once the
-#: scripts under ``aiolock/_kinds`` and ``aiolock/_redlock`` are final; pass your own list to :func:`acl_server`.
+#: scripts under ``aiolock/_kinds`` and ``aiolock/_redlock`` are final; pass your own list to
+#: :func:`acl_server`.
 AIOLOCK_COMMANDS: tuple[str, ...] = (
     *REQUIRED_COMMANDS,  # what aiolock itself sends and calls from its scripts
     # what redis-py and the tests' own checks send

@@ -26,18 +26,17 @@ from typing import Any
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold
 from aiolock._engine.runtime import Runtime
 from aiolock._keys import LockKeys, ms
-from aiolock._kinds.foreign import ForeignKeys, PollBackoff
-from aiolock._kinds.token.kind import StringKindBase, string_type_error
+from aiolock._kinds.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
 from aiolock._redis.client import as_int
 from aiolock._redis.scripts import Script
 
 __all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
 
-ACQUIRE = Script("_kinds/timestamp/acquire")
-RELEASE = Script("_kinds/timestamp/release")
-RENEW = Script("_kinds/timestamp/renew")
-UNDO = Script("_kinds/timestamp/undo")
-FORCE_RELEASE = Script("_kinds/timestamp/force_release")
+ACQUIRE = Script("timestamp/acquire")
+RELEASE = Script("timestamp/release")
+RENEW = Script("timestamp/renew")
+UNDO = Script("timestamp/undo")
+FORCE_RELEASE = Script("timestamp/force_release")
 
 #: The format's tag in aiolock's auxiliary keys: ``P:ts:{N}:...``.
 TIMESTAMP_TAG = "ts"

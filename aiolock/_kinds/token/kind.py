@@ -21,102 +21,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiolock._engine.kind import (
-    Attempt,
-    Busy,
-    Granted,
-    Hold,
-    KindBase,
-    Released,
-    ReleaseStatus,
-    Successor,
-)
+from aiolock._engine.kind import Attempt, Busy, Granted, Hold
 from aiolock._engine.runtime import Runtime
-from aiolock._errors import LockKeyTypeError
 from aiolock._keys import LockKeys, ms
-from aiolock._kinds.foreign import ForeignKeys, PollBackoff
+from aiolock._kinds.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
 from aiolock._redis.client import as_int, as_text
 from aiolock._redis.scripts import Script
 
 __all__ = ["TOKEN_TAG", "TokenLockKind", "token_keys"]
 
-ACQUIRE = Script("_kinds/token/acquire")
-RELEASE = Script("_kinds/token/release")
-RENEW = Script("_kinds/token/renew")
-UNDO = Script("_kinds/token/undo")
-FORCE_RELEASE = Script("_kinds/token/force_release")
+ACQUIRE = Script("token/acquire")
+RELEASE = Script("token/release")
+RENEW = Script("token/renew")
+UNDO = Script("token/undo")
+FORCE_RELEASE = Script("token/force_release")
 
 #: The format's tag in aiolock's auxiliary keys: ``P:token:{N}:...``.
 TOKEN_TAG = "token"
 
 # acquire.lua
 _BUSY, _VOIDED, _BAD_KEY = 0, 3, -1
-# release.lua
-_RESENT, _NOT_HELD = 2, 0
+# release.lua: its codes are decoded by StringKindBase.release (see .foreign)
 
 
 def token_keys(prefix: str, name: str) -> ForeignKeys:
     return ForeignKeys(prefix, name, TOKEN_TAG, "token")
-
-
-def string_type_error(key: str, kind: object) -> LockKeyTypeError:
-    return LockKeyTypeError(
-        f"Redis key {key!r} holds a {as_text(kind)}, not a lock of the token or timestamp "
-        "wire format (a string), so it cannot be used as a lock; pick another lock name, "
-        "or delete that key"
-    )
-
-
-class StringKindBase(KindBase):
-    """What the string formats (token, timestamp) share: the hold count lives in the
-    process, so a nested release or a count only asks Redis whether the hold is still
-    there (the renew script with no lease), and a final release (:meth:`_final_release`)
-    answers the same codes."""
-
-    reentrant = True
-
-    async def _still_held(self, hold: Hold) -> bool:
-        (held,) = await self._client.run(
-            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), 0)
-        )
-        return as_int(held) == 1
-
-    async def _final_release(self, hold: Hold, release_id: str, listening: bool) -> Any:
-        """Run the kind's release script for the last hold; its raw reply."""
-        raise NotImplementedError
-
-    async def release(
-        self,
-        hold: Hold,
-        count: int,
-        release_id: str,
-        successor: Successor | None,
-        hand_over_freely: bool,
-        listening: bool,
-    ) -> Released:
-        if count > 1:  # nested: the count is ours alone; only check that we still hold it
-            if await self._still_held(hold):
-                return Released(ReleaseStatus.STILL_HELD, count - 1)
-            return Released(ReleaseStatus.NOT_HELD, 0)
-        reply = await self._final_release(hold, release_id, listening)
-        if isinstance(reply, int):
-            return Released(ReleaseStatus.RELEASED, reply)
-        code = as_int(reply[0])
-        if code == _RESENT:
-            return Released(ReleaseStatus.RELEASED, 0)
-        if code == _NOT_HELD:
-            return Released(ReleaseStatus.NOT_HELD, 0)
-        raise string_type_error(hold.keys.lock, reply[1])
-
-    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
-        """The count is kept here, in the process: Redis is asked whether the hold is
-        still there (and, with no hold, whether the key is a string or absent)."""
-        if hold is None:
-            kind = as_text(await self._client.call("TYPE", keys.lock, key=keys.lock))
-            if kind not in ("none", "string"):
-                raise string_type_error(keys.lock, kind)
-            return 0
-        return hold.count if await self._still_held(hold) else 0
 
 
 class TokenLockKind(StringKindBase):

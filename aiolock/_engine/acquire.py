@@ -1,0 +1,452 @@
+"""Acquiring: the local queue, attempts, waits for a release, and undoing attempts.
+
+Every acquiring task joins its lock's local queue (:mod:`aiolock._engine.hub`); the head
+tries, the others wait for their turn; a waiter of a kind with claims registers in
+Redis under one field for its whole wait (kept alive by :mod:`aiolock._engine.claims`).
+One attempt (:meth:`Acquiring._attempt`) runs the kind's script, under ``WAIT`` when
+replicas must acknowledge it, and is undone if it fails or is cancelled in flight. The
+overview of the whole protocol is in :mod:`aiolock._engine.engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, NoReturn
+
+from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
+from aiolock._engine.release import Releasing
+from aiolock._engine.state import ORPHAN
+from aiolock._errors import (
+    LockConnectionError,
+    LockError,
+    LockLostError,
+    LockPermissionError,
+    ReplicaAckError,
+)
+from aiolock._keys import LockKeys
+from aiolock._observe import failure_reason
+from aiolock._redis.replicas import acknowledged, effective_policy
+
+__all__ = ["Acquiring"]
+
+logger = logging.getLogger("aiolock")
+
+#: Seconds the head of a queue waits for its subscription to be confirmed before it
+#: retries anyway (the pub/sub connection may be down; it then falls back to TTL waits).
+READY_WAIT = 1.0
+#: Backoff between attempts of a waiter whose attempts fail on a connection error.
+MIN_BACKOFF, MAX_BACKOFF = 0.05, 2.0
+
+
+class Acquiring(Releasing):
+    """Acquisitions: the fast path, re-entry, waiting, attempts and their undo."""
+
+    # -- acquire -----------------------------------------------------------------------
+
+    def acquire(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+        permits: int = 1,
+    ) -> Coroutine[Any, Any, Hold]:
+        """A new hold of *kind* on *keys* for *owner* (or its hold, re-entered): awaitable.
+
+        This and :meth:`_acquire_new` only choose the coroutine that does the work and hand
+        it back, so an acquisition awaits through two coroutine layers fewer (each costs
+        about a microsecond, and the hot path is mostly such layers).
+        """
+        if kind.reentrant:
+            held = self.registry.get(kind.resource(keys), owner)
+            if held is not None:
+                return self._reenter(held, lease)
+        if not self.observers.active:
+            return self._acquire_new(kind, keys, owner, timeout, lease, permits)
+        return self._acquire_observed(kind, keys, owner, timeout, lease, permits)
+
+    async def _acquire_observed(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+        permits: int,
+    ) -> Hold:
+        observers = self.observers
+        started = time.monotonic()
+        observers.acquire_started(kind.name, keys.name)
+        try:
+            hold = await self._acquire_new(kind, keys, owner, timeout, lease, permits)
+        except BaseException as exc:
+            waited = time.monotonic() - started
+            observers.acquire_failed(kind.name, keys.name, waited, failure_reason(exc))
+            raise
+        hold.observed_at = now = time.monotonic()
+        observers.acquired(kind.name, keys.name, now - started, hold.token)
+        return hold
+
+    def _acquire_new(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+        permits: int,
+    ) -> Coroutine[Any, Any, Hold]:
+        if self.hub.closed:  # stopping (LockManager.stop_acquiring) or closing
+            return self._refuse()
+        if timeout == 0:  # one attempt, queue or no queue, and no claim to withdraw
+            return self._attempt_once(kind, keys, owner, lease, timeout, permits)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._wait(kind, keys, owner, lease, deadline, timeout, permits)
+
+    async def _refuse(self) -> Hold:
+        raise self.manager_closed()
+
+    async def _attempt_once(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        timeout: float,
+        permits: int,
+    ) -> Hold:
+        outcome = await self._attempt(kind, keys, owner, lease, permits=permits, claim=False)
+        if isinstance(outcome, Hold):
+            return outcome
+        self.timeouts[kind.name] += 1
+        raise kind.timeout_error(keys, timeout, permits)
+
+    async def _reenter(self, hold: Hold, lease: float | None) -> Hold:
+        if hold.renew:
+            lease = None  # the outer hold decides: it stays auto-renewed
+        elif lease is None:
+            lease = hold.lease
+        outcome = await self._attempt(hold.kind, hold.keys, hold.owner, lease, hold)
+        if isinstance(outcome, Hold):
+            if not self.registry.alive(outcome):
+                # Lost while the re-entry was in flight (its lease ended, or the watchdog
+                # found it gone): Redis counted the re-entry, but the hold is not this
+                # task's any more. Free it; the outer holder learns of the loss as usual.
+                self.release_lost(outcome)
+                raise LockLostError(
+                    f"lock {hold.keys.name!r} was lost while this task re-entered it "
+                    f"({outcome.lost_reason}); another owner may have entered the "
+                    "critical section meanwhile"
+                )
+            return outcome
+        now = (
+            f"now held by another owner for {outcome.ttl:.3f} s more"
+            if outcome.ttl > 0
+            else "it had expired"
+        )
+        self.registry.lose_reported(hold, f"it was gone when the task re-entered it ({now})")
+        raise LockLostError(
+            f"lock {hold.keys.name!r} was lost before this task re-entered it ({now}); "
+            "another owner may have entered the critical section meanwhile"
+        )
+
+    async def _wait(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        deadline: float | None,
+        timeout: float | None,
+        permits: int,
+    ) -> Hold:
+        hub = self.hub
+        channel = kind.channel(keys)
+        # A waiter that registers in Redis keeps one field for its whole wait: it names
+        # its registration, and (queued kinds) a release message wakes it by that name.
+        field = f"{owner}:{self.rt.next_id()}" if kind.claims else None
+        waiter = hub.join(
+            channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
+        )
+        waiter.acknowledged = effective_policy(self.rt.replicas) is not None
+        acquired = False
+        claimed = False
+        try:
+            should_try = waiter.is_head  # the head tries at once; the rest wait their turn
+            ttl: float | None = None
+            #: hub.losses when an attempt, sent with the subscription confirmed, found the
+            #: lock busy (None otherwise): then a wait that ends unwoken probes instead
+            quiet: int | None = None
+            woken = True
+            backoff = MIN_BACKOFF
+            failure: LockConnectionError | None = None
+            while True:
+                if waiter.handed is not None:  # a local releaser handed the lock over
+                    acquired = True
+                    return self._adopt(waiter.handed)
+                if hub.closed:
+                    raise self.manager_closed()
+                if hub.failure is not None:
+                    raise LockPermissionError(hub.failure)
+                if should_try:
+                    losses = hub.losses if hub.confirmed(channel) else None
+                    ttl = hub.yielding(channel)  # others' turn first: try when it ends
+                    if ttl > 0:
+                        waiter.queue.answered = True  # other clients were heard waiting
+                    elif (
+                        not woken
+                        and losses is not None
+                        and losses == quiet
+                        and (probed := await self._still_held(kind, keys))
+                    ):
+                        ttl = probed  # renewed by a live holder: no attempt needed
+                    else:
+                        quiet = None
+                        try:
+                            outcome = await self._attempt(
+                                kind, keys, owner, lease, permits=permits, field=field
+                            )
+                        except LockConnectionError as exc:
+                            # Ride it out until this waiter's own deadline.
+                            self.connection_errors += 1
+                            failure, ttl = exc, backoff
+                            backoff = min(backoff * 2, MAX_BACKOFF)
+                            if field is not None:
+                                # The undo of that attempt may still be retried in the
+                                # background, and it withdraws whatever its field holds
+                                # when it lands, a later grant included: go on under a
+                                # new field (that undo withdrew the old one's place anyway).
+                                if claimed:
+                                    claimed = False
+                                    self._claims.discard(kind, keys, field)
+                                field = hub.rename(waiter, f"{owner}:{self.rt.next_id()}")
+                        else:
+                            if isinstance(outcome, Hold):
+                                acquired = True
+                                return outcome
+                            failure, backoff = None, MIN_BACKOFF
+                            quiet = losses
+                            waiter.queue.answered = True
+                            ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
+                            if field is not None and not claimed:
+                                claimed = True
+                                self._claims.add(kind, keys, field)
+                            hub.listen(waiter)
+                            if not hub.confirmed(channel) and (
+                                not kind.queued or hub.first(waiter)
+                            ):
+                                # The confirmation wakes it. (A queued kind's later
+                                # waiters cannot be granted before the first: the hub
+                                # wakes each when it becomes the first, see _hub.)
+                                ttl = min(ttl, READY_WAIT)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    failure = failure or self.reach.failure
+                    if failure is not None:  # an outage, whichever attempt saw it last
+                        what = f"{kind.name} {keys.name!r}"
+                        raise self.reach.unreachable_error(what, timeout, failure) from failure
+                    self.timeouts[kind.name] += 1
+                    if not waiter.queue.answered:  # nobody was seen holding it
+                        raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
+                    raise kind.timeout_error(keys, timeout, permits)
+                woken = await waiter.wait(
+                    _shortest(remaining, ttl) if waiter.is_head else remaining
+                )
+                should_try = woken or waiter.is_head
+        finally:
+            # A shared grant lets the next waiter try at once, as a failed one does.
+            hub.leave(waiter, acquired=acquired and not kind.shared)
+            if field is not None:
+                if claimed:
+                    self._claims.discard(kind, keys, field)
+                if not acquired:
+                    # Withdraw the registration now (and pass on a grant that came too
+                    # late), rather than when it expires.
+                    await self._undo(
+                        kind, self._new_attempt(keys, owner, field, lease, permits, kind=kind)
+                    )
+            if not acquired and waiter.handed is not None:
+                # The lock was handed over just as this task gave up: pass it on, without
+                # ever registering it under this task.
+                orphan, waiter.handed = waiter.handed, None
+                orphan.owner = ORPHAN
+                await self.release_quietly(orphan, pass_on=True)
+
+    async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
+        """Seconds the lock has left if it is still held, probed without an attempt.
+
+        The safety net of a quiet wait (issue 24). A head whose attempt found the lock busy
+        sleeps until a release message wakes it, or until the holder's lease would end.
+        While its subscription was confirmed before that attempt and the pub/sub
+        connection was not lost since (``hub.losses`` unchanged), no release was missed:
+        the lock can have become free unheard only by its key ending without a release,
+        when the holder died or stopped renewing (or an eviction, a flush, a deletion by
+        hand). The probe sees exactly that: the key's PTTL, one plain command, instead of
+        a full attempt that also re-registers the waiter. A live holder renews before its
+        lease ends, so the head finds a new lease and sleeps again; a dead holder's key
+        is gone, and the head attempts at once. A holder's lease thus still ends under
+        the eyes of the head, as promptly as before, at a fraction of the server's work.
+        None (attempt as usual) if the kind cannot be probed or the probe failed.
+        """
+        try:
+            return await kind.still_held(keys)
+        except LockError:
+            return None  # the attempt that follows reports it, or rides it out
+
+    async def _attempt(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        hold: Hold | None = None,
+        *,
+        permits: int = 1,
+        field: str | None = None,
+        claim: bool = True,
+    ) -> Hold | Busy:
+        """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
+
+        With *hold*, the attempt re-enters it; otherwise it is a new acquisition under
+        *field* (a queued waiter's) or under a field of its own (the owner plus this
+        attempt's number).
+        """
+        lease_s = self.rt.lease if lease is None else lease
+        if hold is not None:
+            field, permits = hold.field, hold.permits
+        attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold, kind=kind)
+        if not claim:
+            attempt = attempt._replace(claim=False)
+        sent_at = time.monotonic()
+        replicas = effective_policy(self.rt.replicas)
+        try:
+            if replicas is None or hold is not None:  # (a re-entry adds no new grant)
+                outcome = await kind.attempt(attempt)
+            else:
+                outcome = await acknowledged(
+                    lambda: kind.attempt(attempt),
+                    replicas,
+                    f"{kind.name} {attempt.keys.name!r}",
+                    granted=lambda outcome: isinstance(outcome, Granted),
+                )
+        except (LockConnectionError, ReplicaAckError, asyncio.CancelledError) as exc:
+            if isinstance(exc, LockConnectionError) and not self.hub.closed:
+                self.reach.failed(exc)  # every waiter of the manager may report it
+            await self._undo(kind, attempt)  # it may have run (or too few replicas have it)
+            raise
+        if self.reach.failure is not None:
+            self.reach.reached()
+        if isinstance(outcome, Busy):
+            return outcome
+        if hold is not None:  # a re-entry
+            if outcome.held != hold.count + 1:
+                # The lock was free: the hold being re-entered had already ended, and the
+                # script took the lock anew. That is not a re-entry: give it back.
+                stray = Hold(
+                    kind, keys, ORPHAN, attempt.field, outcome.token, lease_s, False, sent_at,
+                    permits,
+                )  # fmt: skip
+                await self.release_quietly(stray)
+                return Busy(0.0)
+            hold.count = outcome.held
+            if not hold.renew:
+                self.registry.reset_lease(hold, lease_s, sent_at)
+            return hold
+        new = Hold(
+            kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at,
+            permits,
+        )  # fmt: skip
+        if self.hub.closed:  # the manager closed while the attempt was in flight
+            await self.release_quietly(new)
+            raise self.manager_closed()
+        return self._adopt(new)
+
+    def _new_attempt(
+        self,
+        keys: LockKeys,
+        owner: str,
+        field: str | None,
+        lease: float | None,
+        permits: int,
+        hold: Hold | None = None,
+        *,
+        kind: LockKind | None = None,
+    ) -> Attempt:
+        rt = self.rt
+        number = rt.next_id()
+        if field is None:  # a new hold's field: the kind's naming, unique per acquisition
+            field = f"{owner}:{number}" if kind is None else kind.hold_field(owner, number)
+        # The void marker's id is unique across clients: a marker left by another
+        # process's cancelled attempt must never void this one.
+        return Attempt(
+            keys=keys,
+            owner=owner,
+            field=field,
+            before=0 if hold is None else hold.count,
+            lease=rt.lease if lease is None else lease,
+            void=keys.void(f"{rt.manager_id}:{number}"),
+            permits=permits,
+        )
+
+    def _adopt(self, hold: Hold) -> Hold:
+        """Register *hold* for the current task, which has just acquired it."""
+        if time.monotonic() >= hold.valid_until:
+            self._lost_at_birth(hold)
+        self.acquired[hold.kind.name] += 1
+        self.registry.add(hold)
+        if hold.owner not in self._watched:
+            task = asyncio.current_task()
+            if task is not None:
+                self._watched.add(hold.owner)
+                owner = hold.owner
+                task.add_done_callback(lambda t: self._task_done(t, owner))
+        return hold
+
+    def _lost_at_birth(self, hold: Hold) -> NoReturn:
+        """*hold*'s lease ended (by this client's clock) before the reply that granted it
+        arrived: Redis may have freed it already, so it is never handed to the caller."""
+        hold.lost = True
+        hold.lost_reason = "its lease had ended before the reply that granted it arrived"
+        self.lost[hold.kind.name] += 1
+        logger.warning("lock %r lost: %s", hold.keys.name, hold.lost_reason)
+        self.release_lost(hold)  # in case Redis still has it
+        raise LockLostError(
+            f"lock {hold.keys.name!r} was granted, but its lease of {hold.lease:g} s had "
+            "ended before the reply arrived (Redis or the network was slow, or the event "
+            "loop was blocked); it is given back and nothing is held. Try again, or give "
+            "a longer lease="
+        )
+
+    async def _undo(self, kind: LockKind, attempt: Attempt) -> None:
+        """Revert an attempt whose outcome is unknown, or void it before it runs."""
+        channel = kind.channel(attempt.keys)
+
+        async def send() -> None:
+            # (A queued kind's undo grants the lock to the next waiter in Redis and
+            # names it in a message, which wakes that waiter alone.)
+            if await kind.undo(attempt) and attempt.before == 0 and not kind.queued:
+                self.hub.wake(channel)  # our own message is ignored by the hub
+
+        give_up_at = time.monotonic() + attempt.lease
+
+        def retry_later() -> None:
+            self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
+
+        self.cleanup.begin()  # closing waits for it (see release())
+        try:
+            await finish_despite_cancel(lambda: send_or(send, retry_later))
+        finally:
+            self.cleanup.end()
+
+
+def _shortest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

@@ -1,0 +1,288 @@
+"""Releasing holds: the final release and its hand-over, nested and background releases.
+
+The last release of a hold frees the lock or, when a task of this manager waits for it,
+hands it straight over in the same script (:meth:`Releasing._reserve_successor`,
+:meth:`Releasing._deliver`). A release that cannot be confirmed is retried in the
+background while its hold is parked; a hold whose task ended is released there too. The
+overview of the whole protocol is in :mod:`aiolock._engine.engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.hub import Waiter
+from aiolock._engine.kind import Hold, Released, ReleaseStatus, Successor
+from aiolock._engine.runtime import TOMBSTONE_TTL
+from aiolock._engine.state import ORPHAN, EngineState
+from aiolock._errors import LockConnectionError, LockError, LockKeyTypeError, LockLostError
+
+__all__ = ["MAX_LOCAL_STREAK", "YIELD_WINDOW", "Releasing"]
+
+logger = logging.getLogger("aiolock")
+
+#: After a release that other clients heard, this manager's tasks keep off the lock for
+#: this long (or until another client's release message arrives), so that the waiters
+#: elsewhere, woken later than a local task could be, get their turn.
+YIELD_WINDOW = 0.02
+#: Hand-overs in a row within this manager while other clients wait for the same lock:
+#: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
+MAX_LOCAL_STREAK = 2
+
+#: The task-exit warning for a hold whose 'async with' block is still open: the task
+#: left it suspended, at a yield.
+_LEFT_OPEN = (
+    "Its 'async with' block is still open: the lock is held across a 'yield' (an async "
+    "generator, a streaming response's body) that the task stopped iterating without "
+    "closing it. Close the generator (contextlib.aclosing), or see docs/semantics.md "
+    "for streaming responses"
+)
+#: The task-exit warning for a hold acquired without 'async with', never released.
+_NEVER_RELEASED = (
+    "A hold belongs to the task that acquired it: a likely cause is a helper that runs "
+    "the acquire in a task of its own (asyncio.wait_for on Python 3.10/3.11, "
+    "create_task, gather), or a missing release()"
+)
+
+
+@dataclass(frozen=True)
+class _Handoff:
+    """A local waiter chosen to receive the lock from a final release."""
+
+    waiter: Waiter
+    successor: Successor
+    renew: bool
+    sent_at: float
+
+
+class Releasing(EngineState):
+    """Releases of holds, hand-overs to local waiters, and holds whose task ended."""
+
+    # -- owner tasks that end while holding --------------------------------------------
+
+    def _task_done(self, task: asyncio.Task[object], owner: str) -> None:
+        self._watched.discard(owner)
+        self.registry.forget_owner(owner)  # no task can ask about its lost holds now
+        for hold in self.registry.of_owner(owner):
+            self.released_on_task_exit += 1
+            # Name the kind: a semaphore's permits are no "lock" to whoever reads this.
+            what = "a permit of semaphore" if hold.kind.name == "semaphore" else hold.kind.name
+            logger.warning(
+                "%s %r was still held by task %r when the task ended; aiolock releases it now. %s",
+                what,
+                hold.keys.name,
+                task.get_name(),
+                _LEFT_OPEN if hold.scopes else _NEVER_RELEASED,
+            )
+            self.registry.remove(hold)
+            self._ended(hold)
+            hold.owner = ORPHAN
+            self._release_in_background(hold, "release of a hold whose task ended")
+
+    # -- release -----------------------------------------------------------------------
+
+    async def release(self, hold: Hold) -> None:
+        """Release one hold; the last one frees the lock or hands it to the next local waiter."""
+        # Closing waits for the releases in progress (Cleanup.drain): a holder cancelled
+        # at a graceful shutdown may still be sending its release, or passing on a
+        # hand-over to a waiter that gave up, when the manager closes.
+        self.cleanup.begin()
+        try:
+            await self._release(hold)
+        finally:
+            self.cleanup.end()
+
+    async def _release(self, hold: Hold) -> None:
+        if hold.count > 1:
+            await self._release_nested(hold)
+            return
+        release_id = self._release_id(hold)  # every resend, from any path, uses it
+        handoff = self._reserve_successor(hold)
+
+        async def send() -> LockError | None:
+            outcome = await self._send_final(hold, release_id, handoff)
+            if handoff is not None:
+                handoff.waiter.reserved = False
+            error = self._apply_release(hold, outcome)
+            if handoff is not None and outcome.status is ReleaseStatus.HANDED_OVER:
+                await self._deliver(hold, handoff, outcome.value)
+            return error
+
+        def hand_over() -> None:
+            # Unconfirmed: the retrier owns the hold now. Parked, it no longer counts as
+            # held, so this task's next acquire takes a new field and simply waits for
+            # the old hold to be released (or to expire): it never re-enters it.
+            self.registry.park(hold)
+            self._ended(hold)  # for its owner, the hold ends here
+            what = f"release of {hold.keys.name!r}"
+            self.cleanup.add(what, send, max(hold.valid_until, time.monotonic()))
+            if handoff is not None:  # the queue's head fends for itself meanwhile
+                handoff.waiter.reserved = False
+                self.hub.wake(hold.kind.channel(hold.keys))
+
+        try:
+            error = await send()
+        except asyncio.CancelledError:
+            # The command may or may not have run; sending it again is harmless.
+            await finish_despite_cancel(lambda: send_or(send, hand_over))
+            raise
+        except LockConnectionError:
+            hand_over()
+            raise
+        except LockKeyTypeError:
+            self.registry.unpark(hold, settled=False)
+            self.registry.lose_reported(hold, "its key was replaced by a value of another type")
+            raise
+        if error is not None:
+            self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
+            raise error
+
+    def _release_id(self, hold: Hold) -> str:
+        """The id of *hold*'s final release, made when it is first sent."""
+        if hold.release_id is None:
+            hold.release_id = f"{self.rt.manager_id}:{self.rt.next_id()}"
+            hold.release_sent_at = time.monotonic()
+        return hold.release_id
+
+    def _send_final(
+        self, hold: Hold, release_id: str, handoff: _Handoff | None = None
+    ) -> Awaitable[Released]:
+        """The kind's final release of *hold* (awaitable; no coroutine layer of its own)."""
+        channel = hold.kind.channel(hold.keys)
+        return hold.kind.release(
+            hold,
+            1,
+            release_id,
+            handoff.successor if handoff is not None else None,
+            self.hub.streak(channel) < MAX_LOCAL_STREAK,
+            self.hub.listening(channel),
+        )
+
+    def _reserve_successor(self, hold: Hold) -> _Handoff | None:
+        if not hold.kind.hand_over:
+            return None
+        waiter = self.hub.successor(hold.kind.channel(hold.keys))
+        # A waiter under replicas= gets its grant by an acknowledged attempt: a hand-over
+        # is a grant that no WAIT follows.
+        if waiter is None or waiter.acknowledged:
+            return None
+        waiter.reserved = True
+        lease = self.rt.lease if waiter.lease is None else waiter.lease
+        field = hold.kind.hold_field(waiter.owner, self.rt.next_id())
+        return _Handoff(waiter, Successor(field, lease), waiter.lease is None, time.monotonic())
+
+    async def _deliver(self, hold: Hold, handoff: _Handoff, token: int) -> None:
+        """Redis handed the lock to *handoff*'s waiter: give it the hold, or pass it on."""
+        waiter, successor = handoff.waiter, handoff.successor
+        new = Hold(hold.kind, hold.keys, waiter.owner, successor.field, token,
+                   successor.lease, handoff.renew, handoff.sent_at, hold.permits)  # fmt: skip
+        if waiter.left or self.hub.closed:  # it gave up meanwhile: it must never see it
+            new.owner = ORPHAN
+            await self.release_quietly(new, pass_on=True)
+        else:
+            waiter.give(new)  # registered by the waiter's own task when it takes it
+
+    async def _release_nested(self, hold: Hold) -> None:
+        """Release one of several holds: only the count changes, and the client's count rules.
+
+        The script sets the count to the client's count minus one, and the final release
+        deletes the lock whatever the count, so an unconfirmed decrement needs no retry:
+        the local count goes down regardless, and a lost or resent command changes nothing
+        that matters.
+        """
+        count = hold.count
+        hold.count -= 1  # whatever becomes of the command, even if it is cancelled
+        try:
+            outcome = await hold.kind.release(hold, count, "-", None, False, False)
+        except LockConnectionError as exc:
+            logger.warning(
+                "lock %r: a nested release was not confirmed (%s); the outer "
+                "release will settle it",
+                hold.keys.name,
+                exc,
+            )
+            return
+        error = self._apply_release(hold, outcome)
+        if error is not None:
+            self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
+            raise error
+
+    def _apply_release(self, hold: Hold, outcome: Released) -> LockError | None:
+        """Update local state from a release's outcome; the error to raise, if any."""
+        status = outcome.status
+        if status is ReleaseStatus.STILL_HELD:
+            hold.count = outcome.value
+            return None
+        self.registry.remove(hold)
+        self.registry.unpark(hold, settled=status is not ReleaseStatus.NOT_HELD)
+        if hold.observed_at is not None and status is not ReleaseStatus.NOT_HELD:
+            self._ended(hold)  # (NOT_HELD: the loss below reports it)
+        channel = hold.kind.channel(hold.keys)
+        if status is ReleaseStatus.RELEASED:
+            hold.count = 0
+            hold.release_id = None
+            self.hub.count_handover(channel, handed=False)
+            if hold.kind.queued:
+                pass  # Redis granted the next waiter; its release message wakes it alone
+            elif outcome.value > 0:  # others heard it: our own tasks yield to them a while
+                self.hub.yield_to_others(channel, YIELD_WINDOW)
+            else:
+                self.hub.wake(channel)
+            return None
+        if status is ReleaseStatus.HANDED_OVER:
+            hold.count = 0
+            hold.release_id = None
+            self.hub.count_handover(channel, handed=True)
+            return None
+        late = time.monotonic() - hold.release_sent_at > TOMBSTONE_TTL
+        hold.release_id = None
+        # Remembered: a background retry has nobody to raise to, so the owner's next
+        # release() reports it; a caller that raises the error itself forgets it.
+        self.registry.lose(hold, "Redis no longer had it when it was released")
+        return LockLostError(
+            f"lock {hold.keys.name!r} was no longer held by this task when it was "
+            "released: its lease ended or it was force-released, so another owner may "
+            "have entered the critical section"
+            + (
+                f" (or this release ran more than {TOMBSTONE_TTL:.0f} s ago and its reply was lost)"
+                if late
+                else ""
+            )
+        )
+
+    def release_lost(self, hold: Hold) -> None:
+        """A hold lost locally may still exist in Redis: free it in the background."""
+        if self.hub.closed:
+            return  # closing released what it could; nothing would run this job now
+        self._release_in_background(hold, f"release of lost {hold.keys.name!r}")
+
+    def _release_in_background(self, hold: Hold, what: str) -> None:
+        release_id = self._release_id(hold)
+        self.cleanup.add(what, lambda: self._free(hold, release_id), time.monotonic() + hold.lease)
+
+    async def _free(self, hold: Hold, release_id: str) -> None:
+        """Send *hold*'s final release (no hand-over); wake the local head if it freed it."""
+        outcome = await self._send_final(hold, release_id)
+        if outcome.status is ReleaseStatus.RELEASED and not hold.kind.queued:
+            self.hub.wake(hold.kind.channel(hold.keys))  # our own message is ignored by the hub
+
+    async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
+        """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
+        hold.count = 1
+        self.cleanup.begin()  # closing waits for it (see release())
+        try:
+            if pass_on:
+                await self.release(hold)
+            else:
+                await self._free(hold, self._release_id(hold))
+                self.registry.remove(hold)
+        except LockError as exc:
+            hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"
+            logger.warning("could not release lock %r: %s", hold.keys.name, exc)
+        finally:
+            self.cleanup.end()

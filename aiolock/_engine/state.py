@@ -1,0 +1,94 @@
+"""The state of one open manager's engine, and the few helpers every part of it uses.
+
+:class:`EngineState` is the base of :class:`~aiolock._engine.engine.Engine`: it owns the hub,
+the hold registry, the watchdog, the background cleanup, the observers and the counters,
+and hears of the holds the registry finds lost. The protocol is in the parts built on
+it: :mod:`aiolock._engine.release` (releases and hand-overs) and
+:mod:`aiolock._engine.acquire` (attempts and waits); :mod:`aiolock._engine.engine` has the
+overview.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from aiolock._engine.claims import WaiterClaims
+from aiolock._engine.cleanup import Cleanup
+from aiolock._engine.hub import WaiterHub
+from aiolock._engine.kind import Hold
+from aiolock._engine.registry import HoldRegistry
+from aiolock._engine.runtime import Runtime
+from aiolock._engine.watchdog import Watchdog
+from aiolock._errors import ManagerNotOpenError
+from aiolock._observe import ObserverSet
+from aiolock._redis.reach import Reachability, describe
+
+__all__ = ["ORPHAN", "EngineState"]
+
+#: Owner of a hold handed over to a task that had given up: it belongs to no task.
+ORPHAN = ""
+
+
+class EngineState:
+    """The parts of one open manager: its hub, registry, watchdog and cleanup."""
+
+    def __init__(
+        self, runtime: Runtime, hub: WaiterHub, observers: ObserverSet | None = None
+    ) -> None:
+        self.rt = runtime
+        self.client = runtime.client
+        self.hub = hub
+        self.registry = HoldRegistry(on_lost=self._on_lost, on_fixed=self._on_fixed)
+        #: told of every new hold's wait, acquisition and end (see aiolock._observe)
+        self.observers = ObserverSet() if observers is None else observers
+        self.watchdog = Watchdog(
+            self.registry,
+            runtime.lease,
+            # on a cluster a renewal script may only touch keys of one slot
+            group_by_slot=runtime.client.cluster,
+            observers=self.observers,
+        )
+        self.cleanup = Cleanup()
+        #: whether the latest attempt reached Redis: waiters that never talk to Redis
+        #: themselves (all but a queue's head) report an outage from it, not contention
+        self.reach = Reachability(describe(runtime.client.redis))
+        #: round trips that failed on a connection error and were ridden out or retried
+        self.connection_errors = 0
+        #: holds released because the task that held them ended
+        self.released_on_task_exit = 0
+        #: per kind name: acquisitions (new holds), timeouts, holds lost
+        self.acquired: Counter[str] = Counter()
+        self.timeouts: Counter[str] = Counter()
+        self.lost: Counter[str] = Counter()
+        self._watched: set[str] = set()
+        #: kinds with claims: the registrations of this manager's waiters in Redis
+        self._claims = WaiterClaims()
+
+    def _on_lost(self, hold: Hold) -> None:
+        self.lost[hold.kind.name] += 1
+        if hold.observed_at is not None:
+            self._ended(hold, hold.lost_reason)
+        # The lock may be free now (or soon): the local head should try for it.
+        self.hub.wake(hold.kind.channel(hold.keys))
+
+    def _on_fixed(self, hold: Hold) -> None:
+        self.watchdog.reschedule(hold.next_check)
+
+    def _ended(self, hold: Hold, lost: str | None = None) -> None:
+        """Tell the observers that an observed hold ended (once: it is then unobserved)."""
+        if hold.observed_at is None:
+            return
+        held = time.monotonic() - hold.observed_at
+        hold.observed_at = None
+        name, keys = hold.kind.name, hold.keys.name
+        if lost is None:
+            self.observers.released(name, keys, held, hold.token)
+        else:
+            self.observers.lost(name, keys, held, hold.token, lost)
+
+    def manager_closed(self) -> ManagerNotOpenError:
+        return ManagerNotOpenError(
+            "the LockManager is closing (or stopped acquiring) and hands out no more "
+            "locks; waiting tasks gave up. Open a new LockManager to keep using locks"
+        )
