@@ -32,11 +32,11 @@ from aiolock._redis.scripts import Script
 
 __all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
 
-ACQUIRE = Script("timestamp/acquire")
-RELEASE = Script("timestamp/release")
-RENEW = Script("timestamp/renew")
-UNDO = Script("timestamp/undo")
-FORCE_RELEASE = Script("timestamp/force_release")
+ACQUIRE = Script("_kinds/timestamp/acquire")
+RELEASE = Script("_kinds/timestamp/release")
+RENEW = Script("_kinds/timestamp/renew")
+UNDO = Script("_kinds/timestamp/undo")
+FORCE_RELEASE = Script("_kinds/timestamp/force_release")
 
 #: The format's tag in aiolock's auxiliary keys: ``P:ts:{N}:...``.
 TIMESTAMP_TAG = "ts"

@@ -30,11 +30,11 @@ from aiolock._redis.scripts import Script
 
 __all__ = ["TOKEN_TAG", "TokenLockKind", "token_keys"]
 
-ACQUIRE = Script("token/acquire")
-RELEASE = Script("token/release")
-RENEW = Script("token/renew")
-UNDO = Script("token/undo")
-FORCE_RELEASE = Script("token/force_release")
+ACQUIRE = Script("_kinds/token/acquire")
+RELEASE = Script("_kinds/token/release")
+RENEW = Script("_kinds/token/renew")
+UNDO = Script("_kinds/token/undo")
+FORCE_RELEASE = Script("_kinds/token/force_release")
 
 #: The format's tag in aiolock's auxiliary keys: ``P:token:{N}:...``.
 TOKEN_TAG = "token"
