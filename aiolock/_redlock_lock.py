@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._errors import LockError, LockLostError, LockTimeoutError
 from ._guard import Blocks, take_back
-from ._lock import _DEFAULT, resolve
+from ._handle import _DEFAULT, resolve
 
 if TYPE_CHECKING:
     from ._keys import LockKeys
