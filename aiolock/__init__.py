@@ -24,8 +24,8 @@ from aiolock._errors import (
     WireFormatError,
 )
 from aiolock._kinds.lock.handle import FairLock, Lock
+from aiolock._kinds.lock.readwrite import ReadWriteLock
 from aiolock._kinds.multi.handle import MultiLock
-from aiolock._kinds.rw.handle import ReadWriteLock
 from aiolock._kinds.semaphore.handle import Permit, Semaphore
 from aiolock._leader import LeaderElection, LeaderTerm
 from aiolock._manager import LockManager, ManagerStatistics

@@ -39,8 +39,8 @@ from aiolock._errors import (
 from aiolock._formats import WireFormat, WireName, check_wire, wire_format
 from aiolock._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
 from aiolock._kinds.lock.handle import FairLock, Lock
+from aiolock._kinds.lock.readwrite import ReadWriteLock
 from aiolock._kinds.multi.handle import MultiLock, check_names
-from aiolock._kinds.rw.handle import ReadWriteLock
 from aiolock._kinds.semaphore.handle import Semaphore
 from aiolock._kinds.semaphore.kind import check_limit
 from aiolock._leader import LeaderElection

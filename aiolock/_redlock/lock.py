@@ -15,8 +15,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from aiolock._engine.guard import Blocks, take_back
+from aiolock._engine.handle import _DEFAULT, resolve
 from aiolock._errors import LockError, LockLostError, LockTimeoutError
-from aiolock._kinds.lock.handle import _DEFAULT, resolve
 
 if TYPE_CHECKING:
     from aiolock._engine.kind import Cancellable

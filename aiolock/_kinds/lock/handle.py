@@ -1,60 +1,32 @@
 """Lock: the handle a user holds; validates arguments and delegates to the engine.
 
-A handle has no state of its own beyond its name and defaults: which task holds the
-lock, how often, and with which fencing token is kept by the manager, per task. One
-handle may be shared by many tasks; each task is a separate owner.
+The plumbing it shares with the other handles (defaults, the acquisition under the
+``replicas=`` policy, ``async with`` and its body guard) is :mod:`aiolock._engine.handle`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from aiolock._engine.guard import BodyGuard, ManagerLike
-from aiolock._errors import LockError, LockLostError, LockNotOwnedError, WireFormatError
-from aiolock._keys import LockKeys, check_lease, check_timeout
+from aiolock._engine.handle import _DEFAULT, Handle, lost_error, not_owned_error, resolve
+from aiolock._errors import LockError, WireFormatError
+from aiolock._keys import LockKeys, check_lease
 from aiolock._kinds.lock.handoff import HandoffToken, adopt, detach, handoff_kind
 from aiolock._redis.client import as_int
-from aiolock._redis.replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
+    from aiolock._engine.guard import ManagerLike
     from aiolock._engine.kind import Hold, LockKind
     from aiolock._kinds.lock.kind import ReentrantLockKind
 
 __all__ = ["FairLock", "Lock"]
 
 
-class _Default:
-    """The marker of an argument left out: the handle's default applies."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<default>"
-
-
-#: Typed as Any so that public signatures read ``timeout: float | None = <default>``.
-_DEFAULT: Any = _Default()
-
-
-def resolve(
-    timeout: float | None,
-    lease: float | None,
-    default_timeout: float | None,
-    default_lease: float | None,
-) -> tuple[float | None, float | None]:
-    """The wait and fixed lease of one acquire: the handle's defaults, or the given ones
-    (checked here, at the call that received them)."""
-    wait = default_timeout if timeout is _DEFAULT else check_timeout(timeout)
-    if lease is _DEFAULT:
-        return wait, default_lease
-    return wait, None if lease is None else check_lease(lease)
-
-
-class Lock:
+class Lock(Handle[LockKeys, "Lock"]):
     """A reentrant distributed lock, owned by the asyncio task that acquires it.
 
     Made by :meth:`aiolock.LockManager.lock`. Use it as ``async with lock:`` (the body is
@@ -62,9 +34,7 @@ class Lock:
     :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
     """
 
-    __slots__ = (
-        "_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_resource", "_timeout"
-    )  # fmt: skip
+    __slots__ = ("_resource",)
 
     def __init__(
         self,
@@ -75,15 +45,8 @@ class Lock:
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        self._manager = manager
-        self._kind = kind
-        self._keys = keys
+        super().__init__(manager, kind, keys, timeout=timeout, lease=lease)
         self._resource = kind.resource(keys)
-        self._timeout = timeout
-        self._lease = lease
-        self._guard = BodyGuard()
-        #: the factory's replicas= (see aiolock._redis.replicas), set by the manager
-        self._replicas: HandlePolicy = INHERIT
 
     @property
     def name(self) -> str:
@@ -140,12 +103,7 @@ class Lock:
 
     def _acquire(self, timeout: float | None, lease: float | None) -> Coroutine[Any, Any, Hold]:
         """The engine's acquisition for the current task (awaitable; no layer of its own)."""
-        wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
-        engine = self._manager._open_engine()
-        acquire = engine.acquire(self._kind, self._keys, self._manager._owner(), wait, fixed)
-        if self._replicas is INHERIT:  # the common case: no coroutine layer for the policy
-            return acquire
-        return under_policy(self._replicas, acquire)
+        return self._take(self._keys, *resolve(timeout, lease, self._timeout, self._lease))
 
     async def release(self) -> None:
         """Release one hold of the current task (the lock is free when the count hits 0).
@@ -288,23 +246,13 @@ class Lock:
             return None
         return math.inf if ms < 0 else ms / 1000
 
-    # -- async with ----------------------------------------------------------------------
+    # -- async with (Handle's __aenter__ and __aexit__) ----------------------------------
 
-    async def __aenter__(self) -> Lock:
-        hold = await self._acquire(_DEFAULT, _DEFAULT)
-        engine = self._manager._open_engine()
-        if not self._guard.enter(engine, hold):
-            await self._guard.refuse(engine, hold)
+    def _acquire_block(self) -> Coroutine[Any, Any, Hold]:
+        return self._acquire(_DEFAULT, _DEFAULT)
+
+    def _entered(self, holds: Sequence[Hold]) -> Lock:
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        engine = self._manager._engine if self._manager.is_open else None
-        await self._guard.exit(self, engine, exc_type, exc, tb)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -322,14 +270,8 @@ class Lock:
             return hold
         lost = engine.registry.pop_lost(self._resource, owner)
         if lost is not None:
-            raise LockLostError(
-                f"lock {self.name!r} was lost while this task held it ({lost.lost_reason}); "
-                "another owner may have entered the critical section"
-            )
-        raise LockNotOwnedError(
-            f"lock {self.name!r} is not held by the current task; locks belong to the task "
-            "that acquired them (a child task is a different owner)"
-        )
+            raise lost_error(f"lock {self.name!r}", lost.lost_reason, " the critical section")
+        raise not_owned_error(f"lock {self.name!r}")
 
 
 class Adopted:

@@ -23,13 +23,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
-from types import TracebackType
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from aiolock._engine.guard import BodyGuard, ManagerLike, forget_lost
+from aiolock._engine.guard import forget_lost
+from aiolock._engine.handle import _DEFAULT, Handle, lost_error, not_owned_error, resolve
 from aiolock._errors import (
     LockError,
     LockLostError,
@@ -38,11 +38,10 @@ from aiolock._errors import (
     WireFormatError,
 )
 from aiolock._keys import LockKeys, check_name
-from aiolock._kinds.lock.handle import _DEFAULT, resolve
-from aiolock._redis.replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
     from aiolock._engine.engine import Engine
+    from aiolock._engine.guard import ManagerLike
     from aiolock._engine.kind import Hold, LockKind
 
 __all__ = ["MultiLock"]
@@ -74,7 +73,7 @@ def check_names(names: object) -> list[str]:
     return checked
 
 
-class MultiLock:
+class MultiLock(Handle[list[LockKeys], "MultiLock"]):
     """Several locks acquired and released as one, owned by the task that acquires them.
 
     Made by :meth:`aiolock.LockManager.multi_lock`. Use it as ``async with ml:`` or call
@@ -82,7 +81,7 @@ class MultiLock:
     :class:`~aiolock.Lock`.
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -93,15 +92,9 @@ class MultiLock:
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        self._manager = manager
-        self._kind = kind
         # The global order that keeps multi-locks from deadlocking each other.
-        self._keys = sorted(keys, key=lambda k: k.lock)
-        self._timeout = timeout
-        self._lease = lease
-        self._guard = BodyGuard()
-        #: the factory's replicas= (see aiolock._redis.replicas), set by the manager
-        self._replicas: HandlePolicy = INHERIT
+        ordered = sorted(keys, key=lambda k: k.lock)
+        super().__init__(manager, kind, ordered, timeout=timeout, lease=lease)
 
     @property
     def names(self) -> list[str]:
@@ -145,7 +138,6 @@ class MultiLock:
     async def _acquire(self, timeout: float | None, lease: float | None) -> list[Hold]:
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         engine = self._manager._open_engine()
-        owner = self._manager._owner()
         deadline = None if wait is None else time.monotonic() + wait
         holds: list[Hold] = []
         try:
@@ -153,8 +145,7 @@ class MultiLock:
                 remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 if wait == 0:
                     remaining = 0  # one attempt per name
-                acquire = engine.acquire(self._kind, keys, owner, remaining, fixed)
-                holds.append(await under_policy(self._replicas, acquire))
+                holds.append(await self._take(keys, remaining, fixed, engine=engine))
         except LockTimeoutError as exc:
             await _unwind(engine, holds)
             raise LockTimeoutError(
@@ -191,14 +182,8 @@ class MultiLock:
             lost = [engine.registry.pop_lost(self._kind.resource(k), owner) for k in self._keys]
             reasons = [f"{h.keys.name!r}: {h.lost_reason}" for h in lost if h is not None]
             if reasons:
-                raise LockLostError(
-                    f"multi-lock {self.names!r} was lost while this task held it "
-                    f"({'; '.join(reasons)}); another owner may have entered"
-                )
-            raise LockNotOwnedError(
-                f"multi-lock {self.names!r} is not held by the current task; locks belong "
-                "to the task that acquired them (a child task is a different owner)"
-            )
+                raise lost_error(f"multi-lock {self.names!r}", "; ".join(reasons))
+            raise not_owned_error(f"multi-lock {self.names!r}")
         error: LockError | None = None
         cancelled: asyncio.CancelledError | None = None
         for keys, hold in reversed(list(zip(self._keys, holds, strict=True))):
@@ -236,23 +221,13 @@ class MultiLock:
             for keys in self._keys
         }
 
-    # -- async with ----------------------------------------------------------------------
+    # -- async with (Handle's __aenter__ and __aexit__) ----------------------------------
 
-    async def __aenter__(self) -> MultiLock:
-        holds = await self._acquire(_DEFAULT, _DEFAULT)
-        engine = self._manager._open_engine()
-        if not self._guard.enter(engine, *holds):
-            await self._guard.refuse(engine, *holds)
+    def _acquire_block(self) -> Coroutine[Any, Any, list[Hold]]:
+        return self._acquire(_DEFAULT, _DEFAULT)
+
+    def _entered(self, holds: Sequence[Hold]) -> MultiLock:
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        engine = self._manager._engine if self._manager.is_open else None
-        await self._guard.exit(self, engine, exc_type, exc, tb)
 
     def _current_holds(self) -> list[Hold] | None:
         engine = self._manager._engine

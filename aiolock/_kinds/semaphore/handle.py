@@ -8,11 +8,11 @@ format are described in ``docs/semaphore.md`` and :mod:`aiolock._kinds.semaphore
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from aiolock._engine.engine import ORPHAN
-from aiolock._engine.guard import BodyGuard, ManagerLike
+from aiolock._engine.handle import _DEFAULT, Handle, resolve
 from aiolock._errors import (
     LockError,
     LockLostError,
@@ -21,11 +21,10 @@ from aiolock._errors import (
     WireFormatError,
 )
 from aiolock._keys import check_lease
-from aiolock._kinds.lock.handle import _DEFAULT, resolve
 from aiolock._kinds.semaphore.kind import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
-from aiolock._redis.replicas import INHERIT, HandlePolicy, under_policy
 
 if TYPE_CHECKING:
+    from aiolock._engine.guard import ManagerLike
     from aiolock._engine.kind import Hold
 
 __all__ = ["Permit", "Semaphore"]
@@ -139,7 +138,7 @@ class Permit:
         )
 
 
-class Semaphore:
+class Semaphore(Handle[SemaphoreKeys, Permit]):
     """A distributed semaphore: at most ``limit`` permits held at once, across clients.
 
     Made by :meth:`aiolock.LockManager.semaphore`. ``async with sem:`` holds one permit
@@ -147,25 +146,7 @@ class Semaphore:
     lost); :meth:`acquire` returns a :class:`Permit` for several, released on its own.
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
-
-    def __init__(
-        self,
-        manager: ManagerLike,
-        kind: SemaphoreKind,
-        keys: SemaphoreKeys,
-        *,
-        timeout: float | None,
-        lease: float | None,
-    ) -> None:
-        self._manager = manager
-        self._kind = kind
-        self._keys = keys
-        self._timeout = timeout
-        self._lease = lease
-        self._guard = BodyGuard()
-        #: the factory's replicas= (see aiolock._redis.replicas), set by the manager
-        self._replicas: HandlePolicy = INHERIT
+    __slots__ = ()
 
     @property
     def name(self) -> str:
@@ -176,6 +157,11 @@ class Semaphore:
     def key(self) -> str:
         """The Redis key of the holders' hash."""
         return self._keys.lock
+
+    @property
+    def _semaphore(self) -> SemaphoreKind:
+        """The kind, as its own class (the base knows it as a LockKind)."""
+        return cast("SemaphoreKind", self._kind)
 
     @property
     def limit(self) -> int:
@@ -216,29 +202,20 @@ class Semaphore:
         except LockTimeoutError:
             return None
 
-    async def _acquire(self, permits: int, timeout: float | None, lease: float | None) -> Hold:
+    def _acquire(
+        self, permits: int, timeout: float | None, lease: float | None
+    ) -> Coroutine[Any, Any, Hold]:
         permits = check_permits(permits, self._keys.limit)
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
-        engine = self._manager._open_engine()
-        owner = self._manager._owner()
-        acquire = engine.acquire(self._kind, self._keys, owner, wait, fixed, permits)
-        return await under_policy(self._replicas, acquire)
+        return self._take(self._keys, wait, fixed, permits)
 
-    async def __aenter__(self) -> Permit:
-        hold = await self._acquire(1, _DEFAULT, _DEFAULT)
-        engine = self._manager._open_engine()
-        if not self._guard.enter(engine, hold):
-            await self._guard.refuse(engine, hold)
-        return Permit(self._manager, hold)
+    # -- async with (Handle's __aenter__ and __aexit__): one permit for the body ----------
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        engine = self._manager._engine if self._manager.is_open else None
-        await self._guard.exit(self, engine, exc_type, exc, tb)
+    def _acquire_block(self) -> Coroutine[Any, Any, Hold]:
+        return self._acquire(1, _DEFAULT, _DEFAULT)
+
+    def _entered(self, holds: Sequence[Hold]) -> Permit:
+        return Permit(self._manager, holds[0])
 
     # -- state and administration -------------------------------------------------------
 
@@ -257,7 +234,7 @@ class Semaphore:
 
     async def _state(self) -> tuple[int, int, int, int]:
         self._manager._open_engine()  # refuses a manager that is not open
-        limit, held, holders, claims = await self._kind.state(self._keys)
+        limit, held, holders, claims = await self._semaphore.state(self._keys)
         return (self._keys.limit if limit < 0 else limit), held, holders, claims
 
     async def set_limit(self, limit: int) -> None:
@@ -273,7 +250,7 @@ class Semaphore:
         """
         limit = check_limit(limit)
         engine = self._manager._open_engine()
-        await self._kind.set_limit(self._keys, limit)
+        await self._semaphore.set_limit(self._keys, limit)
         self._keys.limit = limit
         engine.hub.wake(self._keys.channel)  # our own message does not wake our waiters
 

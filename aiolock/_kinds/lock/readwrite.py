@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aiolock._engine.handle import _DEFAULT, resolve
 from aiolock._errors import LockError, LockTimeoutError
-from aiolock._keys import LockKeys, check_lease, check_timeout
-from aiolock._kinds.lock.handle import _DEFAULT, Lock
+from aiolock._keys import LockKeys
+from aiolock._kinds.lock.handle import Lock
 from aiolock._redis.replicas import INHERIT, HandlePolicy
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class ReadWriteLock:
         """
         if timeout is _DEFAULT and lease is _DEFAULT:
             return self._read
-        return self._read_side(*self._defaults(timeout, lease))
+        return self._read_side(*resolve(timeout, lease, self._timeout, self._lease))
 
     def write(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> Lock:
         """The write side, with these defaults for acquire and ``async with``.
@@ -171,18 +172,10 @@ class ReadWriteLock:
         """
         if timeout is _DEFAULT and lease is _DEFAULT:
             return self._write
-        return self._write_side(*self._defaults(timeout, lease))
+        return self._write_side(*resolve(timeout, lease, self._timeout, self._lease))
 
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self.name!r} timeout={self._timeout} lease={self._lease}>"
-
-    def _defaults(
-        self, timeout: float | None, lease: float | None
-    ) -> tuple[float | None, float | None]:
-        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
-        if lease is _DEFAULT:
-            return wait, self._lease
-        return wait, None if lease is None else check_lease(lease)
 
     def _read_side(self, timeout: float | None, lease: float | None) -> Lock:
         side = _ReadSide(self._manager, self._read_kind, self._write_kind, self._keys,
