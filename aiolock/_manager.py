@@ -9,41 +9,32 @@ waiters, and stops the tasks. Locks are made with :meth:`LockManager.lock`.
 from __future__ import annotations
 
 import asyncio
-import inspect
-import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from aiolock._engine.cluster_hub import ClusterHub
 from aiolock._engine.engine import Engine
 from aiolock._engine.hub import HubStatistics, WaiterHub
+from aiolock._engine.lifecycle import ManagerLifecycle
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import (
     LockBackendError,
     LockConnectionError,
     LockError,
     LockPermissionError,
-    ManagerNotOpenError,
-    WireFormatError,
 )
-from aiolock._formats import WireFormat, WireName, check_wire, wire_format
-from aiolock._keys import KeySpace, check_lease, check_name, check_timeout, new_manager_id
-from aiolock._kinds.lock.handle import FairLock, Lock
-from aiolock._kinds.lock.readwrite import ReadWriteLock
-from aiolock._kinds.multi.handle import MultiLock, check_names
-from aiolock._kinds.semaphore.handle import Semaphore
-from aiolock._kinds.semaphore.kind import check_limit
-from aiolock._leader import LeaderElection
+from aiolock._factories import LockFactories, client_from_sentinel, client_from_url
+from aiolock._formats import WireName, check_wire, wire_format
+from aiolock._keys import KeySpace, check_lease, new_manager_id
 from aiolock._observe import Observer, ObserverSet
 from aiolock._redis.client import Client
 from aiolock._redis.cluster import (
@@ -55,45 +46,13 @@ from aiolock._redis.cluster import (
 from aiolock._redis.identity import Identity, check_app_name
 from aiolock._redis.reach import describe
 from aiolock._redis.replicas import (
-    HandlePolicy,
     OnShortfall,
-    check_handle_replicas,
     check_replica_options,
 )
-from aiolock._redis.sentinel import (
-    PrimaryWatch,
-    check_sentinels,
-    is_sentinel_primary,
-    sentinel_client,
-)
+from aiolock._redis.sentinel import PrimaryWatch, is_sentinel_primary
 from aiolock._redlock.manager import RedlockManager
 
 __all__ = ["LockManager", "ManagerStatistics"]
-
-logger = logging.getLogger("aiolock")
-
-_K = TypeVar("_K")
-P = ParamSpec("P")
-R = TypeVar("R")
-
-_MANAGER_OPTIONS = frozenset(
-    {
-        "prefix",
-        "lease",
-        "command_timeout",
-        "close_timeout",
-        "fence_ttl",
-        "max_in_flight",
-        "observers",
-        "wire",
-        "replicas",
-        "replica_timeout",
-        "on_replica_shortfall",
-        "check_on_open",
-        "name",
-        "identity",
-    }
-)
 
 #: Seconds open()'s check of the server may take when the manager has no command_timeout
 #: (redis-py's own connect timeout is unbounded by default: a black-holed address would
@@ -151,7 +110,7 @@ class ManagerStatistics:
     failovers: int = 0
 
 
-class LockManager:
+class LockManager(ManagerLifecycle, LockFactories):
     """Distributed locks on one Redis, shared by the tasks of this process.
 
     Args:
@@ -208,6 +167,16 @@ class LockManager:
     follow failovers: see ``docs/sentinel.md``.
     """
 
+    _WHAT = "LockManager"
+    _HOW_TO_OPEN = (
+        "use it as 'async with LockManager(redis) as locks:', or call 'await "
+        "manager.open()' (and 'await manager.aclose()' at shutdown)"
+    )
+    _OPENS_ONCE_HINT = "; create a new LockManager instead"
+    _GONE_HINT = ": its locks can no longer be used; open a new LockManager"
+    _FAILED_LOG = "aiolock's background tasks failed; the LockManager is unusable"
+    _TASK_NAME = "aiolock manager"
+
     def __init__(
         self,
         redis: Redis | RedisCluster,
@@ -227,6 +196,7 @@ class LockManager:
         name: str | None = None,
         identity: bool = True,
     ) -> None:
+        super().__init__()
         if not isinstance(check_on_open, bool):
             raise TypeError(f"check_on_open must be True or False, not {check_on_open!r}")
         self._check_on_open = check_on_open
@@ -271,14 +241,11 @@ class LockManager:
         self._owns_sentinels = False
         #: follows failovers of a Sentinel-managed primary (made when the manager opens)
         self._primary_watch: PrimaryWatch | None = None
-        self._kinds: dict[object, object] = {}
-        self._stop = asyncio.Event()
-        self._supervisor: asyncio.Task[None] | None = None
+        self._kinds = {}
         self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
             weakref.WeakKeyDictionary()
         )
         self._serial = 0
-        self._state = "new"
         self._engine: Engine | None = None
         self._observers = ObserverSet()
         for observer in observers:
@@ -296,26 +263,7 @@ class LockManager:
         With ``cluster=True`` the client is a ``RedisCluster.from_url(url, ...)`` for a
         Redis Cluster (*url* names any of its nodes; see ``docs/cluster.md``).
         """
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str, not {type(url).__name__}")
-        if not isinstance(cluster, bool):
-            raise TypeError(f"cluster must be True or False, not {cluster!r}")
-        mine = {k: v for k, v in options.items() if k in _MANAGER_OPTIONS}
-        theirs = {k: v for k, v in options.items() if k not in _MANAGER_OPTIONS}
-        if cluster:
-            return cls._from_cluster_url(url, mine, theirs)
-        redis = Redis.from_url(url, **theirs)
-        try:
-            # Builds a connection object without connecting: an unknown option fails
-            # here, at the call, instead of at the first acquire.
-            redis.connection_pool.make_connection()  # type: ignore[no-untyped-call]
-        except TypeError as exc:
-            unknown = ", ".join(sorted(set(theirs) - _known_options(redis)))
-            raise TypeError(
-                f"LockManager.from_url() got an unknown option: {unknown or exc}; the "
-                f"manager's options are {', '.join(sorted(_MANAGER_OPTIONS))}, the rest "
-                "go to redis.asyncio.Redis.from_url()"
-            ) from None
+        redis, mine = client_from_url(url, cluster, options)
         manager = cls(redis, **mine)
         manager._owns_client = True
         return manager
@@ -342,30 +290,9 @@ class LockManager:
             sentinel_kwargs: connection options for the sentinels themselves (e.g. their
                 ``password``); by default, the ``socket_*`` options of *options*.
         """
-        addresses = check_sentinels(sentinels, service_name)
-        mine = {k: v for k, v in options.items() if k in _MANAGER_OPTIONS}
-        theirs = {k: v for k, v in options.items() if k not in _MANAGER_OPTIONS}
-        redis = sentinel_client(addresses, service_name, sentinel_kwargs, theirs)
+        redis, mine = client_from_sentinel(sentinels, service_name, sentinel_kwargs, options)
         manager = cls(redis, **mine)
         manager._owns_client = manager._owns_sentinels = True
-        return manager
-
-    @classmethod
-    def _from_cluster_url(
-        cls, url: str, mine: dict[str, Any], theirs: dict[str, Any]
-    ) -> LockManager:
-        check_cluster_support()
-        try:
-            # Connects nowhere yet; an unknown option fails here, at the call.
-            redis = RedisCluster.from_url(url, **theirs)
-        except TypeError as exc:
-            raise TypeError(
-                f"LockManager.from_url(cluster=True) got an option that "
-                f"redis.asyncio.cluster.RedisCluster.from_url() does not take ({exc}); the "
-                f"manager's options are {', '.join(sorted(_MANAGER_OPTIONS))}"
-            ) from None
-        manager = cls(redis, **mine)
-        manager._owns_client = True
         return manager
 
     @staticmethod
@@ -401,241 +328,9 @@ class LockManager:
         return self._redis
 
     @property
-    def is_open(self) -> bool:
-        """True from the end of opening until closing starts."""
-        return self._state == "open"
-
-    @property
     def wire(self) -> str:
         """The manager's wire format (``wire=`` of each factory method overrides it)."""
         return self._wire.name
-
-    def lock(
-        self,
-        name: str,
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        wire: WireName | None = None,
-        replicas: int | None = None,
-        replica_timeout: float | None = None,
-    ) -> Lock:
-        """A handle on the lock *name*; no I/O until it is acquired.
-
-        Args:
-            timeout: default wait for :meth:`Lock.acquire` and ``async with``: ``None``
-                waits as long as it takes, ``0`` makes one attempt.
-            lease: a fixed lease in seconds (not renewed); ``None`` uses the manager's
-                lease and renews it in the background while held.
-            wire: this lock's wire format, instead of the manager's.
-            replicas: replicas that must acknowledge this lock's acquisitions, instead of
-                the manager's ``replicas=`` (``0``: none); see ``docs/sentinel.md``.
-            replica_timeout: how long WAIT may block them, instead of the manager's.
-        """
-        name = check_name(name)
-        timeout = check_timeout(timeout)
-        if lease is not None:
-            lease = check_lease(lease)
-        kind, keys = self._format(wire).lock(self._kind, self._keyspace, name)
-        handle = Lock(self, kind, keys, timeout=timeout, lease=lease)
-        if replicas is not None or replica_timeout is not None:  # else it inherits
-            handle._replicas = self._handle_replicas(replicas, replica_timeout)
-        return handle
-
-    def multi_lock(
-        self,
-        names: Iterable[str],
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        wire: WireName | None = None,
-        replicas: int | None = None,
-        replica_timeout: float | None = None,
-    ) -> MultiLock:
-        """A handle on several locks taken as one: all of *names* or none; no I/O yet.
-
-        The names are acquired in one global order (so multi-locks never deadlock each
-        other), each with its own script call (so they may live in different Redis
-        Cluster slots), within one shared *timeout*; a failed or cancelled acquire
-        releases what it took. Each name is an ordinary lock: ``lock(name)`` elsewhere
-        excludes and is excluded by it.
-
-        Args:
-            timeout: the wait for all of them together (``None``: as long as it takes).
-            lease: a fixed lease for each hold; ``None`` renews them in the background.
-            wire: the wire format of the names' locks, instead of the manager's.
-            replicas: as for :meth:`lock`, for each name.
-            replica_timeout: as for :meth:`lock`, for each name.
-        """
-        checked = check_names(names)
-        timeout = check_timeout(timeout)
-        if lease is not None:
-            lease = check_lease(lease)
-        fmt = self._format(wire)
-        pairs = [fmt.lock(self._kind, self._keyspace, name) for name in checked]
-        kind = pairs[0][0]
-        multi = MultiLock(self, kind, [keys for _, keys in pairs], timeout=timeout, lease=lease)
-        multi._replicas = self._handle_replicas(replicas, replica_timeout)
-        return multi
-
-    def semaphore(
-        self,
-        name: str,
-        limit: int,
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        wire: WireName | None = None,
-        replicas: int | None = None,
-        replica_timeout: float | None = None,
-    ) -> Semaphore:
-        """A handle on the semaphore *name*, which grants at most *limit* permits at once.
-
-        The limit is stored in Redis by the first acquire; a handle made with another
-        limit gets :class:`LockError` at its next acquire (see :meth:`Semaphore.set_limit`).
-        *timeout* and *lease* are the defaults of :meth:`Semaphore.acquire`, as for
-        :meth:`lock`; *wire* its wire format, instead of the manager's; *replicas* and
-        *replica_timeout* as for :meth:`lock`. See ``docs/semaphore.md``.
-        """
-        name = check_name(name)
-        limit = check_limit(limit)
-        timeout = check_timeout(timeout)
-        if lease is not None:
-            lease = check_lease(lease)
-        kind, keys = self._format(wire).semaphore(self._kind, self._keyspace, name, limit)
-        semaphore = Semaphore(self, kind, keys, timeout=timeout, lease=lease)
-        semaphore._replicas = self._handle_replicas(replicas, replica_timeout)
-        return semaphore
-
-    def rw_lock(
-        self,
-        name: str,
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        wire: WireName | None = None,
-        replicas: int | None = None,
-        replica_timeout: float | None = None,
-    ) -> ReadWriteLock:
-        """A handle on the read-write lock *name* (many readers or one writer); no I/O yet.
-
-        ``rw.read()`` and ``rw.write()`` give the two sides, each with the Lock API.
-        A read-write lock is a different object from the plain lock of the same name.
-
-        Args:
-            timeout: default wait of both sides (``None``: as long as it takes).
-            lease: a fixed lease in seconds for both sides; ``None`` renews holds.
-            wire: its wire format, instead of the manager's.
-            replicas: as for :meth:`lock`, for both sides.
-            replica_timeout: as for :meth:`lock`, for both sides.
-        """
-        name = check_name(name)
-        timeout = check_timeout(timeout)
-        if lease is not None:
-            lease = check_lease(lease)
-        read, write, keys = self._format(wire).rw_lock(self._kind, self._keyspace, name)
-        rw = ReadWriteLock(self, read, write, keys, timeout=timeout, lease=lease)
-        rw._set_replicas(self._handle_replicas(replicas, replica_timeout))
-        return rw
-
-    def fair_lock(
-        self,
-        name: str,
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        wire: WireName | None = None,
-        replicas: int | None = None,
-        replica_timeout: float | None = None,
-    ) -> FairLock:
-        """A handle on the fair lock *name*: granted in the order acquires reached Redis.
-
-        The API is :class:`Lock`'s, with the same *timeout* and *lease* defaults. A fair
-        lock is a different object from ``lock(name)`` (its keys have their own tag). See
-        :class:`FairLock` and ``docs/fair-lock.md``. *wire* chooses its wire format,
-        instead of the manager's; *replicas* and *replica_timeout* are as for :meth:`lock`.
-        """
-        name = check_name(name)
-        timeout = check_timeout(timeout)
-        if lease is not None:
-            lease = check_lease(lease)
-        kind, keys = self._format(wire).fair_lock(self._kind, self._keyspace, name)
-        fair = FairLock(self, kind, keys, timeout=timeout, lease=lease)
-        fair._replicas = self._handle_replicas(replicas, replica_timeout)
-        return fair
-
-    def leader(self, name: str) -> LeaderElection:
-        """An election for *name*: at most one process at a time leads it; no I/O.
-
-        Leading is holding the lock *name* (the manager's wire format) with the manager's
-        lease, renewed while the process lives; a crashed leader's term ends within one
-        lease. See :class:`LeaderElection` and ``docs/leader-election.md``.
-        """
-        lock = self.lock(name)
-        if lock._kind.fencing_unavailable:
-            raise WireFormatError(
-                f"leader election needs fencing tokens, which the {self.wire!r} wire format "
-                f"does not have ({lock._kind.fencing_unavailable}); use the default wire format"
-            )
-        return LeaderElection(self, lock)
-
-    def locked(
-        self,
-        name: str | Sequence[str],
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        on_busy: OnBusy = "wait",
-        kind: LockKindName = "lock",
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
-        """Decorate an async function to run under the lock *name*, formatted per call.
-
-        *name* is a template filled from the call's arguments by parameter name
-        (``"order:{order_id}"``, ``"{self.tenant}:report"``); every field must name a
-        parameter, checked when decorating. A list of templates takes a multi-lock.
-        *kind* picks ``"lock"``, ``"fair"`` (a fair lock), ``"read"`` or ``"write"`` (a
-        side of a read-write lock). *on_busy*: ``"wait"`` up to *timeout* (``None``: as
-        long as it takes) then raise :class:`LockTimeoutError`; ``"skip"``: return
-        ``None`` without running; ``"raise"``: raise :class:`LockTimeoutError` (these two
-        try once unless a *timeout* is given). A lost lock cancels the call and raises
-        :class:`LockLostError`. Works for methods. The manager must be open at call time.
-        """
-        if kind not in LOCK_MAKERS:
-            raise ValueError(
-                f"kind must be one of {', '.join(map(repr, LOCK_MAKERS))}, got {kind!r}; "
-                "for a semaphore use limited()"
-            )
-        if not isinstance(name, str) and kind != "lock":
-            raise TypeError(f"a list of names makes a multi-lock, which kind={kind!r} is not")
-        return decorate(
-            self, name, LOCK_MAKERS[kind], timeout=timeout, lease=lease, on_busy=on_busy,
-            what="locked()",
-        )  # fmt: skip
-
-    def limited(
-        self,
-        name: str,
-        limit: int,
-        *,
-        timeout: float | None = None,
-        lease: float | None = None,
-        on_busy: OnBusy = "wait",
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
-        """Decorate an async function to run holding one permit of the semaphore *name*.
-
-        Like :meth:`locked` (a name template, *timeout*, *lease*, *on_busy*), for a
-        semaphore of *limit* permits: at most *limit* calls run at once across clients.
-        """
-        limit = check_limit(limit)
-        if not isinstance(name, str):
-            raise TypeError(f"limited() takes one name template (str), not {name!r}")
-
-        def make(manager: Any, names: Any, timeout: float | None, lease: float | None) -> Any:
-            return manager.semaphore(names, limit, timeout=timeout, lease=lease)
-
-        return decorate(
-            self, name, make, timeout=timeout, lease=lease, on_busy=on_busy, what="limited()"
-        )
 
     def add_observer(self, observer: Observer) -> None:
         """Tell *observer* of every new hold's wait, acquisition and end, and of renewals.
@@ -704,33 +399,11 @@ class LockManager:
         await engine.client.call("PING")
         return time.monotonic() - started
 
-    async def __aenter__(self) -> LockManager:
-        if self._state != "new":
-            raise ManagerNotOpenError(
-                f"this LockManager is {self._state}; a manager can be opened once; "
-                "create a new LockManager instead"
-            )
+    async def _before_open(self) -> None:
         if self._check_on_open:
             await self._check_server()
             if self._identity is not None:  # Redis answers: the record exists from now on
                 await self._identity.publish()
-        if self._state != "new":  # opened by another task meanwhile
-            raise ManagerNotOpenError(f"this LockManager is {self._state}; it opens once")
-        hub: WaiterHub
-        if isinstance(self._client, ClusterClient):
-            hub = ClusterHub(self._client, self._keyspace.manager_id)
-        else:
-            hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
-        core = self._engine = Engine(self._runtime, hub, self._observers)
-        # The background tasks run in a task group owned by a supervisor task, not by
-        # the task that opens the manager: opening and closing may then happen in
-        # different tasks (pytest fixtures, lifespan hooks), and a crash of a background
-        # task is logged and fails the manager instead of cancelling an unrelated caller.
-        self._stop = asyncio.Event()
-        self._supervisor = asyncio.create_task(self._supervise(core), name="aiolock manager")
-        self._supervisor.add_done_callback(self._supervisor_done)
-        self._state = "open"
-        return self
 
     async def _check_server(self) -> None:
         """One PING before anything starts: a wrong address, password or certificate fails
@@ -761,31 +434,31 @@ class LockManager:
             # renewal (CROSSSLOT): refused here, where the server answers anyway.
             await refuse_cluster_node(self._client)
 
-    async def _supervise(self, core: Engine) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(core.hub.run, name="aiolock pub/sub hub")
-            tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
-            if self._identity is not None:
-                tg.start_soon(self._identity.keep, core.watchdog.period, name="aiolock identity")
-            tg.start_soon(core.cleanup.run, name="aiolock cleanup")
-            tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
-            if isinstance(self._redis, Redis) and is_sentinel_primary(self._redis):
-                watch = PrimaryWatch(
-                    self._redis, core.watchdog.renew_all, owns_sentinels=self._owns_sentinels
-                )
-                self._primary_watch = watch
-                tg.start_soon(watch.run, name="aiolock sentinel watch")
-            await self._stop.wait()
-            tg.cancel_scope.cancel()
+    def _opening(self) -> None:
+        hub: WaiterHub
+        if isinstance(self._client, ClusterClient):
+            hub = ClusterHub(self._client, self._keyspace.manager_id)
+        else:
+            hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
+        self._engine = Engine(self._runtime, hub, self._observers)
 
-    def _supervisor_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None or self._state != "open":
-            return
-        logger.error(
-            "aiolock's background tasks failed; the LockManager is unusable",
-            exc_info=task.exception(),
-        )
-        self._state = "failed"
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        core = self._engine
+        assert core is not None  # made by _opening()
+        tg.start_soon(core.hub.run, name="aiolock pub/sub hub")
+        tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
+        if self._identity is not None:
+            tg.start_soon(self._identity.keep, core.watchdog.period, name="aiolock identity")
+        tg.start_soon(core.cleanup.run, name="aiolock cleanup")
+        tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
+        if isinstance(self._redis, Redis) and is_sentinel_primary(self._redis):
+            watch = PrimaryWatch(
+                self._redis, core.watchdog.renew_all, owns_sentinels=self._owns_sentinels
+            )
+            self._primary_watch = watch
+            tg.start_soon(watch.run, name="aiolock sentinel watch")
+
+    def _failed(self) -> None:
         if self._engine is not None:
             self._engine.hub.close()
 
@@ -802,46 +475,33 @@ class LockManager:
         if self._state == "open" and self._engine is not None:
             self._engine.hub.close()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Close the manager: release held locks (bounded in time), stop background tasks.
 
         Idempotent. Tasks still inside ``async with`` of this manager's locks get
         :class:`LockLostError`; waiting tasks get :class:`ManagerNotOpenError`.
         """
-        supervisor = self._supervisor
-        if self._state not in ("open", "failed") or self._engine is None or supervisor is None:
-            return
-        failed = self._state == "failed"
-        self._state = "closing"
+        error = await self._close()
+        if error is not None:
+            raise LockError("aiolock's background tasks had failed") from error
+
+    async def _drain(self) -> None:
         core = self._engine
-        try:
+        assert core is not None  # made when opening
+        core.hub.close()  # waiting tasks give up first, so none acquires anew
+        with anyio.move_on_after(self.close_timeout):
+            await core.shutdown()
+
+    async def _after_stop(self) -> None:
+        if self._identity is not None:  # after the watchdog, which writes it
+            with anyio.move_on_after(self.close_timeout):
+                await self._identity.delete()
+        await self._client.aclose()
+
+    async def _after_close(self) -> None:
+        if self._owns_client:
             with anyio.CancelScope(shield=True):
-                core.hub.close()  # waiting tasks give up first, so none acquires anew
-                with anyio.move_on_after(self.close_timeout):
-                    await core.shutdown()
-                self._stop.set()
-                await asyncio.wait((supervisor,))
-                if self._identity is not None:  # after the watchdog, which writes it
-                    with anyio.move_on_after(self.close_timeout):
-                        await self._identity.delete()
-                await self._client.aclose()
-        finally:
-            self._state = "closed"
-            if self._owns_client:
-                with anyio.CancelScope(shield=True):
-                    await self._redis.aclose()
-        if failed and not supervisor.cancelled():
-            error = supervisor.exception()
-            if error is not None:
-                raise LockError("aiolock's background tasks had failed") from error
+                await self._redis.aclose()
 
     def __repr__(self) -> str:
         held = len(self._engine.registry) if self._engine is not None else 0
@@ -849,42 +509,10 @@ class LockManager:
 
     # -- used by the handles -----------------------------------------------------------
 
-    def _kind(self, factory: Callable[[Runtime], _K]) -> _K:
-        """The manager's instance of a lock kind (one per kind, made on first use)."""
-        kind = self._kinds.get(factory)
-        if kind is None:
-            kind = self._kinds[factory] = factory(self._runtime)
-        return kind  # type: ignore[return-value]
-
-    def _handle_replicas(self, replicas: object, replica_timeout: object) -> HandlePolicy:
-        """A factory's replicas= and replica_timeout=, checked at the call."""
-        return check_handle_replicas(
-            replicas, replica_timeout, self._runtime.replicas, self._client.command_timeout
-        )
-
-    def _format(self, wire: str | None) -> WireFormat:
-        """The manager's wire format, or the one a factory call asked for."""
-        fmt = self._wire if wire is None else wire_format(check_wire(wire))
-        if fmt.cluster_unsupported and self._client.cluster:
-            raise WireFormatError(
-                f"the {fmt.name!r} wire format is not supported on a Redis Cluster: "
-                f"{fmt.cluster_unsupported}. Use it with a single server or Sentinel"
-            )
-        return fmt
-
     def _open_engine(self) -> Engine:
-        if self._state == "open" and self._engine is not None:
-            return self._engine
-        if self._state == "new":
-            raise ManagerNotOpenError(
-                "the LockManager is not open: use it as 'async with LockManager(redis) as "
-                "locks:', or call 'await manager.open()' (and 'await manager.aclose()' at "
-                "shutdown) before acquiring locks"
-            )
-        raise ManagerNotOpenError(
-            f"the LockManager is {self._state}: its locks can no longer be used; "
-            "open a new LockManager"
-        )
+        self._check_open()
+        assert self._engine is not None  # made when opening
+        return self._engine
 
     def _owner(self) -> str:
         """The owner field of the current task, assigned on first use."""
@@ -942,16 +570,3 @@ def _client_type_message(redis: object) -> str:
         f"redis must be a redis.asyncio.Redis client, not {name}; or use "
         "LockManager.from_url(url) to have the manager make one"
     )
-
-
-def _known_options(redis: Redis) -> set[str]:
-    """Keyword options that Redis.from_url() passes on to redis-py without complaint."""
-    known: set[str] = set()
-    for target in (Redis.__init__, type(redis.connection_pool).__init__):
-        known.update(inspect.signature(target).parameters)
-    connection_class = redis.connection_pool.connection_class
-    for cls in connection_class.__mro__:
-        init = cls.__dict__.get("__init__")
-        if init is not None:
-            known.update(inspect.signature(init).parameters)
-    return known

@@ -85,3 +85,29 @@ async def test_stop_acquiring_fails_waiters_and_new_acquires_while_holders_finis
         assert locks.is_open and await held.owned()
         await held.release()
         assert not await held.locked()
+
+
+async def test_a_crash_of_the_background_tasks_fails_the_manager(
+    redis: Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lifecycle shared with RedlockManager (aiolock/_lifecycle.py): a crashed
+    background task is logged and fails the manager, which refuses locks; closing it
+    reports the crash."""
+
+    async def crash() -> None:
+        raise RuntimeError("boom")
+
+    manager = aiolock.LockManager(redis, prefix=prefix)
+    await manager.open()
+    assert manager._engine is not None and manager._supervisor is not None
+    manager._engine.cleanup.run = crash  # type: ignore[method-assign]  # (not started yet)
+    await asyncio.wait((manager._supervisor,), timeout=10)
+    assert not manager.is_open
+    assert "the LockManager is unusable" in caplog.text
+    with pytest.raises(aiolock.ManagerNotOpenError, match="failed"):
+        await manager.lock("x").acquire(timeout=0)
+    with pytest.raises(aiolock.LockError, match="background tasks had failed"):
+        await manager.aclose()
+    await manager.aclose()  # closed once
+    with pytest.raises(aiolock.ManagerNotOpenError, match="closed"):
+        await manager.ping()

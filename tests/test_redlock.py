@@ -580,6 +580,41 @@ async def test_a_cancelled_release_still_completes_on_every_master(
 # -- lifecycle ------------------------------------------------------------------------
 
 
+async def test_a_crash_of_the_background_tasks_fails_the_manager(
+    servers: list[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lifecycle shared with LockManager (aiolock/_lifecycle.py): a crashed background
+    task is logged and fails the manager, its holds are lost and it refuses locks; closing
+    it still closes it (without re-raising the crash, unlike LockManager)."""
+    go = asyncio.Event()
+
+    async def crash() -> None:
+        await go.wait()
+        raise RuntimeError("boom")
+
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    clients = [Redis.from_url(server.url) for server in servers[:3]]
+    manager = LockManager.redlock(clients, prefix=prefix, node_timeout=0.1)
+    manager._cleanup.run = crash  # type: ignore[method-assign]
+    try:
+        await manager.open()
+        await manager.lock("c", lease=5).acquire()
+        assert manager._supervisor is not None
+        go.set()
+        await asyncio.wait((manager._supervisor,), timeout=10)
+        assert not manager.is_open
+        assert "the RedlockManager is unusable" in caplog.text
+        assert (manager.statistics().held, manager.statistics().lost) == (0, 1)
+        with pytest.raises(aiolock.ManagerNotOpenError, match="failed"):
+            await manager.lock("c").acquire(timeout=0)
+        await manager.aclose()
+        assert repr(manager).endswith("closed>")
+    finally:
+        await manager.aclose()
+        for client in clients:
+            await client.aclose()
+
+
 async def test_closing_fails_waiters_and_cancels_bodies(servers: list[RedisServer]) -> None:
     masters = servers[:3]
     prefix = f"t-{uuid.uuid4().hex[:8]}"
