@@ -87,7 +87,7 @@ def record(app_name: str | None) -> str:
     """The record's value, as this process publishes it."""
     # Read from the package at call time (it is imported by then): importing it here
     # would be an import cycle, the package importing the manager, which imports this.
-    version = getattr(sys.modules.get(__package__ or "aiolock"), "__version__", "?")
+    version = getattr(sys.modules.get("aiolock"), "__version__", "?")
     data: dict[str, Any] = {
         "h": socket.gethostname()[:_MAX_TEXT],
         "p": os.getpid(),
