@@ -25,7 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._client import Client
 from ._cluster import ClusterClient, check_cluster_support, is_cluster, refuse_cluster_node
-from ._cluster_hub import ClusterHub
+from ._cluster_pubsub import ClusterSubscriptions
 from ._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from ._engine import Engine
 from ._errors import (
@@ -45,6 +45,7 @@ from ._leader import LeaderElection
 from ._lock import Lock
 from ._multi import MultiLock, check_names
 from ._observe import Observer, ObserverSet
+from ._pubsub import Source, Subscriber
 from ._reach import describe
 from ._redlock import RedlockManager
 from ._replicas import (
@@ -708,11 +709,14 @@ class LockManager:
                 await self._identity.publish()
         if self._state != "new":  # opened by another task meanwhile
             raise ManagerNotOpenError(f"this LockManager is {self._state}; it opens once")
-        hub: WaiterHub
+        # The hub's subscriptions: sharded ones on the primary of each channel's slot on a
+        # Redis Cluster, one connection on a single server.
+        source: Source
         if isinstance(self._client, ClusterClient):
-            hub = ClusterHub(self._client, self._keyspace.manager_id)
+            source = ClusterSubscriptions(self._client)
         else:
-            hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
+            source = Subscriber(self._client.redis)
+        hub = WaiterHub(source, self._keyspace.manager_id)
         core = self._engine = Engine(self._runtime, hub, self._observers)
         # The background tasks run in a task group owned by a supervisor task, not by
         # the task that opens the manager: opening and closing may then happen in

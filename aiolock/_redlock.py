@@ -305,16 +305,8 @@ class RedlockManager:
                 tg.start_soon(node.listener.run)
             tg.start_soon(self._cleanup.run)
             tg.start_soon(self._renewal_loop)
-            tg.start_soon(self._follow_subscriptions)
             await self._stop.wait()
             tg.cancel_scope.cancel()
-
-    async def _follow_subscriptions(self) -> None:
-        while True:
-            await self._signals.changed.wait()
-            self._signals.changed.clear()
-            for node in self._nodes:
-                node.listener.kick()
 
     def _check_open(self) -> None:
         if self._state == "open":
