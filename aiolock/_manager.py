@@ -21,7 +21,6 @@ from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from aiolock._engine.cluster_hub import ClusterHub
 from aiolock._engine.engine import Engine
 from aiolock._engine.hub import HubStatistics, WaiterHub
 from aiolock._engine.lifecycle import ManagerLifecycle
@@ -43,7 +42,9 @@ from aiolock._redis.cluster import (
     is_cluster,
     refuse_cluster_node,
 )
+from aiolock._redis.cluster_pubsub import ClusterSubscriptions
 from aiolock._redis.identity import Identity, check_app_name
+from aiolock._redis.pubsub import Source, Subscriber
 from aiolock._redis.reach import describe
 from aiolock._redis.replicas import (
     OnShortfall,
@@ -435,11 +436,14 @@ class LockManager(ManagerLifecycle, LockFactories):
             await refuse_cluster_node(self._client)
 
     def _opening(self) -> None:
-        hub: WaiterHub
+        # The hub's subscriptions: sharded ones on the primary of each channel's slot on a
+        # Redis Cluster, one connection on a single server.
+        source: Source
         if isinstance(self._client, ClusterClient):
-            hub = ClusterHub(self._client, self._keyspace.manager_id)
+            source = ClusterSubscriptions(self._client)
         else:
-            hub = WaiterHub(self._client.redis, self._keyspace.manager_id)
+            source = Subscriber(self._client.redis)
+        hub = WaiterHub(source, self._keyspace.manager_id)
         self._engine = Engine(self._runtime, hub, self._observers)
 
     def _start_tasks(self, tg: TaskGroup) -> None:

@@ -22,10 +22,10 @@ from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
-from aiolock._engine.cluster_hub import ClusterHub
 from aiolock._kinds.lock.kind import RELEASE
 from aiolock._redis.client import Client
 from aiolock._redis.cluster import ClusterClient, sharded
+from aiolock._redis.cluster_pubsub import ClusterSubscriptions
 from aiolock.testing import free_port
 from aiolock.testing_cluster import LocalCluster
 
@@ -574,10 +574,11 @@ def replica_of(cluster: LocalCluster, primary: int) -> int:
     raise AssertionError(f"no replica of {primary} ({primary_id})")
 
 
-def hub_of(manager: aiolock.LockManager) -> ClusterHub:
+def hub_of(manager: aiolock.LockManager) -> ClusterSubscriptions:
+    """The source of the manager's hub: its sharded subscriptions (and their moves)."""
     engine = manager._engine
-    assert engine is not None and isinstance(engine.hub, ClusterHub)
-    return engine.hub
+    assert engine is not None and isinstance(engine.hub.source, ClusterSubscriptions)
+    return engine.hub.source
 
 
 def client_of(manager: aiolock.LockManager) -> ClusterClient:

@@ -32,36 +32,27 @@ that a missed message can have named is the first in the local queue: a confirma
 a reconnect or another wake of unknown target wakes that one alone, and while the
 subscription is not confirmed each first waiter that leaves wakes the next.
 
-Bookkeeping (join, leave, wake) is synchronous and never awaits; all I/O happens in
-two background tasks: the *pump* sends SUBSCRIBE/UNSUBSCRIBE for the channels whose
-demand changed, in batches, and the *reader* receives messages and confirmations. If
-the connection drops, every head is woken (a release may have been missed), the
-subscriptions are re-established, and each confirmation wakes its head again.
+Bookkeeping (join, leave, wake) is synchronous and never awaits. All I/O happens in the
+hub's *source* of subscriptions (:mod:`aiolock._redis.pubsub`: one connection on a single
+server, one per primary on a Redis Cluster, chosen by whoever builds the hub), which
+tells the hub what it hears: release messages, confirmed subscriptions, and lost ones.
+If a connection drops, every head of its channels is woken (a release may have been
+missed), the subscriptions are re-established, and each confirmation wakes its head again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
-
-import anyio
-from redis import exceptions as rex
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
 from aiolock._engine.kind import Hold
-from aiolock._errors import LockPermissionError
-from aiolock._redis.client import as_text, translate
-from aiolock._redis.reach import LOG_INTERVAL
+from aiolock._redis.pubsub import Source, SubscriptionEvents
 
 __all__ = ["ChannelQueue", "HubStatistics", "Waiter", "WaiterHub"]
-
-logger = logging.getLogger("aiolock")
 
 
 class Waiter:
@@ -244,14 +235,13 @@ class HubStatistics:
     reconnects: int
 
 
-class WaiterHub:
-    """Local waiter queues plus the one pub/sub connection that feeds them."""
+class WaiterHub(SubscriptionEvents):
+    """Local waiter queues, fed by the events of a source of subscriptions."""
 
-    #: how long the reader may hear nothing before it PINGs the server
-    PING_INTERVAL = 15.0
-
-    def __init__(self, redis: Redis, manager_id: str) -> None:
-        self._redis = redis
+    def __init__(self, source: Source, manager_id: str) -> None:
+        #: the subscriptions: wanted here, kept by the source, which reports to the hub
+        self.source = source
+        source.bind(self)
         self._manager_id = manager_id
         self._queues: dict[str, ChannelQueue] = {}
         #: channels this manager yields, until when (monotonic)
@@ -259,22 +249,7 @@ class WaiterHub:
         #: hand-overs in a row within this manager, per channel, since it was last freed
         #: (kept apart from the queues, which come and go between hand-overs)
         self._streaks: dict[str, int] = {}
-        self._subscribed: set[str] = set()  # SUBSCRIBE sent on the current connection
-        self._unsubscribing: set[str] = set()  # UNSUBSCRIBE sent, not yet confirmed
-        self._dirty = asyncio.Event()
-        #: channels whose subscription may have to change: each pump pass looks at
-        #: these only, so its cost follows what changed, not how many names are waited on
-        self._changed: set[str] = set()
-        #: channels the pump has looked at, over all passes (a count for tests)
-        self.examined = 0
-        self._connected = asyncio.Event()
-        self._pubsub: PubSub | None = None
         self._messages = 0
-        self._reconnects = 0
-        #: reconnects redis-py made by itself, not yet counted (see _count_reconnects)
-        self._client_reconnects = 0
-        #: connection losses seen, of either kind, counted at once (see :attr:`losses`)
-        self._losses = 0
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -326,8 +301,7 @@ class WaiterHub:
         queue = waiter.queue
         if not queue.listen:
             queue.listen = True
-            if queue.channel not in self._subscribed:
-                self._mark(queue.channel)
+            self.source.want(queue.channel)
 
     def yield_to_others(self, channel: str, window: float) -> None:
         """Other clients heard our release: keep our tasks off *channel* for *window* s."""
@@ -387,18 +361,14 @@ class WaiterHub:
         ):
             queue.wake_head()
         if not queue.waiters:
-            if queue.listen or queue.channel in self._subscribed:
+            if queue.listen or self.source.subscribed(queue.channel):
                 queue.listen = False
-                self._mark(queue.channel)  # the pump unsubscribes and forgets the queue
+                # The source unsubscribes, then reports it dropped: the queue is forgotten.
+                self.source.unwant(queue.channel)
             elif self._queues.get(queue.channel) is queue:
                 # Never subscribed (the common, uncontended case): forget it now, without
-                # waking the pump on every acquisition.
+                # waking the source on every acquisition.
                 del self._queues[queue.channel]
-
-    def _mark(self, channel: str) -> None:
-        """*channel*'s subscription may have to change: the pump looks at it."""
-        self._changed.add(channel)
-        self._dirty.set()
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
@@ -414,7 +384,7 @@ class WaiterHub:
 
     def listening(self, channel: str) -> bool:
         """Whether the server may count this manager among *channel*'s subscribers."""
-        return channel in self._subscribed or channel in self._unsubscribing
+        return self.source.listening(channel)
 
     def confirmed(self, channel: str) -> bool:
         queue = self._queues.get(channel)
@@ -427,7 +397,12 @@ class WaiterHub:
         A waiter whose subscription was confirmed, and that sees this unchanged since,
         has missed no release message meanwhile (see the engine's quiet waits).
         """
-        return self._losses
+        return self.source.tally.losses
+
+    @property
+    def examined(self) -> int:
+        """Channels the source's pumps looked at, over all passes (a count for tests)."""
+        return self.source.tally.examined
 
     def wake(self, channel: str) -> None:
         """The lock behind *channel* may be free: let its head try."""
@@ -451,222 +426,68 @@ class WaiterHub:
             waiters=sum(len(q.waiters) for q in self._queues.values()),
             subscriptions=sum(1 for q in self._queues.values() if q.confirmed),
             messages=self._messages,
-            reconnects=self._reconnects,
+            reconnects=self.source.tally.reconnects,
         )
 
-    # -- I/O: two background tasks in the manager's task group -------------------------
+    # -- the source's events (see aiolock._redis.pubsub.SubscriptionEvents) -------------------
 
     async def run(self) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._pump)
-                tg.start_soon(self._reader)
-        finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
-                await self._drop_connection()
+        """Run the source's I/O (in the manager's task group)."""
+        await self.source.run()
 
-    async def _pump(self) -> None:
-        """Bring the server's subscriptions in line with the queues, in batches."""
-        backoff = 0.05
-        warned_at = -LOG_INTERVAL
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            changed, self._changed = self._changed, set()
-            self.examined += len(changed)
-            try:
-                await self._sync_subscriptions(changed)
-                backoff = 0.05
-            except Exception as exc:  # any failure of this I/O is retried, never fatal
-                self._changed |= changed  # looked at again (what was done is skipped)
-                self._note_refusal(exc)
-                # Retried every 2 s at most during an outage: warn at most every
-                # LOG_INTERVAL (the engine logs the outage and its end, see _reach).
-                level = logging.DEBUG
-                if time.monotonic() - warned_at >= LOG_INTERVAL:
-                    level, warned_at = logging.WARNING, time.monotonic()
-                logger.log(level, "pub/sub subscription change failed, will retry: %s", exc)
-                self._dirty.set()
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-
-    def _differences(self, changed: set[str]) -> tuple[list[str], list[str]]:
-        """Of *changed*, the channels to subscribe and those to unsubscribe."""
-        to_add: list[str] = []
-        to_drop: list[str] = []
-        for name in sorted(changed):
-            queue = self._queues.get(name)
-            wanted = queue is not None and queue.listen
-            if wanted and name not in self._subscribed:
-                to_add.append(name)
-            elif not wanted and name in self._subscribed:
-                to_drop.append(name)
-        return to_add, to_drop
-
-    def _forget_idle(self, changed: set[str]) -> None:
-        """Forget the queues of *changed* that nobody uses any more (nor the server)."""
-        for name in changed:
-            queue = self._queues.get(name)
-            if queue is not None and not queue.waiters and name not in self._subscribed:
-                del self._queues[name]
-
-    async def _sync_subscriptions(self, changed: set[str]) -> None:
-        """Bring the subscriptions of the *changed* channels in line with their queues."""
-        to_add, to_drop = self._differences(changed)
-        if to_add:
-            pubsub = self._ensure_pubsub()
-            await pubsub.subscribe(*to_add)
-            self._count_reconnects(pubsub)
-            self._subscribed.update(to_add)
-            self._connected.set()
-        if to_drop and self._pubsub is not None:
-            self._subscribed.difference_update(to_drop)
-            self._unsubscribing.update(to_drop)
-            for name in to_drop:
-                queue = self._queues.get(name)
-                if queue is not None:
-                    queue.confirmed = False
-            await self._pubsub.unsubscribe(*to_drop)
-        self._forget_idle(changed)
-
-    def _count_reconnects(self, pubsub: PubSub) -> None:
-        """Count the reconnects redis-py makes by itself on *pubsub*'s connection.
-
-        Its retry policy re-establishes a dropped pub/sub connection inside a read and
-        subscribes every channel again, so the reader sees no failure; the connection's
-        connect callbacks (ours after redis-py's own, registered after its first connect)
-        are how this side learns of it. Registering twice registers once.
-        """
-        connection = pubsub.connection
-        if connection is not None:
-            connection.register_connect_callback(self._reconnected_by_client)
-
-    def _uncount_reconnects(self, pubsub: PubSub) -> None:
-        """Before *pubsub* gives its connection back to the pool, where other commands'
-        reconnects are none of the hub's business."""
-        connection = pubsub.connection
-        if connection is not None:
-            connection.deregister_connect_callback(self._reconnected_by_client)
-
-    def _reconnected_by_client(self, connection: object) -> None:
-        # Counted once a read on it succeeds (_settle_reconnects): if the connection
-        # fails again first, the hub's own reconnect counts that one loss instead.
-        self._client_reconnects += 1
-        self._losses += 1
-
-    def _settle_reconnects(self) -> None:
-        """A read succeeded: the reconnects redis-py made for it are done, count them."""
-        if self._client_reconnects:
-            self._reconnects += self._client_reconnects
-            self._client_reconnects = 0
-            logger.warning(
-                "pub/sub connection lost and re-established by the Redis client; "
-                "its channels are subscribed again"
-            )
-
-    def _ensure_pubsub(self) -> PubSub:
-        if self._pubsub is None:
-            self._pubsub = self._redis.pubsub()
-        return self._pubsub
-
-    async def _reader(self) -> None:
-        backoff = 0.05
-        last_heard = time.monotonic()
-        ping_sent = False
-        while True:
-            await self._connected.wait()
-            pubsub = self._pubsub
-            if pubsub is None or pubsub.connection is None:
-                self._connected.clear()
-                continue
-            try:
-                message = await pubsub.get_message(timeout=self.PING_INTERVAL)
-                self._settle_reconnects()
-                if message is None:
-                    if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
-                        raise rex.ConnectionError("no answer to PING on the pub/sub connection")
-                    if not ping_sent:
-                        await pubsub.ping()
-                        ping_sent = True
-                    continue
-            except Exception as exc:  # e.g. RedisError, OSError, or redis-py's RuntimeError
-                # SUBSCRIBE's refusal arrives here, as the reply read after it.
-                self._note_refusal(exc)
-                await self._reconnect(exc, backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            last_heard, ping_sent, backoff = time.monotonic(), False, 0.05
-            self._dispatch(message)
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = as_text(message.get("type"))
-        channel = as_text(message.get("channel"))
+    def on_message(self, channel: str, data: str) -> None:
         queue = self._queues.get(channel)
-        if kind == "message":
-            data = as_text(message.get("data"))
-            if queue is not None and queue.queued:
-                # A queued kind's release names the waiter it was granted to (which may
-                # be one of ours, released by one of ours), or is "" if nobody waited.
-                self._messages += 1
-                if data:
-                    queue.wake_field(data)
-            # Our own releases already woke the local head directly.
-            elif data != self._manager_id:
-                self._messages += 1
-                # Another client released: the clients we yielded to had their turn. An
-                # anonymous message may be our own release echoed back, so it ends no
-                # yield (the window's timer wakes the head when it is over).
-                if queue is None or not queue.anonymous:
-                    self._yields.pop(channel, None)
-                if queue is not None:
-                    queue.wake_head()
-        elif kind == "subscribe" and queue is not None:
+        if queue is not None and queue.queued:
+            # A queued kind's release names the waiter it was granted to (which may be
+            # one of ours, released by one of ours), or is "" if nobody waited.
+            self._messages += 1
+            if data:
+                queue.wake_field(data)
+        # Our own releases already woke the local head directly.
+        elif data != self._manager_id:
+            self._messages += 1
+            # Another client released: the clients we yielded to had their turn. An
+            # anonymous message may be our own release echoed back, so it ends no
+            # yield (the window's timer wakes the head when it is over).
+            if queue is None or not queue.anonymous:
+                self._yields.pop(channel, None)
+            if queue is not None:
+                queue.wake_head()
+
+    def on_confirmed(self, channel: str) -> None:
+        queue = self._queues.get(channel)
+        if queue is not None:
             self.failure = None
             # First confirmation: the head may now retry without missing a release.
             # A repeated one follows a reconnect made inside redis-py, during which
             # releases may have been missed: either way, wake the head.
             queue.confirmed = True
             queue.wake_head()
-        elif kind == "unsubscribe":
-            self._unsubscribing.discard(channel)
-            if queue is not None and channel not in self._subscribed:
-                queue.confirmed = False
 
-    def _note_refusal(self, exc: Exception) -> None:
-        """An ACL or credentials refusal: fail the waiters instead of letting them poll."""
-        if not isinstance(exc, rex.RedisError):
-            return
-        error = translate(exc, "subscribing to lock release channels")
-        if isinstance(error, LockPermissionError):
-            # No retry helps until an administrator acts; without pub/sub the waiters
-            # would silently fall back to retrying at lease intervals.
-            self.failure = str(error)
-            self._wake_all()
-
-    async def _reconnect(self, exc: BaseException, backoff: float) -> None:
-        """The connection failed: wake every head, then start over on a new connection."""
-        logger.warning("pub/sub connection lost, reconnecting: %s", exc)
-        self._reconnects += 1
-        self._losses += 1
-        self._client_reconnects = 0  # one loss, counted here (redis-py's try failed)
-        for queue in self._queues.values():
+    def on_unconfirmed(self, channel: str) -> None:
+        queue = self._queues.get(channel)
+        if queue is not None:
             queue.confirmed = False
-            # A release may have been missed; heads fall back to TTL waits (a queued
-            # kind's queue: the first waiter, see wake_head)
-            queue.wake_head()
-        await self._drop_connection()
-        await anyio.sleep(backoff)
-        self._changed.update(self._queues)  # nothing is subscribed on the next connection
-        self._dirty.set()
 
-    async def _drop_connection(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        self._subscribed.clear()
-        self._unsubscribing.clear()
-        self._connected.clear()
-        if pubsub is not None:
-            self._uncount_reconnects(pubsub)
-            try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except Exception as exc:  # the connection is already broken
-                logger.debug("closing the pub/sub connection: %s", exc)
+    def on_dropped(self, channel: str) -> None:
+        """Forget the queue of *channel* if nobody uses it any more (nor the server)."""
+        queue = self._queues.get(channel)
+        if queue is not None and not queue.waiters:
+            del self._queues[channel]
+
+    def on_lost(self, channels: Collection[str]) -> None:
+        for channel in channels:
+            queue = self._queues.get(channel)
+            if queue is not None:
+                queue.confirmed = False
+                # A release may have been missed; heads fall back to TTL waits (a queued
+                # kind's queue: the first waiter, see wake_head)
+                queue.wake_head()
+
+    def on_failed(self, exc: Exception, refusal: str | None) -> None:
+        if refusal is not None:
+            # An ACL or credentials refusal: no retry helps until an administrator acts;
+            # without pub/sub the waiters would silently fall back to retrying at lease
+            # intervals, so they fail instead.
+            self.failure = refusal
+            self._wake_all()

@@ -237,7 +237,6 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
             tg.start_soon(node.listener.run)
         tg.start_soon(self._cleanup.run)
         tg.start_soon(self._renewal_loop)
-        tg.start_soon(self._follow_subscriptions)
 
     def _failed(self) -> None:
         self._signals.close()
@@ -264,13 +263,6 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
     async def _after_stop(self) -> None:
         for node in self._nodes:
             await node.client.aclose()
-
-    async def _follow_subscriptions(self) -> None:
-        while True:
-            await self._signals.changed.wait()
-            self._signals.changed.clear()
-            for node in self._nodes:
-                node.listener.kick()
 
     def _check_fixed_lease(self, lease: object) -> float:
         seconds = check_lease(lease)

@@ -10,7 +10,8 @@ module holds what concerns the set of masters, not the lock:
 * :func:`fan_out`: one call per master, concurrently, returning as soon as the outcome
   is decided (a majority said yes, or can no longer say yes);
 * :class:`Signals` and :class:`Listener`: release messages from *any* master wake the
-  local task waiting for that lock.
+  local task waiting for that lock (each master's connection is a
+  :class:`~aiolock._redis.pubsub.Subscriber`).
 """
 
 from __future__ import annotations
@@ -18,16 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
 import anyio
-from redis import exceptions as rex
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 
 from aiolock._errors import LockConnectionError
-from aiolock._redis.client import Client, as_text
+from aiolock._redis.client import Client
+from aiolock._redis.pubsub import Subscriber, SubscriptionEvents
 from aiolock._redis.scripts import Script
 
 __all__ = ["Listener", "Node", "Signals", "check_clients", "fan_out"]
@@ -168,14 +168,22 @@ class Signals:
         self._heard: dict[str, int] = {}
         #: channel -> the token of the last release heard (its duplicates are ignored)
         self._last: dict[str, str] = {}
-        self.changed = asyncio.Event()
+        #: every master's subscriber: they follow the wanted channels
+        self._subscribers: list[Subscriber] = []
         self.messages = 0
         self.closed = False
 
+    def attach(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+        for channel in self._wanted:
+            subscriber.want(channel)
+
     def listen(self, channel: str) -> asyncio.Event:
         """A waiter wants releases of *channel*; the listeners subscribe on every master."""
-        self._wanted[channel] = self._wanted.get(channel, 0) + 1
-        self.changed.set()
+        count = self._wanted[channel] = self._wanted.get(channel, 0) + 1
+        if count == 1:
+            for subscriber in self._subscribers:
+                subscriber.want(channel)
         return self.event(channel)
 
     def unlisten(self, channel: str) -> None:
@@ -187,10 +195,8 @@ class Signals:
         self._events.pop(channel, None)
         self._heard.pop(channel, None)
         self._last.pop(channel, None)
-        self.changed.set()
-
-    def wanted(self) -> set[str]:
-        return set(self._wanted)
+        for subscriber in self._subscribers:
+            subscriber.unwant(channel)
 
     def listening(self, channel: str) -> bool:
         return channel in self._wanted
@@ -253,121 +259,52 @@ class Signals:
             event.set()
 
 
-class Listener:
+class Listener(SubscriptionEvents):
     """One master's pub/sub connection: follows :class:`Signals`' wanted channels."""
 
-    #: seconds of silence after which the connection is pinged, and then dropped
+    #: seconds of silence after which the connection is pinged, and then dropped; also
+    #: the time limit of each subscription change and PING (a master that stopped)
     PING_INTERVAL = 1.0
 
     def __init__(self, index: int, redis: Redis, signals: Signals, manager_id: str) -> None:
         self.index = index
         #: the start of this manager's tokens: its own release messages
         self._own = f"{manager_id}:"
-        self._redis = redis
         self._signals = signals
-        self._pubsub: PubSub | None = None
-        self._subscribed: set[str] = set()
-        self._dirty = asyncio.Event()
-        self._connected = asyncio.Event()
-        self.reconnects = 0
+        self.subscriber = Subscriber(
+            redis,
+            self,
+            time_limit=self.PING_INTERVAL,
+            ping_interval=self.PING_INTERVAL,
+            where=f" to redlock master #{index}",
+        )
+        signals.attach(self.subscriber)
 
-    def kick(self) -> None:
-        self._dirty.set()
+    @property
+    def reconnects(self) -> int:
+        return self.subscriber.tally.reconnects
 
     def subscribed(self, channel: str) -> bool:
         """Whether this connection is (or is about to be) subscribed to *channel*."""
-        return channel in self._subscribed
+        return self.subscriber.subscribed(channel)
 
     async def run(self) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._pump)
-                tg.start_soon(self._reader)
-        finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
-                await self._drop()
+        await self.subscriber.run()
 
-    async def _pump(self) -> None:
-        backoff = 0.05
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            wanted = self._signals.wanted()
-            add, drop = sorted(wanted - self._subscribed), sorted(self._subscribed - wanted)
-            try:
-                with anyio.fail_after(self.PING_INTERVAL):
-                    if add:
-                        if self._pubsub is None:
-                            self._pubsub = self._redis.pubsub()
-                        await self._pubsub.subscribe(*add)
-                        self._subscribed.update(add)
-                        self._connected.set()
-                    if drop and self._pubsub is not None:
-                        self._subscribed.difference_update(drop)
-                        await self._pubsub.unsubscribe(*drop)
-                backoff = 0.05
-            except Exception as exc:  # retried; waiters meanwhile rely on TTL-bounded waits
-                logger.warning("redlock master #%d: subscribing failed: %s", self.index, exc)
-                await self._reconnect(backoff)
-                backoff = min(backoff * 2, 2.0)
+    def on_message(self, channel: str, data: str) -> None:
+        # This manager's own releases woke its local waiter already (and must not end
+        # the moment it yields to other clients).
+        if not data.startswith(self._own):
+            self._signals.released(channel, data)
 
-    async def _reader(self) -> None:
-        backoff = 0.05
-        last_heard, ping_sent = time.monotonic(), False
-        while True:
-            await self._connected.wait()
-            pubsub = self._pubsub
-            if pubsub is None or pubsub.connection is None:
-                self._connected.clear()
-                continue
-            try:
-                message = await pubsub.get_message(timeout=self.PING_INTERVAL)
-                if message is None:
-                    if ping_sent and time.monotonic() - last_heard > 2 * self.PING_INTERVAL:
-                        raise rex.ConnectionError("no answer to PING on the pub/sub connection")
-                    if not ping_sent:
-                        with anyio.fail_after(self.PING_INTERVAL):
-                            await pubsub.ping()
-                        ping_sent = True
-                    continue
-            except Exception as exc:  # a stopped or restarted master, a dropped connection
-                logger.warning("redlock master #%d: pub/sub connection lost: %s", self.index, exc)
-                await self._reconnect(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            last_heard, ping_sent, backoff = time.monotonic(), False, 0.05
-            self._dispatch(message)
+    def on_confirmed(self, channel: str) -> None:
+        self._signals.confirm(self.index, channel)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = as_text(message.get("type"))
-        channel = as_text(message.get("channel"))
-        if kind == "message":
-            # This manager's own releases woke its local waiter already (and must not end
-            # the moment it yields to other clients).
-            token = as_text(message.get("data"))
-            if not token.startswith(self._own):
-                self._signals.released(channel, token)
-        elif kind == "subscribe":
-            self._signals.confirm(self.index, channel)
-        elif kind == "unsubscribe":
-            self._signals.unconfirm(self.index, channel)
+    def on_unconfirmed(self, channel: str) -> None:
+        self._signals.unconfirm(self.index, channel)
 
-    async def _reconnect(self, backoff: float) -> None:
-        self.reconnects += 1
+    def on_lost(self, channels: Collection[str]) -> None:
         self._signals.unconfirm_all(self.index)  # wakes every waiter: it retries now
-        await self._drop()
-        await anyio.sleep(backoff)
-        self._dirty.set()
-
-    async def _drop(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        self._subscribed.clear()
-        self._connected.clear()
-        if pubsub is not None:
-            try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-            except Exception as exc:  # already broken
-                logger.debug("closing a redlock pub/sub connection: %s", exc)
 
 
 class Node:
