@@ -1,10 +1,11 @@
 """The Lua scripts: one operation per ``.lua`` file, a folder per lock kind.
 
 ``<kind>/<operation>.lua`` holds one script with a KEYS/ARGV/returns header. Code shared by
-every kind (the fencing rule) lives once at the top level as a prelude, spliced in where
-a script says ``--@include <name>``. Each :class:`Script` carries its final source and
-SHA1; :mod:`aiolock._client` runs it with EVALSHA and loads it on NOSCRIPT (a restarted
-or flushed server forgets scripts).
+every kind lives once at the top level as a prelude (``fence.lua``: the fencing rule;
+``tombstone.lua``: the marks releases and undos leave for resent commands), spliced in
+where a script says ``--@include <name>``; a prelude includes nothing itself. Each
+:class:`Script` carries its final source and SHA1; :mod:`aiolock._client` runs it with
+EVALSHA and loads it on NOSCRIPT (a restarted or flushed server forgets scripts).
 """
 
 from __future__ import annotations
