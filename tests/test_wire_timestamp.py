@@ -9,7 +9,6 @@ its own pid.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -21,12 +20,7 @@ import aiolock
 from aiolock._kinds.foreign import POLL_MAX
 
 from ._wire_fleet_child import legacy_release, legacy_try
-from .wire_fleet import REPO_ROOT, run_fleet
-
-#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound
-#: (more in a fleet, whose six processes compete for the cores).
-SLACK = 0.4
-FLEET_SLACK = 0.6
+from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet
 
 
 @pytest.fixture
@@ -261,31 +255,9 @@ async def test_a_legacy_waiter_gets_the_lock_when_aiolock_releases(
 
 
 async def test_a_crashed_legacy_holder_is_taken_over_once_its_expiry_passes(
-    locks: aiolock.LockManager, redis_url: str, name: str
+    locks: aiolock.LockManager, redis_url: str, prefix: str, name: str
 ) -> None:
-    code = (
-        "import redis, sys, time; from tests._wire_fleet_child import legacy_try; "
-        f"assert legacy_try(redis.Redis.from_url({redis_url!r}), {name!r}, 800); "
-        "print('held', flush=True); time.sleep(60)"
-    )
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, cwd=str(REPO_ROOT)
-    )
-    try:
-        assert child.stdout is not None
-        assert await asyncio.wait_for(child.stdout.readline(), 30) == b"held\n"
-        child.kill()  # SIGKILL, by this child's pid
-        await child.wait()
-        killed = time.monotonic()
-        lock = locks.lock(name)
-        assert not await lock.try_acquire()
-        await lock.acquire(timeout=5)
-        assert time.monotonic() - killed <= 0.8 + POLL_MAX + SLACK
-        await lock.release()
-    finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
+    await check_crashed_holder_taken_over(locks, redis_url, prefix, name, "legacy")
 
 
 async def test_a_cancelled_acquire_or_release_leaves_nothing_held(
@@ -314,21 +286,4 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     SIGKILLed mid-hold after a few sections: no overlap by the counter or by the logs,
     and while aiolock waited, no legacy release left the lock free longer than the poll
     bound."""
-    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
-    # Two processes crash: after a few sections they hang inside and are killed. The
-    # first one contends until the others are done, so that their releases find it waiting.
-    specs = [
-        {**common, "role": "aiolock-timestamp", "tasks": 2, "until_stop": True, "pause": 0.05},
-        {**common, "role": "aiolock-timestamp", "rounds": 3, "pause": 0.1, "crash": True},
-        {**common, "role": "legacy", "rounds": 4, "pause": 0.03, "crash": True},
-        {**common, "role": "legacy", "rounds": 14, "pause": 0.03},
-    ]
-    fleet = await run_fleet(redis_url, f"{prefix}:check", specs, max_seconds=20)
-    assert fleet.overlaps == []
-    assert fleet.log_overlaps() == []
-    assert fleet.sections("aiolock-timestamp") >= 3 + 1 + 2
-    assert fleet.sections("legacy") == 4 + 1 + 14
-    gaps = fleet.foreign_release_gaps()
-    assert len(gaps) >= 3, f"only {len(gaps)} legacy releases happened while aiolock waited"
-    assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
-    print(f"\nfleet: {len(gaps)} legacy releases with aiolock waiting, max gap {max(gaps):.3f} s")
+    await check_mixed_fleet(redis_url, prefix, name, "timestamp", ("legacy", "legacy"), "legacy")

@@ -8,7 +8,6 @@ processes (the mixed fleet) are :mod:`tests._wire_fleet_child`, stopped by their
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -24,12 +23,7 @@ from aiolock._kinds.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, 
 from aiolock._kinds.token.kind import TokenLockKind
 
 from .helpers import counting_client
-from .wire_fleet import REPO_ROOT, run_fleet
-
-#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound
-#: (more in a fleet, whose six processes compete for the cores).
-SLACK = 0.4
-FLEET_SLACK = 0.6
+from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet
 
 
 @pytest.fixture
@@ -243,32 +237,10 @@ async def test_redis_py_cannot_release_or_extend_aiolocks_hold(
 
 
 async def test_a_crashed_redis_py_holders_lease_expires_and_aiolock_takes_over(
-    locks: aiolock.LockManager, redis_url: str, name: str
+    locks: aiolock.LockManager, redis_url: str, prefix: str, name: str
 ) -> None:
     # A holder in another process that dies (SIGKILL, this test's own child) mid-hold.
-    code = (
-        "import redis, sys, time; "
-        f"l = redis.Redis.from_url({redis_url!r}).lock({name!r}, timeout=0.8); "
-        "assert l.acquire(blocking=False); print('held', flush=True); time.sleep(60)"
-    )
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, cwd=str(REPO_ROOT)
-    )
-    try:
-        assert child.stdout is not None
-        assert await asyncio.wait_for(child.stdout.readline(), 30) == b"held\n"
-        child.kill()  # SIGKILL, by this child's pid
-        await child.wait()
-        killed = time.monotonic()
-        lock = locks.lock(name)
-        assert not await lock.try_acquire()
-        await lock.acquire(timeout=5)
-        assert time.monotonic() - killed <= 0.8 + POLL_MAX + SLACK
-        await lock.release()
-    finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
+    await check_crashed_holder_taken_over(locks, redis_url, prefix, name, "redispy-sync")
 
 
 async def test_a_waiter_behind_aiolock_sleeps_on_pubsub_and_polls_only_behind_redis_py(
@@ -454,21 +426,6 @@ async def test_mixed_fleet_with_crashing_holders_never_overlaps(
     process of each SIGKILLed mid-hold after a few sections: no overlap by the counter or
     by the logs, and while aiolock waited, no redis-py release left the lock free longer
     than the poll bound."""
-    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
-    # Two processes crash: after a few sections they hang inside and are killed. The
-    # first one contends until the others are done, so that their releases find it waiting.
-    specs = [
-        {**common, "role": "aiolock-token", "tasks": 2, "until_stop": True, "pause": 0.05},
-        {**common, "role": "aiolock-token", "rounds": 3, "pause": 0.1, "crash": True},
-        {**common, "role": "redispy-sync", "rounds": 4, "pause": 0.03, "crash": True},
-        {**common, "role": "redispy-async", "rounds": 14, "pause": 0.03},
-    ]
-    fleet = await run_fleet(redis_url, f"{prefix}:check", specs, max_seconds=20)
-    assert fleet.overlaps == []
-    assert fleet.log_overlaps() == []
-    assert fleet.sections("aiolock-token") >= 3 + 1 + 2
-    assert fleet.sections("redispy") == 4 + 1 + 14
-    gaps = fleet.foreign_release_gaps()
-    assert len(gaps) >= 3, f"only {len(gaps)} redis-py releases happened while aiolock waited"
-    assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
-    print(f"\nfleet: {len(gaps)} foreign releases with aiolock waiting, max gap {max(gaps):.3f} s")
+    await check_mixed_fleet(
+        redis_url, prefix, name, "token", ("redispy-sync", "redispy-async"), "redis-py"
+    )

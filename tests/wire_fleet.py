@@ -1,10 +1,13 @@
 """Mixed fleets on one lock name: aiolock and other clients in many processes.
 
-:func:`run_fleet` starts one :mod:`tests._wire_fleet_child` per spec, SIGKILLs each
-crasher (by its pid) once it is inside its last critical section, waits for the others
-(bounded), and returns every process's event log with the checker's verdicts. The
-checks are independent of the locks: the checker's counter in Redis (see the child),
-and the logs' intervals, compared on the system-wide monotonic clock.
+The one fleet helper of the foreign wire formats' suites (tests/test_wire_token.py,
+tests/test_wire_timestamp.py). :func:`run_fleet` starts one
+:mod:`tests._wire_fleet_child` per spec, SIGKILLs each crasher (by its pid) once it is
+inside its last critical section, waits for the others (bounded), and returns every
+process's event log with the checker's verdicts. The checks are independent of the locks:
+the checker's counter in Redis (see the child), and the logs' intervals, compared on the
+system-wide monotonic clock. On top of it, the two scenarios both suites run with their
+own foreign client: :func:`check_mixed_fleet` and :func:`check_crashed_holder_taken_over`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+import aiolock
+from aiolock._kinds.foreign import POLL_MAX
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: Scheduling and round trips on a loaded 2-core machine, on top of a documented bound
+#: (more in a fleet, whose processes compete for the cores).
+SLACK = 0.4
+FLEET_SLACK = 0.6
 
 
 @dataclass
@@ -153,3 +164,48 @@ async def run_fleet(url: str, check: str, specs: list[dict[str, Any]], max_secon
                 proc.kill()
                 await proc.wait()
         await admin.aclose()
+
+
+async def check_mixed_fleet(
+    url: str, prefix: str, name: str, wire: str, foreign: tuple[str, str], what: str
+) -> None:
+    """aiolock with *wire* (2 processes, 3 tasks) and two processes of the *foreign*
+    roles (``what`` clients), one process of each side SIGKILLed mid-hold after a few
+    sections: no overlap by the counter or by the logs, every section ran, and while
+    aiolock waited, no foreign release left the lock free longer than the poll bound."""
+    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
+    role = f"aiolock-{wire}"
+    # Two processes crash: after a few sections they hang inside and are killed. The
+    # first one contends until the others are done, so that their releases find it waiting.
+    specs = [
+        {**common, "role": role, "tasks": 2, "until_stop": True, "pause": 0.05},
+        {**common, "role": role, "rounds": 3, "pause": 0.1, "crash": True},
+        {**common, "role": foreign[0], "rounds": 4, "pause": 0.03, "crash": True},
+        {**common, "role": foreign[1], "rounds": 14, "pause": 0.03},
+    ]
+    fleet = await run_fleet(url, f"{prefix}:check", specs, max_seconds=20)
+    assert fleet.overlaps == []
+    assert fleet.log_overlaps() == []
+    assert fleet.sections(role) >= 3 + 1 + 2
+    assert sum(fleet.sections(r) for r in set(foreign)) == 4 + 1 + 14
+    gaps = fleet.foreign_release_gaps()
+    assert len(gaps) >= 3, f"only {len(gaps)} {what} releases happened while aiolock waited"
+    assert max(gaps) <= POLL_MAX + FLEET_SLACK, sorted(gaps)[-5:]
+    print(f"\nfleet: {len(gaps)} {what} releases with aiolock waiting, max gap {max(gaps):.3f} s")
+
+
+async def check_crashed_holder_taken_over(
+    locks: aiolock.LockManager, url: str, prefix: str, name: str, role: str
+) -> None:
+    """A holder of the foreign *role* in another process (a fleet of one) takes *name*
+    with a lease of 0.8 s and dies mid-hold (SIGKILL, by its pid): aiolock finds the lock
+    held, then takes it over once the lease has run out, within the poll bound."""
+    spec = {"role": role, "name": name, "lease": 0.8, "hold": 0, "rounds": 0, "crash": True}
+    fleet = await run_fleet(url, f"{prefix}:check-crash", [spec], max_seconds=10)
+    [(_, _, killed)] = fleet.logs
+    assert killed is not None
+    lock = locks.lock(name)
+    assert not await lock.try_acquire()
+    await lock.acquire(timeout=5)
+    assert asyncio.get_running_loop().time() - killed <= 0.8 + POLL_MAX + SLACK
+    await lock.release()

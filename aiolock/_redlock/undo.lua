@@ -9,11 +9,12 @@
 -- Returns 1 if the acquisition had taken this master (the key is deleted and the release
 -- published), else 0, after leaving the void marker so that an acquire still on its way
 -- to this master does nothing when it arrives.
+--@include _kinds/_lua/tombstone
 
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
   redis.call('publish', KEYS[1] .. ':released', ARGV[1])
   return 1
 end
-redis.call('set', KEYS[2], '1', 'px', ARGV[2])
+void_attempt(KEYS[2], ARGV[2])
 return 0

@@ -1,5 +1,5 @@
 -- aiolock prelude: the fencing rule, shared by every kind's scripts (spliced in by the
--- loader where a script says `--@include fence`).
+-- loader where a script says `--@include _kinds/_lua/fence`).
 --
 -- fence(key) -> a new fencing token for the resource whose fence key is `key`: the
 -- server's clock in microseconds, forced above the last token released there (kept in
@@ -9,6 +9,9 @@
 -- while the fence key lives.
 -- keep_fence(key, token, ttl_ms) records `token` as the last one: ttl_ms '0' keeps
 -- nothing, '-1' keeps it forever, else for ttl_ms milliseconds.
+-- keep_largest_fence(key, token, ttl_ms) does the same unless a larger token is kept
+-- already: for kinds whose holds end out of order (readers, permits), where the token
+-- released last need not be the largest.
 
 local function fence(key)
   local now = redis.call('time')
@@ -30,5 +33,11 @@ local function keep_fence(key, token, ttl_ms)
     redis.call('set', key, token)
   elseif ttl_ms ~= '0' then
     redis.call('set', key, token, 'px', ttl_ms)
+  end
+end
+
+local function keep_largest_fence(key, token, ttl_ms)
+  if tonumber(token) > tonumber(redis.call('get', key) or 0) then
+    keep_fence(key, token, ttl_ms)
   end
 end

@@ -1,5 +1,5 @@
 -- aiolock prelude of the semaphore scripts: permit and claim bookkeeping (spliced in by
--- the loader where a script says `--@include permits`).
+-- the loader where a script says `--@include _kinds/_lua/permits`).
 --
 -- Holders: a hash H {permit field -> permits, '#held' -> total permits held} and a
 -- sorted set E {permit field -> expiry, ms on the server's clock}. Both exist only

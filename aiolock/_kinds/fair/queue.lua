@@ -1,4 +1,4 @@
--- aiolock fair lock prelude: the waiters' queue (spliced in by `--@include fair/queue`).
+-- aiolock fair lock prelude: the waiters' queue (spliced in by `--@include _kinds/fair/queue`).
 --
 -- The queue of one fair lock is two sorted sets with the same members, the fields of
 -- the waiting acquisitions:

@@ -30,16 +30,14 @@
 -- count minus one, and a final release leaves a tombstone for ARGV[5] ms.
 --@include _kinds/_lua/fence
 --@include _kinds/fair/queue
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(held) == 'table' and held.err then
   return {-1, redis.call('type', KEYS[1]).ok}
 end
 if not held then
-  if redis.call('exists', KEYS[3]) == 1 then
-    return {2, 0}
-  end
-  return {0, 0}
+  return resend_reply(KEYS[3])
 end
 
 local left = tonumber(ARGV[2]) - 1
@@ -50,7 +48,7 @@ end
 
 redis.call('del', KEYS[1])
 keep_fence(KEYS[2], ARGV[3], ARGV[4])
-redis.call('set', KEYS[3], '1', 'px', ARGV[5])
+leave_tombstone(KEYS[3], ARGV[5])
 local granted = grant_next(KEYS[1], KEYS[4], KEYS[5], now_ms(), ARGV[6], KEYS[1] .. ':released')
 if granted == '' then
   return {2, 0}

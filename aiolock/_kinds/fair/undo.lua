@@ -19,6 +19,7 @@
 -- (A grant looks like a pickup that ran -- count 1 -- so a return of 1 does not prove
 -- that the attempt ran: a pickup delayed behind its undo must be voided too.)
 --@include _kinds/fair/queue
+--@include _kinds/_lua/tombstone
 
 leave(KEYS[3], KEYS[4], ARGV[1])
 local before = tonumber(ARGV[2])
@@ -27,11 +28,11 @@ if type(count) ~= 'table' and tonumber(count or 0) == before + 1 then
   if before == 0 then
     redis.call('del', KEYS[1])
     grant_next(KEYS[1], KEYS[3], KEYS[4], now_ms(), ARGV[4], KEYS[1] .. ':released')
-    redis.call('set', KEYS[2], '1', 'PX', ARGV[3])
+    void_attempt(KEYS[2], ARGV[3])
   else
     redis.call('hset', KEYS[1], ARGV[1], before)
   end
   return 1
 end
-redis.call('set', KEYS[2], '1', 'PX', ARGV[3])
+void_attempt(KEYS[2], ARGV[3])
 return 0

@@ -26,25 +26,19 @@
 --
 -- Idempotent, so a resent command is harmless: a nested release sets the count to the
 -- client's count minus one (never decrements twice), and a final release leaves a
--- tombstone for ARGV[7] ms, so a resend finds it and answers as the first run did,
+-- tombstone for ARGV[6] ms, so a resend finds it and answers as the first run did,
 -- however many owners came and went in between. Who may receive a hand-over (fairness
 -- between clients) is the engine's decision, passed in ARGV[10]; the script only
 -- counts the other listeners when it must.
 --@include _kinds/_lua/fence
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(held) == 'table' and held.err then
   return {-1, redis.call('type', KEYS[1]).ok}
 end
 if not held then
-  local done = redis.call('get', KEYS[3])
-  if done then
-    if ARGV[7] ~= '' and done ~= '0' and redis.call('hexists', KEYS[1], ARGV[7]) == 1 then
-      return {4, tonumber(done)}
-    end
-    return {2, 0}
-  end
-  return {0, 0}
+  return resend_reply(KEYS[3], KEYS[1], ARGV[7], '0', '')
 end
 
 local left = tonumber(ARGV[2]) - 1
@@ -57,14 +51,9 @@ local channel = KEYS[1] .. ':released'
 local mine = tonumber(ARGV[10])
 if ARGV[7] ~= '' and (ARGV[9] == '1'
     or redis.call('pubsub', 'numsub', channel)[2] - mine <= 0) then
-  local token = fence(KEYS[2])
-  redis.call('del', KEYS[1])
-  redis.call('hset', KEYS[1], ARGV[7], 1)
-  redis.call('pexpire', KEYS[1], ARGV[8])
-  redis.call('set', KEYS[3], string.format('%.0f', token), 'px', ARGV[6])
-  return {4, token}
+  return hand_over(KEYS[1], ARGV[7], ARGV[8], fence(KEYS[2]), KEYS[3], ARGV[6], '')
 end
 redis.call('del', KEYS[1])
 keep_fence(KEYS[2], ARGV[4], ARGV[5])
-redis.call('set', KEYS[3], '0', 'px', ARGV[6])
+leave_tombstone(KEYS[3], ARGV[6], '0')
 return redis.call('publish', channel, ARGV[3]) - mine

@@ -11,6 +11,7 @@
 --
 -- Returns 1 if the attempt had run and was undone (a new hold is released, a re-entry
 -- uncounted), 0 if it had not run yet: the void marker then makes sure it never does.
+--@include _kinds/_lua/tombstone
 
 local before = tonumber(ARGV[2])
 local count = redis.pcall('hget', KEYS[1], ARGV[1])
@@ -23,5 +24,5 @@ if type(count) ~= 'table' and tonumber(count or 0) == before + 1 then
   end
   return 1
 end
-redis.call('set', KEYS[2], '1', 'PX', ARGV[3])
+void_attempt(KEYS[2], ARGV[3])
 return 0

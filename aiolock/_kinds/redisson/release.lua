@@ -28,20 +28,14 @@
 -- waiting Redisson client is never passed over without a message. Idempotent: a nested
 -- release sets the count to the client's count minus one, and a final release leaves a
 -- tombstone ('r' released, 'h<token>' handed over) so a resend answers as the first.
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(held) == 'table' and held.err then
   return {-1, redis.call('type', KEYS[1]).ok}
 end
 if not held then
-  local done = redis.call('get', KEYS[2])
-  if done then
-    if ARGV[4] ~= '' and done ~= 'r' and redis.call('hexists', KEYS[1], ARGV[4]) == 1 then
-      return {4, tonumber(string.sub(done, 2))}
-    end
-    return {2, 0}
-  end
-  return {0, 0}
+  return resend_reply(KEYS[2], KEYS[1], ARGV[4], 'r', 'h')
 end
 
 local left = tonumber(ARGV[2]) - 1
@@ -56,12 +50,8 @@ if ARGV[4] ~= '' and redis.call('pubsub', 'numsub', ARGV[8])[2] - mine <= 0 then
   if ARGV[6] == '1' then
     token = redis.call('incr', KEYS[3])
   end
-  redis.call('del', KEYS[1])
-  redis.call('hset', KEYS[1], ARGV[4], 1)
-  redis.call('pexpire', KEYS[1], ARGV[5])
-  redis.call('set', KEYS[2], 'h' .. string.format('%.0f', token), 'px', ARGV[3])
-  return {4, token}
+  return hand_over(KEYS[1], ARGV[4], ARGV[5], token, KEYS[2], ARGV[3], 'h')
 end
 redis.call('del', KEYS[1])
-redis.call('set', KEYS[2], 'r', 'px', ARGV[3])
+leave_tombstone(KEYS[2], ARGV[3], 'r')
 return {2, redis.call('publish', ARGV[8], '0') - mine}

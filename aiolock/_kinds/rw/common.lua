@@ -1,5 +1,5 @@
 -- aiolock read-write lock prelude: the structure's upkeep, shared by every rw script
--- (spliced in where a script says `--@include rw/common`).
+-- (spliced in where a script says `--@include _kinds/rw/common`).
 --
 -- The structure of one name (see aiolock/_kinds/rw.py for the whole wire format):
 --   hash   {hold field -> hold count, 'writer' -> the write hold's field,

@@ -27,6 +27,7 @@
 -- count minus one, and a final release leaves a tombstone.
 --@include _kinds/_lua/fence
 --@include _kinds/rw/common
+--@include _kinds/_lua/tombstone
 
 local hash, leases, field = KEYS[1], KEYS[2], ARGV[1]
 local bad = wrong_type(hash, leases)
@@ -38,10 +39,7 @@ purge(hash, leases, now)
 
 local held = redis.call('hget', hash, field)
 if not held then
-  if redis.call('get', KEYS[4]) then
-    return {2, 0}
-  end
-  return {0, 0}
+  return resend_reply(KEYS[4])
 end
 local left = tonumber(ARGV[2]) - 1
 if left > 0 then
@@ -52,11 +50,8 @@ end
 local was_writer = drop(hash, leases, field)
 settle(hash, leases, now)
 -- Readers release out of order: keep the largest token released, never a smaller one.
-local token = tonumber(ARGV[4])
-if token > tonumber(redis.call('get', KEYS[3]) or 0) then
-  keep_fence(KEYS[3], ARGV[4], ARGV[5])
-end
-redis.call('set', KEYS[4], '1', 'px', ARGV[6])
+keep_largest_fence(KEYS[3], ARGV[4], ARGV[5])
+leave_tombstone(KEYS[4], ARGV[6])
 if was_writer or redis.call('exists', leases) == 0 then
   return {2, redis.call('publish', hash .. ':released', ARGV[3]) - tonumber(ARGV[7])}
 end

@@ -18,6 +18,7 @@
 local hash, leases, claims, field = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local before = tonumber(ARGV[2])
 --@include _kinds/rw/common
+--@include _kinds/_lua/tombstone
 
 local bad = wrong_type(hash, leases, claims)
 if bad then
@@ -45,7 +46,7 @@ if ran then
   end
   changed = 1
 else
-  redis.call('set', KEYS[4], '1', 'px', ARGV[3])
+  void_attempt(KEYS[4], ARGV[3])
 end
 if changed == 1 and before == 0 then
   redis.call('publish', hash .. ':released', ARGV[4])

@@ -19,21 +19,17 @@
 --   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
 --@include _kinds/_lua/fence
 --@include _kinds/_lua/permits
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(held) == 'table' and held.err then
   return {-1, redis.call('type', KEYS[1]).ok}
 end
 if not held then
-  if redis.call('exists', KEYS[4]) == 1 then
-    return {2, 0}
-  end
-  return {0, 0}
+  return resend_reply(KEYS[4])
 end
 drop_holder(KEYS[1], KEYS[2], ARGV[1])
 -- Tokens are issued while others hold: keep the largest, never a smaller one.
-if tonumber(ARGV[3]) > tonumber(redis.call('get', KEYS[3]) or 0) then
-  keep_fence(KEYS[3], ARGV[3], ARGV[4])
-end
-redis.call('set', KEYS[4], '1', 'px', ARGV[5])
+keep_largest_fence(KEYS[3], ARGV[3], ARGV[4])
+leave_tombstone(KEYS[4], ARGV[5])
 return redis.call('publish', KEYS[1] .. ':released', ARGV[2])

@@ -14,6 +14,7 @@
 -- (then published: other waiters may fit now), else 0. Either way the void marker is
 -- set, so an attempt still in flight (or resent) never takes effect.
 --@include _kinds/_lua/permits
+--@include _kinds/_lua/tombstone
 
 local undone = 0
 if drop_holder(KEYS[1], KEYS[2], ARGV[1]) > 0 then
@@ -25,5 +26,5 @@ end
 if undone == 1 then
   redis.call('publish', KEYS[1] .. ':released', ARGV[3])
 end
-redis.call('set', KEYS[5], '1', 'px', ARGV[2])
+void_attempt(KEYS[5], ARGV[2])
 return undone

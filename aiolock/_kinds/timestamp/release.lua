@@ -16,6 +16,7 @@
 --   {0}         the lock no longer holds this hold's expiry (stale and taken over)
 --   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
 --@include _kinds/timestamp/common
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('get', KEYS[1])
 if type(held) == 'table' and held.err then
@@ -23,10 +24,7 @@ if type(held) == 'table' and held.err then
 end
 if written_by(held, redis.call('get', KEYS[2]), ARGV[1]) then
   redis.call('del', KEYS[1], KEYS[2])
-  redis.call('set', KEYS[3], '1', 'px', ARGV[5])
+  leave_tombstone(KEYS[3], ARGV[5])
   return redis.call('publish', ARGV[2], ARGV[3]) - tonumber(ARGV[4])
 end
-if redis.call('exists', KEYS[3]) == 1 then
-  return {2}
-end
-return {0}
+return {resend_reply(KEYS[3])[1]}  -- {2} or {0}: this kind's codes come alone

@@ -12,6 +12,7 @@
 -- Returns 1 if the attempt had run and its lock is now deleted (and the release
 -- announced), 0 if it had not: the void marker then makes sure it never does.
 --@include _kinds/timestamp/common
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('get', KEYS[1])
 if type(held) == 'string' and written_by(held, redis.call('get', KEYS[2]), ARGV[1]) then
@@ -19,5 +20,5 @@ if type(held) == 'string' and written_by(held, redis.call('get', KEYS[2]), ARGV[
   redis.call('publish', ARGV[3], ARGV[4])
   return 1
 end
-redis.call('set', KEYS[3], '1', 'px', ARGV[2])
+void_attempt(KEYS[3], ARGV[2])
 return 0

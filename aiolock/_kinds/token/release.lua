@@ -14,6 +14,7 @@
 --   {2}         a resend of a final release that had already freed the lock
 --   {0}         the lock does not hold this token (expired, or taken by another)
 --   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
+--@include _kinds/_lua/tombstone
 
 local held = redis.pcall('get', KEYS[1])
 if type(held) == 'table' and held.err then
@@ -21,10 +22,7 @@ if type(held) == 'table' and held.err then
 end
 if held == ARGV[1] then
   redis.call('del', KEYS[1])
-  redis.call('set', KEYS[2], '1', 'px', ARGV[5])
+  leave_tombstone(KEYS[2], ARGV[5])
   return redis.call('publish', ARGV[2], ARGV[3]) - tonumber(ARGV[4])
 end
-if redis.call('exists', KEYS[2]) == 1 then
-  return {2}
-end
-return {0}
+return {resend_reply(KEYS[2])[1]}  -- {2} or {0}: this kind's codes come alone

@@ -10,11 +10,12 @@
 --
 -- Returns 1 if the attempt had run and its lock is now deleted (and the release
 -- announced), 0 if it had not: the void marker then makes sure it never does.
+--@include _kinds/_lua/tombstone
 
 if redis.pcall('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
   redis.call('publish', ARGV[3], ARGV[4])
   return 1
 end
-redis.call('set', KEYS[2], '1', 'px', ARGV[2])
+void_attempt(KEYS[2], ARGV[2])
 return 0
