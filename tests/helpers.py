@@ -1,11 +1,14 @@
-"""Test helpers: a client that counts round trips, and a small waiting utility."""
+"""Test helpers: a client that counts round trips, small waiting utilities, and a port
+where nothing listens."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import hiredis
@@ -88,3 +91,17 @@ def unchanged_for(
         return read() == before
 
     return steady
+
+
+@contextlib.contextmanager
+def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A loopback port where nothing listens, for as long as the block runs.
+
+    ``free_port()`` gives a port that was free a moment ago: CI runs several suites at
+    once, and one of them may start a server on it before a test connects (issue 25).
+    Here the port stays bound to a socket that never calls ``listen()``: a connection to
+    it is refused (ECONNREFUSED), and no other process can bind it (no SO_REUSEADDR).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        yield int(sock.getsockname()[1])

@@ -20,7 +20,9 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._inspect import parse_key, scan
-from aiolock.testing import RedisServer, free_port
+from aiolock.testing import RedisServer
+
+from .helpers import closed_port
 
 #: every child gets at most this long: a hung command fails the test instead of the suite
 CHILD_TIMEOUT = 30.0
@@ -252,8 +254,9 @@ async def test_watch_prints_release_messages(
 
 
 async def test_unreachable_redis_is_one_line_and_exit_2(prefix: str) -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    result = await run_cli(url, prefix, "list")
+    with closed_port() as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        result = await run_cli(url, prefix, "list")
     assert result.code == 2
     lines = result.err.strip().splitlines()
     assert len(lines) == 1
@@ -315,20 +318,21 @@ def locked_server() -> Iterator[RedisServer]:
 async def test_passwords_are_never_printed(locked_server: RedisServer, prefix: str) -> None:
     port = locked_server.port
     wrong = "Wr0ng-pass-20"
-    cases = [
-        (f"redis://:{wrong}@127.0.0.1:{port}/0", wrong, 3),  # refused by the server
-        (f"redis://default:{wrong}@127.0.0.1:{port}/0", wrong, 3),
-        (f"redis://127.0.0.1:{port}/0?password={wrong}", wrong, 3),
-        (f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0", PASSWORD, 2),  # nobody there
-    ]
-    for url, secret, code in cases:
-        for args in (["list"], ["show", "x"], ["force-release", "x", "--yes"]):
-            result = await run_raw("--url", url, "--prefix", prefix, *args)
-            assert result.code == code, (url, args, result)
-            assert secret not in result.err + result.out, (url, args, result)
-            assert "Traceback" not in result.err
-            assert result.err.startswith("aiolock: "), result.err
-            assert "***" in result.err, result.err
+    with closed_port() as dead:
+        cases = [
+            (f"redis://:{wrong}@127.0.0.1:{port}/0", wrong, 3),  # refused by the server
+            (f"redis://default:{wrong}@127.0.0.1:{port}/0", wrong, 3),
+            (f"redis://127.0.0.1:{port}/0?password={wrong}", wrong, 3),
+            (f"redis://:{PASSWORD}@127.0.0.1:{dead}/0", PASSWORD, 2),  # nobody there
+        ]
+        for url, secret, code in cases:
+            for args in (["list"], ["show", "x"], ["force-release", "x", "--yes"]):
+                result = await run_raw("--url", url, "--prefix", prefix, *args)
+                assert result.code == code, (url, args, result)
+                assert secret not in result.err + result.out, (url, args, result)
+                assert "Traceback" not in result.err
+                assert result.err.startswith("aiolock: "), result.err
+                assert "***" in result.err, result.err
 
 
 async def test_an_empty_prefix_hints_at_the_prefixes_in_use(

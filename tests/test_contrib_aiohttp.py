@@ -18,7 +18,9 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.contrib.aiohttp import LOCK_MANAGER, lock_error_middleware, lock_manager_ctx
-from aiolock.testing import RedisServer, free_port
+from aiolock.testing import RedisServer
+
+from .helpers import closed_port
 
 
 @asynccontextmanager
@@ -119,11 +121,12 @@ async def test_a_lost_lock_gives_409_before_the_response(
 
 
 async def test_redis_unreachable_gives_503(prefix: str) -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    # (an app that starts before Redis: open() does not check the server)
-    async with serve(order_app(_url(dead, prefix, check_on_open=False))) as client:
-        response = await client.post("/orders/1/pay", params={"timeout": "0.3"})
-        assert response.status == 503
+    with closed_port() as port:
+        dead = f"redis://127.0.0.1:{port}/0"
+        # (an app that starts before Redis: open() does not check the server)
+        async with serve(order_app(_url(dead, prefix, check_on_open=False))) as client:
+            response = await client.post("/orders/1/pay", params={"timeout": "0.3"})
+            assert response.status == 503
 
 
 async def test_every_request_waiting_during_an_outage_gives_503(prefix: str) -> None:

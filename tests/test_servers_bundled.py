@@ -90,3 +90,17 @@ def test_quickstart_runs_with_only_the_bundled_server(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "started a throwaway redis-server" in result.stderr
     assert "hold count when re-entered: 2" in result.stdout
+
+
+def test_a_server_that_took_the_port_is_not_taken_for_ours() -> None:
+    """Issue 25: a port picked free may be taken by another suite's server before the
+    new process binds it. The new process then exits, but the readiness PING was
+    answered by the other server, so start() returned a server that was not running."""
+    with RedisServer() as other:
+        late = RedisServer(port=other.port, startup_timeout=3)
+        try:
+            with pytest.raises(RedisServerError, match="did not start"):
+                late.start()
+        finally:
+            late.stop()
+        assert other.process is not None and other.process.poll() is None
