@@ -9,7 +9,7 @@ import inspect
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import hiredis
 from redis.asyncio import Connection, ConnectionPool, Redis
@@ -77,6 +77,18 @@ async def eventually(
         if time.monotonic() - started > timeout:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], *, what: str, timeout: float = PATIENCE) -> T:
+    """Await *awaitable*; fail after *timeout* seconds, saying what was waited for and how
+    long (a bare ``wait_for`` fails with an empty ``TimeoutError``)."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
 
 
 def unchanged_for(

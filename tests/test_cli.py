@@ -11,6 +11,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ import aiolock
 from aiolock._inspect import parse_key, scan
 from aiolock.testing import RedisServer
 
-from .helpers import closed_port
+from .helpers import closed_port, eventually, within
 
 #: every child gets at most this long: a hung command fails the test instead of the suite
 CHILD_TIMEOUT = 30.0
@@ -76,11 +77,11 @@ async def holding(locks: aiolock.LockManager, admin: Redis) -> AsyncIterator[Non
     waiter = asyncio.create_task(wait_in_queue())
     try:
         queue = f"{locks.prefix}:fair:{{queue}}:queue"
-        for _ in range(200):
-            if await admin.zcard(queue) == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert await admin.zcard(queue) == 1
+
+        async def queued() -> bool:
+            return bool(await admin.zcard(queue) == 1)
+
+        await eventually(queued, what="the fair lock's waiter in its queue")
         yield
     finally:
         waiter.cancel()
@@ -166,17 +167,19 @@ async def test_show_of_an_unknown_name_says_so(
 async def test_force_release_asks_first_and_then_frees_the_lock(
     redis_url: str, prefix: str, redis: Redis
 ) -> None:
-    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6) as locks:
+    # (a lease long enough that a loaded machine's late renewal cannot lose the lock while
+    # the CLI children run; the renewal, every lease/3, finds the force-release)
+    async with aiolock.LockManager(redis, prefix=prefix, lease=3) as locks:
         lock = locks.lock("orders")
         entered = asyncio.Event()
 
         async def hold() -> None:
             async with lock:
                 entered.set()
-                await asyncio.sleep(20)
+                await asyncio.sleep(60)
 
         holder = asyncio.create_task(hold())
-        await asyncio.wait_for(entered.wait(), 5)
+        await within(entered.wait(), what="the holder to take the lock")
 
         refused = await run_cli(redis_url, prefix, "force-release", "orders", stdin="n\n")
         assert refused.code == 1
@@ -189,7 +192,7 @@ async def test_force_release_asks_first_and_then_frees_the_lock(
         assert done.code == 0, done.err
         assert "released lock 'orders'" in done.out
         with pytest.raises(aiolock.LockLostError):
-            await asyncio.wait_for(holder, 5)
+            await within(holder, what="the holder to find its lock force-released")
         assert not await lock.locked()
 
 
@@ -222,13 +225,14 @@ async def start_watch(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    for _ in range(500):
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while time.monotonic() < deadline:
         if await admin.pubsub_numpat() > before:
             return process
         await asyncio.sleep(0.02)
     process.kill()
     await process.wait()
-    pytest.fail("watch never subscribed")
+    pytest.fail(f"watch did not subscribe within {CHILD_TIMEOUT} s")
 
 
 async def test_watch_prints_release_messages(
@@ -387,12 +391,13 @@ async def test_watch_tells_a_fair_grant_from_a_release(
 
         waiter = asyncio.create_task(wait_in_queue())
         await queued.wait()
-        for _ in range(200):
-            if await admin.zcard(f"{prefix}:fair:{{queue}}:queue") == 1:
-                break
-            await asyncio.sleep(0.02)
+
+        async def in_queue() -> bool:
+            return bool(await admin.zcard(f"{prefix}:fair:{{queue}}:queue") == 1)
+
+        await eventually(in_queue, what="the waiter in the fair lock's queue")
         await fair.release()  # handed to the waiter: a grant
-        await asyncio.wait_for(waiter, 10)
+        await within(waiter, what="the waiter to be granted the fair lock")
         async with locks.lock("orders"):
             pass
         out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
