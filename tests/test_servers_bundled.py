@@ -7,7 +7,9 @@ These are what make the README's two commands work on a machine with no system
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,8 @@ from aiolock.testing import (
     find_redis_server,
     server_version,
 )
+
+from .helpers import closed_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -104,3 +108,21 @@ def test_a_server_that_took_the_port_is_not_taken_for_ours() -> None:
         finally:
             late.stop()
         assert other.process is not None and other.process.poll() is None
+
+
+def test_a_closed_port_refuses_connections_and_cannot_be_taken() -> None:
+    """Issue 25: the dead-port tests' port is refused, and no server can bind it meanwhile
+    (a server sets SO_REUSEADDR; Linux lets two sockets share a port only if both do)."""
+    with closed_port() as port:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with socket.socket() as other, pytest.raises(OSError, match="in use") as taken:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        server = RedisServer(port=port, startup_timeout=3)
+        try:
+            with pytest.raises(RedisServerError, match="did not start"):
+                server.start()
+        finally:
+            server.stop()
