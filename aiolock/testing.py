@@ -271,9 +271,28 @@ class RedisServer:
                     if not sock.recv(64).startswith(b"+OK"):
                         return False
                 sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                return sock.recv(64).startswith(b"+PONG") and self._answers_as_ours(sock)
         except OSError:
             return False
+
+    def _answers_as_ours(self, sock: socket.socket) -> bool:
+        """Whether the server behind *sock* is the one started here.
+
+        When the port was taken between :func:`free_port` and the bind (test suites
+        running side by side start servers too), the new process exits, but until it
+        does, a PING on the port is answered by the other server. This server's working
+        directory is its own temporary one, so ``CONFIG GET dir`` tells them apart
+        (unlike a pid, also when the binary is a wrapper that starts the server).
+        """
+        sock.sendall(b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$3\r\ndir\r\n")
+        reply = b""
+        while reply.count(b"\r\n") < 5 and not reply.startswith(b"-"):
+            chunk = sock.recv(4096)
+            if not chunk or len(reply) > 65536:
+                return False
+            reply += chunk
+        ours = {self.workdir, os.path.realpath(self.workdir)}
+        return any(b"\r\n%s\r\n" % path.encode() in reply for path in ours)
 
     def _kill(self) -> None:
         proc, self.process = self.process, None

@@ -1,12 +1,15 @@
-"""Test helpers: a client that counts round trips, and a small waiting utility."""
+"""Test helpers: a client that counts round trips, small waiting utilities, and a port
+where nothing listens."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import hiredis
 from redis.asyncio import Connection, ConnectionPool, Redis
@@ -76,6 +79,18 @@ async def eventually(
         await asyncio.sleep(0.01)
 
 
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], *, what: str, timeout: float = PATIENCE) -> T:
+    """Await *awaitable*; fail after *timeout* seconds, saying what was waited for and how
+    long (a bare ``wait_for`` fails with an empty ``TimeoutError``)."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}") from None
+
+
 def unchanged_for(
     read: Callable[[], object], seconds: float = 0.3
 ) -> Callable[[], Awaitable[bool]]:
@@ -88,3 +103,17 @@ def unchanged_for(
         return read() == before
 
     return steady
+
+
+@contextlib.contextmanager
+def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A loopback port where nothing listens, for as long as the block runs.
+
+    ``free_port()`` gives a port that was free a moment ago: CI runs several suites at
+    once, and one of them may start a server on it before a test connects (issue 25).
+    Here the port stays bound to a socket that never calls ``listen()``: a connection to
+    it is refused (ECONNREFUSED), and no other process can bind it (no SO_REUSEADDR).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        yield int(sock.getsockname()[1])

@@ -82,7 +82,7 @@ class _Sentinel:
     def __init__(self, workdir: str, primary_port: int, quorum: int) -> None:
         self.port = free_port()
         self.dir = os.path.join(workdir, f"sentinel-{self.port}")
-        os.makedirs(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
         self.config = os.path.join(self.dir, "sentinel.conf")
         with open(self.config, "w") as f:
             f.write(
@@ -105,6 +105,24 @@ class _Sentinel:
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
         )
+
+    def started(self, timeout: float = 20.0) -> bool:
+        """Whether this process came up and serves its port: False as soon as it exits
+        (it could not bind the port: another process took it after ``free_port()``
+        chose it, issue 25). ``INFO server`` must name this process's pid, so a server of
+        another suite that took the port is not mistaken for this sentinel."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                return False
+            try:
+                reply = _command(self.port, "INFO", "server")
+            except OSError:
+                reply = b""
+            if f"process_id:{self.process.pid}\r\n".encode() in reply:
+                return True
+            time.sleep(0.02)
+        return False
 
     def stop(self) -> None:
         proc, self.process = self.process, None
@@ -145,11 +163,22 @@ class SentinelGroup:
             self.nodes.append(replica.start())
         quorum = self._sentinel_count // 2 + 1
         for _ in range(self._sentinel_count):
-            sentinel = _Sentinel(self._tmp.name, self.primary.port, quorum)
-            sentinel.start()
-            self.sentinels.append(sentinel)
+            self.sentinels.append(self._start_sentinel(quorum, timeout))
         self.wait_ready(timeout)
         return self
+
+    def _start_sentinel(self, quorum: int, timeout: float, attempts: int = 5) -> _Sentinel:
+        """A started sentinel; on a fresh port when the one chosen was taken meanwhile."""
+        for _ in range(attempts):
+            sentinel = _Sentinel(self._tmp.name, self.primary.port, quorum)
+            sentinel.start()
+            if sentinel.started(timeout):
+                return sentinel
+            sentinel.stop()
+        raise RedisServerError(
+            f"no sentinel started in {attempts} attempts of {timeout} s each; see "
+            f"{os.path.join(sentinel.dir, 'sentinel.log')}"
+        )
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         """Until every sentinel knows every replica (in sync) and the other sentinels."""
@@ -160,7 +189,10 @@ class SentinelGroup:
             if all(self._sentinel_ready(s, want_replicas, want_others) for s in self.sentinels):
                 return
             time.sleep(0.1)
-        raise RedisServerError("the Sentinel group did not become ready in time")
+        raise RedisServerError(
+            f"the Sentinel group did not become ready within {timeout} s (every sentinel "
+            f"knowing {want_replicas} replica(s) in sync and {want_others} other sentinel(s))"
+        )
 
     def _sentinel_ready(self, sentinel: _Sentinel, replicas: int, others: int) -> bool:
         try:

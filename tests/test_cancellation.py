@@ -11,7 +11,7 @@ import aiolock
 from aiolock._kinds.lock.kind import ACQUIRE, RELEASE
 from aiolock._redis.client import Client
 
-from .helpers import eventually
+from .helpers import eventually, within
 
 NAMES = ("c0", "c1", "c2")
 
@@ -78,7 +78,7 @@ async def test_cancelled_waiters_leave_their_queue(locks: aiolock.LockManager) -
     await asyncio.gather(*tasks[::2], return_exceptions=True)
     assert locks.statistics().hub.waiters == 10
     await lock.release()
-    await asyncio.wait_for(asyncio.gather(*tasks[1::2]), 5)
+    await within(asyncio.gather(*tasks[1::2]), what="the 10 waiters left to be served")
     assert served == list(range(1, 20, 2))  # first in, first out
     assert not await lock.locked()
     await eventually(lambda: locks.statistics().hub.queues == 0, what="queues to drain")

@@ -11,6 +11,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,9 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._redis.inspect import parse_key, scan
-from aiolock.testing import RedisServer, free_port
+from aiolock.testing import RedisServer
+
+from .helpers import closed_port, eventually, within
 
 #: every child gets at most this long: a hung command fails the test instead of the suite
 CHILD_TIMEOUT = 30.0
@@ -74,11 +77,11 @@ async def holding(locks: aiolock.LockManager, admin: Redis) -> AsyncIterator[Non
     waiter = asyncio.create_task(wait_in_queue())
     try:
         queue = f"{locks.prefix}:fair:{{queue}}:queue"
-        for _ in range(200):
-            if await admin.zcard(queue) == 1:
-                break
-            await asyncio.sleep(0.02)
-        assert await admin.zcard(queue) == 1
+
+        async def queued() -> bool:
+            return bool(await admin.zcard(queue) == 1)
+
+        await eventually(queued, what="the fair lock's waiter in its queue")
         yield
     finally:
         waiter.cancel()
@@ -164,17 +167,19 @@ async def test_show_of_an_unknown_name_says_so(
 async def test_force_release_asks_first_and_then_frees_the_lock(
     redis_url: str, prefix: str, redis: Redis
 ) -> None:
-    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6) as locks:
+    # (a lease long enough that a loaded machine's late renewal cannot lose the lock while
+    # the CLI children run; the renewal, every lease/3, finds the force-release)
+    async with aiolock.LockManager(redis, prefix=prefix, lease=3) as locks:
         lock = locks.lock("orders")
         entered = asyncio.Event()
 
         async def hold() -> None:
             async with lock:
                 entered.set()
-                await asyncio.sleep(20)
+                await asyncio.sleep(60)
 
         holder = asyncio.create_task(hold())
-        await asyncio.wait_for(entered.wait(), 5)
+        await within(entered.wait(), what="the holder to take the lock")
 
         refused = await run_cli(redis_url, prefix, "force-release", "orders", stdin="n\n")
         assert refused.code == 1
@@ -187,7 +192,7 @@ async def test_force_release_asks_first_and_then_frees_the_lock(
         assert done.code == 0, done.err
         assert "released lock 'orders'" in done.out
         with pytest.raises(aiolock.LockLostError):
-            await asyncio.wait_for(holder, 5)
+            await within(holder, what="the holder to find its lock force-released")
         assert not await lock.locked()
 
 
@@ -220,13 +225,14 @@ async def start_watch(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    for _ in range(500):
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while time.monotonic() < deadline:
         if await admin.pubsub_numpat() > before:
             return process
         await asyncio.sleep(0.02)
     process.kill()
     await process.wait()
-    pytest.fail("watch never subscribed")
+    pytest.fail(f"watch did not subscribe within {CHILD_TIMEOUT} s")
 
 
 async def test_watch_prints_release_messages(
@@ -252,8 +258,9 @@ async def test_watch_prints_release_messages(
 
 
 async def test_unreachable_redis_is_one_line_and_exit_2(prefix: str) -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    result = await run_cli(url, prefix, "list")
+    with closed_port() as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        result = await run_cli(url, prefix, "list")
     assert result.code == 2
     lines = result.err.strip().splitlines()
     assert len(lines) == 1
@@ -315,20 +322,21 @@ def locked_server() -> Iterator[RedisServer]:
 async def test_passwords_are_never_printed(locked_server: RedisServer, prefix: str) -> None:
     port = locked_server.port
     wrong = "Wr0ng-pass-20"
-    cases = [
-        (f"redis://:{wrong}@127.0.0.1:{port}/0", wrong, 3),  # refused by the server
-        (f"redis://default:{wrong}@127.0.0.1:{port}/0", wrong, 3),
-        (f"redis://127.0.0.1:{port}/0?password={wrong}", wrong, 3),
-        (f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0", PASSWORD, 2),  # nobody there
-    ]
-    for url, secret, code in cases:
-        for args in (["list"], ["show", "x"], ["force-release", "x", "--yes"]):
-            result = await run_raw("--url", url, "--prefix", prefix, *args)
-            assert result.code == code, (url, args, result)
-            assert secret not in result.err + result.out, (url, args, result)
-            assert "Traceback" not in result.err
-            assert result.err.startswith("aiolock: "), result.err
-            assert "***" in result.err, result.err
+    with closed_port() as dead:
+        cases = [
+            (f"redis://:{wrong}@127.0.0.1:{port}/0", wrong, 3),  # refused by the server
+            (f"redis://default:{wrong}@127.0.0.1:{port}/0", wrong, 3),
+            (f"redis://127.0.0.1:{port}/0?password={wrong}", wrong, 3),
+            (f"redis://:{PASSWORD}@127.0.0.1:{dead}/0", PASSWORD, 2),  # nobody there
+        ]
+        for url, secret, code in cases:
+            for args in (["list"], ["show", "x"], ["force-release", "x", "--yes"]):
+                result = await run_raw("--url", url, "--prefix", prefix, *args)
+                assert result.code == code, (url, args, result)
+                assert secret not in result.err + result.out, (url, args, result)
+                assert "Traceback" not in result.err
+                assert result.err.startswith("aiolock: "), result.err
+                assert "***" in result.err, result.err
 
 
 async def test_an_empty_prefix_hints_at_the_prefixes_in_use(
@@ -383,12 +391,13 @@ async def test_watch_tells_a_fair_grant_from_a_release(
 
         waiter = asyncio.create_task(wait_in_queue())
         await queued.wait()
-        for _ in range(200):
-            if await admin.zcard(f"{prefix}:fair:{{queue}}:queue") == 1:
-                break
-            await asyncio.sleep(0.02)
+
+        async def in_queue() -> bool:
+            return bool(await admin.zcard(f"{prefix}:fair:{{queue}}:queue") == 1)
+
+        await eventually(in_queue, what="the waiter in the fair lock's queue")
         await fair.release()  # handed to the waiter: a grant
-        await asyncio.wait_for(waiter, 10)
+        await within(waiter, what="the waiter to be granted the fair lock")
         async with locks.lock("orders"):
             pass
         out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)

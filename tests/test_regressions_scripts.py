@@ -21,9 +21,10 @@ from redis.asyncio.cluster import RedisCluster
 
 import aiolock
 from aiolock._keys import LockKeys
-from aiolock.testing import RedisServer, free_port
+from aiolock.testing import RedisServer
 
 from .clockshift import clockshift_server
+from .helpers import closed_port
 
 T = TypeVar("T")
 
@@ -214,9 +215,8 @@ async def _close(manager: aiolock.LockManager, task: asyncio.Task[None] | None) 
 def test_from_url_rejects_a_misspelt_option_at_the_call() -> None:
     """Before v2: ``leese`` went on to ``Redis.from_url`` and failed only at the first
     connection, far from the typo (no error at the call)."""
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    with pytest.raises(TypeError, match="leese"):
-        aiolock.LockManager.from_url(url, leese=5)
+    with closed_port() as port, pytest.raises(TypeError, match="leese"):
+        aiolock.LockManager.from_url(f"redis://127.0.0.1:{port}/0", leese=5)
 
 
 async def test_a_cluster_client_is_accepted_and_a_sync_one_is_refused_clearly() -> None:
@@ -226,16 +226,17 @@ async def test_a_cluster_client_is_accepted_and_a_sync_one_is_refused_clearly() 
     message that names the asyncio cluster client."""
     from redis.asyncio.client import PubSub
 
-    cluster = RedisCluster(host="127.0.0.1", port=free_port())
-    try:
-        if hasattr(PubSub, "ssubscribe"):
-            manager = aiolock.LockManager(cluster)
-            assert manager.redis is cluster
-        else:  # redis-py < 8: no sharded pub/sub in asyncio; the error says what is needed
-            with pytest.raises(TypeError, match=r"redis-py >= 8\.0\.1"):
-                aiolock.LockManager(cluster)
-    finally:
-        await cluster.aclose()
+    with closed_port() as port:  # nothing listens there: no I/O is expected
+        cluster = RedisCluster(host="127.0.0.1", port=port)
+        try:
+            if hasattr(PubSub, "ssubscribe"):
+                manager = aiolock.LockManager(cluster)
+                assert manager.redis is cluster
+            else:  # redis-py < 8: no sharded pub/sub in asyncio; the error says what is needed
+                with pytest.raises(TypeError, match=r"redis-py >= 8\.0\.1"):
+                    aiolock.LockManager(cluster)
+        finally:
+            await cluster.aclose()
     import redis.cluster
 
     with pytest.raises(TypeError) as caught:

@@ -7,7 +7,9 @@ These are what make the README's two commands work on a machine with no system
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,8 @@ from aiolock.testing import (
     find_redis_server,
     server_version,
 )
+
+from .helpers import closed_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -90,3 +94,35 @@ def test_quickstart_runs_with_only_the_bundled_server(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "started a throwaway redis-server" in result.stderr
     assert "hold count when re-entered: 2" in result.stdout
+
+
+def test_a_server_that_took_the_port_is_not_taken_for_ours() -> None:
+    """Issue 25: a port picked free may be taken by another suite's server before the
+    new process binds it. The new process then exits, but the readiness PING was
+    answered by the other server, so start() returned a server that was not running."""
+    with RedisServer() as other:
+        late = RedisServer(port=other.port, startup_timeout=3)
+        try:
+            with pytest.raises(RedisServerError, match="did not start"):
+                late.start()
+        finally:
+            late.stop()
+        assert other.process is not None and other.process.poll() is None
+
+
+def test_a_closed_port_refuses_connections_and_cannot_be_taken() -> None:
+    """Issue 25: the dead-port tests' port is refused, and no server can bind it meanwhile
+    (a server sets SO_REUSEADDR; Linux lets two sockets share a port only if both do)."""
+    with closed_port() as port:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with socket.socket() as other, pytest.raises(OSError, match="in use") as taken:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        server = RedisServer(port=port, startup_timeout=3)
+        try:
+            with pytest.raises(RedisServerError, match="did not start"):
+                server.start()
+        finally:
+            server.stop()

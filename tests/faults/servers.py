@@ -229,24 +229,29 @@ def redis_tls_support(binary: str | None = None) -> tuple[bool, str]:
 
     Runs it with a TLS port and certificate files that do not exist: a build with TLS
     exits at once failing to configure TLS, a build without it (Redis: "Bad directive";
-    Valkey: "Failed finding TLS support") exits too. Nothing ever listens.
+    Valkey: "Failed finding TLS support") exits too. Nothing ever listens. A build that
+    binds the port before it loads the certificates may find the port taken by another
+    suite running at the same time (issue 25): then the probe runs again on a fresh port.
     """
     binary = binary or find_redis_server()
     missing = os.path.join(tempfile.gettempdir(), "aiolock-no-such-dir", "missing.pem")
-    try:
-        done = subprocess.run(
-            [
-                binary, "--port", "0", "--tls-port", str(free_port()), "--bind", "127.0.0.1",
-                "--save", "", "--tls-cert-file", missing, "--tls-key-file", missing,
-            ],
-            capture_output=True,
-            timeout=10,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return False, "the server did not exit within 10 s when probed for TLS"
-    out = (done.stdout + done.stderr).decode(errors="replace")
+    for _ in range(5):
+        try:
+            done = subprocess.run(
+                [
+                    binary, "--port", "0", "--tls-port", str(free_port()), "--bind", "127.0.0.1",
+                    "--save", "", "--tls-cert-file", missing, "--tls-key-file", missing,
+                ],
+                capture_output=True,
+                timeout=10,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return False, "the server did not exit within 10 s when probed for TLS"
+        out = (done.stdout + done.stderr).decode(errors="replace")
+        if "Address already in use" not in out:
+            break
     if "Bad directive" in out or "Failed finding TLS support" in out:
         return False, f"{binary} was built without TLS"
     if "Failed to configure TLS" in out:
@@ -330,7 +335,7 @@ class TlsRedisServer(RedisServer):
                     if not sock.recv(64).startswith(b"+OK"):
                         return False
                 sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                return sock.recv(64).startswith(b"+PONG") and self._answers_as_ours(sock)
         except (OSError, ssl.SSLError):
             return False
 

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock._engine.hub import Waiter
-from aiolock.testing import RedisServer, free_port
+from aiolock.testing import RedisServer
 
 from ._support import eventually
 from .proxy import FaultProxy
@@ -179,8 +179,10 @@ async def _serve_and_stop(redis_url: str, direct: Redis) -> tuple[list[bytes], l
     app.router.add_post("/hold/{name}", hold)
     runner = web.AppRunner(app, shutdown_timeout=0.2, handler_cancellation=True)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    # Port 0, then the port the site got: a port picked beforehand could be taken by
+    # another suite running at the same time (issue 25).
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = int(runner.addresses[0][1])
     manager = app[LOCK_MANAGER]
     statuses: list[int | str] = []
 
