@@ -137,6 +137,8 @@ def check_name(name: object) -> str:
 
 
 def _check_seconds(value: object, what: str) -> float:
+    if type(value) is float and -math.inf < value < math.inf:  # the common case, at once
+        return value
     # bool is an int subclass, and True seconds is surely a mistake.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
