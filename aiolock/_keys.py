@@ -177,6 +177,8 @@ def check_timeout(timeout: object, what: str = "timeout") -> float | None:
     """``None`` means wait forever; ``0`` means one attempt."""
     if timeout is None:
         return None
+    if type(timeout) is float and 0 <= timeout < math.inf:  # the common case, at once
+        return timeout
     seconds = _check_seconds(timeout, what)
     if seconds < 0:
         raise ValueError(

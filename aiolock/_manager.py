@@ -515,7 +515,8 @@ class LockManager(ManagerLifecycle, LockFactories):
     # -- used by the handles -----------------------------------------------------------
 
     def _open_engine(self) -> Engine:
-        self._check_open()
+        if self._state != "open":  # (checked here first: one call fewer per operation)
+            self._check_open()
         assert self._engine is not None  # made when opening
         return self._engine
 

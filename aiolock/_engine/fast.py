@@ -127,10 +127,14 @@ class FastPath(Acquiring):
             return await self._wait(
                 kind, keys, owner, lease, deadline, timeout, permits, waiter, exc, attempt
             )
-        except BaseException as exc:
+        except Exception as exc:  # (a key of another type, a refusal): the wait raises it
             if waiter is None:
                 raise
             return await self._wait(kind, keys, owner, lease, None, timeout, permits, waiter, exc)
+        except BaseException:  # closed, interrupted: nothing may be awaited now
+            if waiter is not None:
+                hub.leave(waiter, acquired=False)
+            raise
         if self.reach.failure is not None:
             self.reach.reached()
         if isinstance(outcome, Busy):
