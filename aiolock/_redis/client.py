@@ -66,9 +66,10 @@ def _pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
         # map() looks the arguments up without a Python-level call per argument
         encoded = [*map(known, command)]
         if None in encoded:  # some not encoded yet (a unique field, a void key)
-            parts += [_bulk(a) if e is None else e for e, a in zip(encoded, command, strict=True)]
-        else:
-            parts += encoded  # type: ignore[arg-type]  # (no None in it)
+            for i, found in enumerate(encoded):
+                if found is None:
+                    encoded[i] = _bulk(command[i])
+        parts += encoded  # type: ignore[arg-type]  # (no None left in it)
     return b"".join(parts)
 
 
