@@ -431,6 +431,12 @@ async def test_redirects_inside_a_pipeline_are_followed(
         assert failures == [], f"{len(names) - len(failures)}/{len(names)}: {failures[:3]}"
         assert client_of(locks).redirects >= 1
         assert client_of(locks).pipelines >= 1  # the commands did go out as pipelines
+        # Issue 21: on a Cluster (whose client follows the redirects) every acquisition
+        # and release takes the engine's path; the fast path is kept to one server.
+        engine = locks._engine
+        assert engine is not None
+        assert (engine.fast_acquired, engine.fast_released) == (0, 0)
+        assert engine.acquired["lock"] == len(names) + 1
 
 
 async def test_a_pipeline_failure_keeps_its_cause_as_a_lone_command_does() -> None:

@@ -260,6 +260,33 @@ async def test_reentry_and_concurrent_acquisitions(pair: Pair, prefix: str, prim
         assert await _waits(primary) == before + 26
 
 
+async def test_acquisitions_under_replicas_take_the_engine(
+    pair: Pair, prefix: str, primary: Redis
+) -> None:
+    """Issue 21: the fast path never grants under replicas= (the manager's or a handle's):
+    every such grant is the engine's acknowledged attempt."""
+    async with _manager(pair, prefix, replicas=1, replica_timeout=2.0) as locks:
+        engine = locks._engine
+        assert engine is not None
+        async with locks.lock("m"):
+            pass
+        assert (engine.fast_acquired, engine.acquired["lock"]) == (0, 1)
+    async with _manager(pair, prefix) as locks:
+        engine = locks._engine
+        assert engine is not None
+        async with locks.lock("warm-up"):  # the server loads the scripts
+            pass
+        before = await _waits(primary)
+        async with locks.lock("h", replicas=1, replica_timeout=2.0):
+            pass
+        assert await _waits(primary) == before + 1
+        assert (engine.fast_acquired, engine.acquired["lock"]) == (1, 2)  # warm-up only
+        async with locks.lock("h"):  # the same name without replicas=: fast, no WAIT
+            pass
+        assert await _waits(primary) == before + 1
+        assert (engine.fast_acquired, engine.acquired["lock"]) == (2, 3)
+
+
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
