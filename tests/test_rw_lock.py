@@ -381,7 +381,7 @@ async def test_a_writer_is_not_starved_by_a_stream_of_readers(
             assert await admin.zcard(leases) > 0
             await asyncio.sleep(0.02)
         started = time.monotonic()
-        async with locks.rw_lock("doc").write(timeout=5):
+        async with locks.rw_lock("doc").write(timeout=20):
             waited = time.monotonic() - started
             assert await admin.zcard(leases) == 1  # the stream waits behind this writer
             await asyncio.sleep(0.2)
@@ -389,7 +389,9 @@ async def test_a_writer_is_not_starved_by_a_stream_of_readers(
         await stream.send(b"stop\n")
         count = int((await stream.expect("COUNT ", 30)).split()[1])
     assert count > 10
-    assert waited < 2.0, f"the writer waited {waited:.2f} s"
+    # In once the reads in flight end (60 ms each), with room for a loaded machine; a
+    # starved writer gets in only if the stream happens to leave no read held.
+    assert waited < 5.0, f"the writer waited {waited:.2f} s"
 
 
 async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
@@ -404,7 +406,7 @@ async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
         assert not await can_read(other)  # new readers wait for the writer
 
         async def read() -> float:
-            async with other.rw_lock("doc").read(timeout=10):
+            async with other.rw_lock("doc").read(timeout=20):
                 return time.monotonic()
 
         reader = asyncio.create_task(read())
@@ -412,11 +414,13 @@ async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
         assert not reader.done(), "the child's claim was not refreshed"
         child.signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        got_at = await bounded(reader, 10, "the reader")
+        got_at = await bounded(reader, 25, "the reader")
         assert await child.wait(10) == -signal.SIGKILL
     await rw.read().release()
     waited = got_at - killed_at
-    assert waited < claim_ttl + 0.5, f"the reader got in {waited:.2f} s after the kill"
+    # Within the dead writer's 1 s claim, with room for a loaded machine: not the default
+    # claim lifetime (10 s), nor the reader's 20 s timeout.
+    assert waited < claim_ttl + 3.0, f"the reader got in {waited:.2f} s after the kill"
 
 
 async def test_a_crashed_readers_hold_ends_by_its_own_lease(
