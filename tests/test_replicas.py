@@ -22,6 +22,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing import RedisServer
 
+from .helpers import eventually
+
 NODE_ARGS = ["--repl-diskless-sync-delay", "0"]
 
 
@@ -226,8 +228,12 @@ async def test_a_cancelled_acquire_blocked_in_wait_is_undone(
     async with _manager(pair, prefix, replicas=1, replica_timeout=3.0) as locks:
         with _Stopped(pair.replica):
             task = asyncio.create_task(locks.lock("a").acquire())
-            await asyncio.sleep(0.3)  # the script ran; WAIT is blocking
-            assert await primary.exists(f"{prefix}:lock:{{a}}") == 1
+
+            async def granted() -> bool:
+                return bool(await primary.exists(f"{prefix}:lock:{{a}}"))
+
+            await eventually(granted, what="the script to run")  # and WAIT blocks
+            assert not task.done()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

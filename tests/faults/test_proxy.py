@@ -17,6 +17,7 @@ from redis.backoff import NoBackoff
 
 from aiolock.testing import RedisServer
 
+from ._support import eventually
 from .proxy import _CHUNK, FaultProxy
 
 
@@ -45,7 +46,7 @@ async def timed_ping(client: Redis) -> float:
     return time.perf_counter() - start
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Poll *predicate* every 10 ms, for at most *timeout* seconds."""
     for _ in range(int(timeout / 0.01)):
         if predicate():
@@ -166,8 +167,10 @@ async def test_drop_all_resets_connections(
     client = client_factory(fault_proxy.url, socket_timeout=2.0)
     assert await client.ping()
     fault_proxy.set_latency(0.5)  # keep the next PING in flight while we drop
+    sent = fault_proxy.stats.bytes_upstream
     in_flight = asyncio.ensure_future(client.ping())
-    await asyncio.sleep(0.1)
+    # the PING reached the server; its answer is now 0.5 s on its way back
+    await eventually(lambda: fault_proxy.stats.bytes_upstream > sent, what="the PING sent")
     assert fault_proxy.drop_all() == 1
     assert fault_proxy.stats.connections_active == 0
     with pytest.raises(redis.exceptions.ConnectionError):
