@@ -320,9 +320,9 @@ async def test_a_killed_waiter_process_leaves_within_the_claim_lifetime(
         killed_at = time.monotonic()
         # The lock stays held all along: the live waiter's refreshes drop the dead one.
         await until_queued(admin, prefix, "dead", 1)
-        # Within the dead waiter's claim lifetime plus one refresh period (1.33 s), with
-        # room for a loaded machine; a dead waiter kept until the default claim lifetime
-        # (10 s) or for good fails it.
+        # Within the dead waiter's 1 s claim plus one refresh period (1.33 s), with room
+        # for a loaded machine; a claim that lived as long as the default claim_ttl (10 s)
+        # fails it, and one kept for good fails the wait above.
         took = time.monotonic() - killed_at
         assert took < SHORT_CLAIM_TTL * 4 / 3 + 2.5, f"the dead waiter left after {took:.2f} s"
         assert not log
