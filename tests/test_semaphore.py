@@ -177,16 +177,22 @@ async def test_expired_permits_are_reclaimed_by_lease(
 async def test_renewal_of_many_permits_is_batched(
     redis_url: str, prefix: str, others: list[aiolock.LockManager]
 ) -> None:
-    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as short:
+    # A 1.5 s lease, renewed every 0.5 s: a round that a loaded machine delays by a second
+    # still keeps the permits (with 0.6 s, a 0.4 s stall lost all twelve).
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=1.5) as short:
         permits = [
-            await short.semaphore(f"batch{i % 4}", 6).acquire(1 + i % 2, timeout=2)
+            await short.semaphore(f"batch{i % 4}", 6).acquire(1 + i % 2, timeout=10)
             for i in range(12)
         ]
         before = short.statistics()
-        await asyncio.sleep(1.5)  # 2.5 leases: only renewal keeps them
+        # Four rounds, at least 0.5 s apart: the permits are older than a lease, and only
+        # renewal kept them.
+        await eventually(
+            lambda: short.statistics().renewal_rounds - before.renewal_rounds >= 4,
+            what="four renewal rounds",
+        )
         after = short.statistics()
         rounds = after.renewal_rounds - before.renewal_rounds
-        assert rounds >= 3
         assert after.renewal_round_trips - before.renewal_round_trips == rounds  # one per round
         for i in range(4):
             assert await others[0].semaphore(f"batch{i}", 6).holders() == 3
