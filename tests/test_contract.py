@@ -195,7 +195,7 @@ async def test_a_loss_cancels_the_body_and_raises_lock_lost(
                 # Another client deletes the structure (an administrator, an eviction).
                 await admin.delete(*[k async for k in admin.scan_iter(f"{prefix}:*")])
                 try:
-                    await asyncio.sleep(5)
+                    await asyncio.sleep(30)  # the loss, not the body's end, must end it
                 except asyncio.CancelledError:
                     body_cancelled = True
                     raise

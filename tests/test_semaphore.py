@@ -480,7 +480,7 @@ async def test_force_release_frees_every_permit_and_holders_learn_it(
         permit = await sem.acquire(3)
         assert await others[0].semaphore("forced", 3).force_release()
         # the holder's watchdog finds it gone within a third of the lease
-        await eventually(lambda: not permit.held, timeout=2, what="the loss")
+        await eventually(lambda: not permit.held, what="the loss")
         with pytest.raises(aiolock.LockLostError):
             await permit.release()
         assert await sem.available() == 3
