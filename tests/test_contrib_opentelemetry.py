@@ -130,13 +130,16 @@ async def test_metrics_of_holds_waiters_and_renewals(redis: Redis, prefix: str) 
         sem = locks.semaphore("api", 2)
         async with locks.lock("a"), sem, sem:
             waiter = asyncio.create_task(locks.lock("a").acquire())
+
             # a renewal round meanwhile, and the waiter waiting (waited for, not slept on)
-            await eventually(
-                lambda: (
-                    locks.statistics().renewal_rounds >= 1 and locks.statistics().hub.waiters == 1
-                ),
-                what="a renewal round and the waiter",
-            )
+            def renewed_and_waiting() -> bool:
+                return (
+                    (telemetry.value("aiolock.renewals", kind="lock") or 0) >= 1
+                    and (telemetry.value("aiolock.renewals", kind="semaphore") or 0) >= 2
+                    and locks.statistics().hub.waiters == 1
+                )
+
+            await eventually(renewed_and_waiting, what="a renewal round of the holds, a waiter")
             assert telemetry.value("aiolock.held", prefix=prefix, kind="lock") == 1
             assert telemetry.value("aiolock.held", prefix=prefix, kind="semaphore") == 2
             assert telemetry.value("aiolock.waiters", prefix=prefix) == 1
