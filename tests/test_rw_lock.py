@@ -284,9 +284,10 @@ async def test_a_key_of_another_type_is_named(locks: aiolock.LockManager, admin:
 async def test_renewal_is_batched(redis_url: str, prefix: str) -> None:
     client, trips = counting_client(redis_url)
     try:
-        # A 1.5 s lease, renewed every 0.5 s: a round that a loaded machine delays by a
-        # second still keeps the holds (a 0.6 s lease lost the like of them to a stall).
-        async with aiolock.LockManager(client, prefix=prefix, lease=1.5) as locks:
+        # A 3 s lease, renewed every second: a loaded machine that delays a round, or the
+        # 33 releases at the end, by two seconds still keeps the holds (with a 1.5 s lease,
+        # a CPU hog beside the suite let them run out while their releases were queued).
+        async with aiolock.LockManager(client, prefix=prefix, lease=3.0) as locks:
             stop = asyncio.Event()
             holding = 0
 
@@ -311,8 +312,10 @@ async def test_renewal_is_batched(redis_url: str, prefix: str) -> None:
             rounds = after.renewal_rounds - before.renewal_rounds
             round_trips = after.renewal_round_trips - before.renewal_round_trips
             assert round_trips <= 2 * rounds  # one batch per side, not one per hold
-            # a round sends one batch per side, and the manager's identity record (one SET)
-            assert trips.sends - sends <= 3 * rounds + 2
+            # a round sends one batch per side, and the manager's identity record (one SET);
+            # a few writes of background work on periods of its own (the waiters' claims,
+            # every 3.3 s) may fall in the window. One batch per hold would be 33 a round.
+            assert trips.sends - sends <= 3 * rounds + 4, (trips.sends - sends, rounds)
             assert after.lost == {} and after.held == 33
             stop.set()
             await asyncio.gather(*tasks)
