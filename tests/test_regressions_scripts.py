@@ -277,10 +277,11 @@ async def _hand_over(
     holders: aiolock.LockManager, waiters: aiolock.LockManager, name: str, rounds: int = 2
 ) -> None:
     """A task of *holders* holds *name*, a task of *waiters* waits for it, the holder lets
-    go, and the waiter must get the lock within 3 s (not when the lease runs out)."""
+    go, and the waiter must get the lock within 5 s (room for a loaded machine; not when
+    the 30 s lease runs out)."""
     for _ in range(rounds):
         took = await _hand_over_once(holders, waiters, name)
-        assert took < 3.0, f"the waiter got the lock {took:.1f} s after its release"
+        assert took < 5.0, f"the waiter got the lock {took:.1f} s after its release"
     assert not await holders.lock(name).locked()
 
 
@@ -300,7 +301,7 @@ async def _hand_over_once(
 
     async def waiter() -> None:
         await held.wait()
-        async with waiters.lock(name, timeout=10):
+        async with waiters.lock(name, timeout=20):
             took.append(time.monotonic() - released_at[0])
 
     tasks = [asyncio.create_task(holder()), asyncio.create_task(waiter())]
@@ -312,7 +313,7 @@ async def _hand_over_once(
         await _soon(lambda: waiters.statistics().hub.subscriptions >= 1, 3.0)
         released_at.append(time.monotonic())
         let_go.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:
         for task in tasks:
             task.cancel()
