@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest

@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,13 +46,6 @@ MANAGERS = ("m1", "m2", "m3")
 SOURCES = {
     op: Script(f"_kinds/lock/{op}").source for op in ("acquire", "release", "undo", "force_release")
 }
-
-
-@pytest.fixture(scope="module")
-def sync_redis(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 class LockScripts(RuleBasedStateMachine):

@@ -479,15 +479,20 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
 
 def _parse_lock(raw: Any, common: dict[str, Any]) -> LockInfo | None:
     """A plain lock's state string (``aiolock/_kinds/lock/state.lua``): held,
-    ``<field>|<count>|<token>|<epoch>|<flag>``; free, ``|<epoch>|<last>`` (None)."""
-    if isinstance(raw, Exception) or raw is None:
-        # another type (an error reply) or gone between SCAN and GET: shown without holders
-        return None if raw is None else LockInfo(**common)
-    parts = _text(raw).split("|")
-    if len(parts) != 5 or not parts[0]:
+    ``<field>|<count>|<token>|<epoch>|<flag>``; free, ``|<epoch>|<last>`` (None: no
+    object). A value aiolock did not write (or a key of another type, an error reply) is
+    shown without holders, as the other kinds' foreign keys are."""
+    if raw is None:  # gone between SCAN and GET
         return None
-    holder = Holder(parts[0], _int(parts[1]), lease_left=common["ttl"])
+    if isinstance(raw, Exception):
+        return LockInfo(**common)
+    parts = _text(raw).split("|")
+    if len(parts) == 3 and not parts[0] and parts[1].isdigit() and parts[2].isdigit():
+        return None  # free
+    if len(parts) != 5 or not parts[0] or not all(p.isdigit() for p in parts[1:4]):
+        return LockInfo(**common)
+    holder = Holder(parts[0], int(parts[1]), lease_left=common["ttl"])
     # every token from the epoch up to the holder's ended by a release: the last one
     # released is the holder's minus one, unless the holder's started the epoch
-    token, epoch = _int(parts[2]), _int(parts[3])
+    token, epoch = int(parts[2]), int(parts[3])
     return LockInfo(holders=(holder,), fence=token - 1 if token > epoch else None, **common)

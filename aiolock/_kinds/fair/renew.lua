@@ -1,4 +1,4 @@
--- aiolock hash holds (fair lock, redisson wire): renew or check many holds in one round trip (also extend).
+-- aiolock fair lock: renew or check many holds in one round trip (also used by extend).
 --
 -- KEYS[i]      lock hash i: {owner field -> hold count}
 -- ARGV[2i-1]   owner field that should hold KEYS[i]
@@ -9,16 +9,6 @@
 -- its lease was renewed if asked), 0 if not (expired, force-released, evicted, or the
 -- key was replaced by another type). On Redis Cluster a batch must not span slots: the
 -- watchdog then groups holds by slot (a single server takes any mix).
+--@include _kinds/_lua/hash_holds
 
-local held = {}
-for i = 1, #KEYS do
-  if redis.pcall('hexists', KEYS[i], ARGV[2 * i - 1]) == 1 then
-    if ARGV[2 * i] ~= '0' then
-      redis.call('pexpire', KEYS[i], ARGV[2 * i])
-    end
-    held[i] = 1
-  else
-    held[i] = 0
-  end
-end
-return held
+return renew_hash_holds()
