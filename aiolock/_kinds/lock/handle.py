@@ -217,10 +217,8 @@ class Lock(Handle[LockKeys, "Lock"]):
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        engine = self._manager._open_engine()
-        if isinstance(self._kind, ReentrantLockKind):  # a string that outlives its holds
-            return await self._kind.locked(self._keys)
-        return as_int(await engine.client.call("EXISTS", self._keys.lock, key=self._keys.lock)) == 1
+        self._manager._open_engine()
+        return await self._kind.locked(self._keys)
 
     async def owned(self) -> bool:
         """Whether the current task holds the lock (asks Redis)."""
