@@ -105,10 +105,7 @@ class ReentrantLockKind(KindBase):
             raw = await self._client.call("GET", keys.lock, key=keys.lock)
         except LockKeyTypeError:
             return True
-        if raw is None:
-            return False
-        text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-        return _FREE.fullmatch(text) is None
+        return raw is not None and _FREE.fullmatch(_text(raw)) is None
 
     async def lease_left(self, keys: LockKeys) -> int:
         """The holder's lease left in ms (-1: no expiry; -2: nobody holds the lock)."""
@@ -116,8 +113,13 @@ class ReentrantLockKind(KindBase):
 
     async def state(self, keys: LockKeys) -> tuple[str, int] | None:
         """``(owner field, hold count)`` of the current hold, or None if the lock is free;
-        a key of another type raises :class:`~aiolock.LockKeyTypeError`."""
-        return parse_held(await self._client.call("GET", keys.lock, key=keys.lock))
+        a key of another type, or a string aiolock did not write, raises
+        :class:`~aiolock.LockKeyTypeError`."""
+        raw = await self._client.call("GET", keys.lock, key=keys.lock)
+        held = parse_held(raw)
+        if held is None and raw is not None and _FREE.fullmatch(_text(raw)) is None:
+            raise key_type_error(keys.lock, "string")  # a value aiolock did not write
+        return held
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -197,6 +199,10 @@ class ReentrantLockKind(KindBase):
 
 #: a free state: ``|<epoch>|<last token>``
 _FREE = re.compile(r"\|\d+\|\d+")
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
 def parse_held(raw: object) -> tuple[str, int] | None:
