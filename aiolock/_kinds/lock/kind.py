@@ -48,6 +48,7 @@ LEASE_LEFT = Script("_kinds/lock/lease_left", writes=False)
 FORCE_RELEASE = Script("_kinds/lock/force_release")
 DETACH = Script("_kinds/lock/detach")
 ADOPT = Script("_kinds/lock/adopt")
+LISTEN = Script("_kinds/lock/listen")
 
 
 class ReentrantLockKind(KindBase):
@@ -58,6 +59,7 @@ class ReentrantLockKind(KindBase):
     extend_by_script = EXTEND_BY
     reentrant = True
     hand_over = True
+    registers_listeners = True
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -78,6 +80,10 @@ class ReentrantLockKind(KindBase):
             (attempt.field, ms(attempt.lease), attempt.before, self._rt.manager_id),
         )
         return decode_attempt(reply, lambda bad: key_type_error(keys.lock, bad[1]))
+
+    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
+        key = keys.part("listeners")
+        await self._client.run(LISTEN, (key,), (self._rt.manager_id, ms(ttl) if ttl > 0 else 0))
 
     async def still_held(self, keys: LockKeys) -> float | None:
         # The state is held exactly while someone holds it, and every release, undo and
