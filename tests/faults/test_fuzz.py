@@ -229,14 +229,15 @@ class LockMachine(RuleBasedStateMachine):
 
     async def _lasting_keys(self) -> int:
         """Keys in the database, less the short-lived ones that expire on their own
-        (release tombstones, fence state, a lock's free state, managers' identity
-        records, which expire when the loop stands still between steps for a lease):
+        (release tombstones, fence state, a lock's free state and its listeners,
+        managers' identity records, which expire when the loop stands still between
+        steps for a lease):
         those change without any I/O of ours."""
         count = 0
         async for key in self.admin.scan_iter(count=1000):
             text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
-            if ":rel:" in text or text.endswith(":fence") or ":mgr:{" in text:
-                continue
+            if ":rel:" in text or text.endswith((":fence", ":listeners")) or ":mgr:{" in text:
+                continue  # (a lock's listeners expire 10 s after the last waiter's refresh)
             if ":lock:{" in text and text.endswith("}") and await self._free(text):
                 continue  # the lock's free state (issue 21): its fence, kept fence_ttl
             count += 1
