@@ -102,13 +102,15 @@ async def test_short_lived_managers_leave_nothing_behind_on_a_busy_lock(
 
         leftovers = await yield_fields(admin, prefix)
         assert not leftovers, f"'yield:' fields left in Redis: {leftovers}"
-        # Release tombstones may live 10 s (15 s allowed here); what stays longer is small.
+        # What stays is small: the open manager's identity record and the lock's free
+        # state (issue 21: the epoch and the last token, kept fence_ttl; it replaced the
+        # fence key and the release tombstones).
         deadline = time.monotonic() + 15
         total, sizes = await memory_under(admin, prefix)
-        while total > 300 and time.monotonic() < deadline:
+        while total > 320 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
             total, sizes = await memory_under(admin, prefix)
-        assert total <= 300, f"{total} bytes left under {prefix!r}: {sizes}"
+        assert total <= 320, f"{total} bytes left under {prefix!r}: {sizes}"
 
 
 async def _at_least(count: Awaitable[int], minimum: int) -> bool:

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
-from ._support import bounded, eventually, unique_prefix
+from ._support import bounded, eventually, lock_held, unique_prefix
 from .proxy import FaultProxy
 
 LEASE = 30.0  # long: nothing in these tests may end by running out its lease
@@ -53,7 +53,7 @@ def _no_retry(url: str, **kwargs: object) -> Redis:
 
 
 async def _exists(redis: Redis, key: str) -> bool:
-    return int(await redis.exists(key)) == 1
+    return await lock_held(redis, key)  # the lock's state stays when free (issue 21)
 
 
 async def _free(redis: Redis, key: str) -> bool:
