@@ -23,6 +23,7 @@ from aiolock._engine.kind import (
     Successor,
     decode_attempt,
     decode_release,
+    wrong_type,
 )
 from aiolock._engine.runtime import Runtime
 from aiolock._keys import LockKeys, ms
@@ -61,7 +62,7 @@ class ReentrantLockKind(KindBase):
             (keys.lock, keys.fence, attempt.void),
             (attempt.field, ms(attempt.lease), attempt.before),
         )
-        return decode_attempt(reply, lambda bad: key_type_error(keys.lock, bad[1]))
+        return decode_attempt(reply, wrong_type(keys.lock))
 
     async def still_held(self, keys: LockKeys) -> float | None:
         # The lock hash exists exactly while someone holds it, and every release, undo
@@ -110,7 +111,7 @@ class ReentrantLockKind(KindBase):
                 1 if listening else 0,
             ),
         )
-        return decode_release(reply, lambda bad: key_type_error(keys.lock, bad[1]))
+        return decode_release(reply, wrong_type(keys.lock))
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(
