@@ -138,8 +138,9 @@ def install_client_counters() -> None:
 def _patch_aiolock() -> None:
     """Count aiolock's writes at its transport, which writes to redis-py's connections
     itself (without send_packed_command) on its fast path."""
+    _transport: Any
     try:
-        from aiolock import _transport
+        from aiolock._redis import transport as _transport
     except ImportError:  # an aiolock without its own transport: redis-py's patch counts it
         return
     if getattr(_transport, "_bench_patched", False):
@@ -153,7 +154,7 @@ def _patch_aiolock() -> None:
         await orig_write(conn, packed)
 
     _transport.write = write
-    _transport._bench_patched = True  # type: ignore[attr-defined]
+    _transport._bench_patched = True
 
 
 def _patch_redis_py_async() -> None:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis as redis_sync
 from redis.asyncio import Redis
 
 import aiolock
@@ -58,3 +59,9 @@ async def admin(redis_url: str) -> AsyncIterator[Redis]:
 async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
     async with aiolock.LockManager(redis, prefix=prefix) as manager:
         yield manager
+
+
+@pytest.fixture
+def sync_redis(redis_url: str) -> redis_sync.Redis:
+    """A synchronous redis-py client of the suite's server (the foreign clients' side)."""
+    return redis_sync.Redis.from_url(redis_url)

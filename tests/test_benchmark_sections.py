@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.sections import MARKERS, kept_sections, write_section
 
 
@@ -61,3 +63,18 @@ def test_client_floor_runs_every_client_and_writes_its_section(tmp_path: Path) -
     assert rows["redis-py's Lock"]["rate_vs_redis_py"] == 1.0
     assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
     assert MARKERS["client-floor"][0] in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_the_benchmarks_count_aiolocks_own_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiolock writes to redis-py's connections itself: the round-trip counters must wrap
+    that write where it lives, or every aiolock row would count nothing (a module move
+    once made the patch skip silently)."""
+    from aiolock._redis import transport
+    from benchmarks import metrics
+
+    monkeypatch.setattr(transport, "write", transport.write)  # restored after the test
+    monkeypatch.setattr(transport, "_bench_patched", False, raising=False)
+    original = transport.write
+    metrics.install_client_counters()
+    assert transport.write is not original
+    assert getattr(transport, "_bench_patched", False) is True

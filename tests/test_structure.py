@@ -183,3 +183,37 @@ def test_no_wait_for_timeout_is_caught_as_the_builtin_timeout_error() -> None:
     ]
     assert (ROOT / "tests" / "redisson_protocol.py").is_file()  # the tree is read
     assert not found, "except TimeoutError around asyncio.wait_for: " + ", ".join(found)
+
+
+# -- The layout (issue 19): what import-linter cannot express -----------------------------
+
+
+def test_no_module_of_the_package_is_over_600_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text("utf-8").splitlines())) > 600
+    }
+    assert not long, f"split these by concept (docs/architecture.md): {long}"
+
+
+def test_at_most_12_modules_stand_directly_in_the_package() -> None:
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at the top: {top}; move one into its layer"
+
+
+def test_every_folder_of_lua_scripts_holds_the_kind_that_runs_them() -> None:
+    """A folder of .lua holds a kind.py (or, for Redlock, the module that loads them), and
+    every script is loaded somewhere: by its path, or included as a prelude."""
+    sources = "\n".join(path.read_text("utf-8") for path in PACKAGE.rglob("*.py"))
+    lua = "\n".join(path.read_text("utf-8") for path in PACKAGE.rglob("*.lua"))
+    folders = {path.parent for path in PACKAGE.rglob("*.lua")}
+    for folder in folders:
+        name = folder.relative_to(PACKAGE).as_posix()
+        if name == "_kinds/_lua":  # the one folder of shared preludes
+            continue
+        runners = [p for p in folder.glob("*.py") if f'"{name}/' in p.read_text("utf-8")]
+        assert runners, f"{name}/ holds scripts but no module of it loads them"
+    for path in PACKAGE.rglob("*.lua"):
+        script = path.relative_to(PACKAGE).with_suffix("").as_posix()
+        assert f'"{script}"' in sources or f"--@include {script}\n" in lua, script

@@ -20,7 +20,7 @@ import aiolock
 from aiolock._kinds.foreign import POLL_MAX
 
 from ._wire_fleet_child import legacy_release, legacy_try
-from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet
+from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet, take, text
 
 
 @pytest.fixture
@@ -35,29 +35,9 @@ async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]
         yield manager
 
 
-@pytest.fixture
-def sync_redis(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
-
-
 async def server_ms(client: Redis) -> int:
     seconds, micros = await client.time()
     return seconds * 1000 + micros // 1000
-
-
-async def text(client: Redis, key: str) -> str:
-    """The string at *key* (it must exist)."""
-    value = await client.get(key)
-    assert isinstance(value, bytes), (key, value)
-    return value.decode()
-
-
-async def take(lock: aiolock.Lock, timeout: float = 10) -> float:
-    """Acquire *lock* in the calling task, release it; when it was acquired (monotonic)."""
-    await lock.acquire(timeout=timeout)
-    acquired = time.monotonic()
-    await lock.release()
-    return acquired
 
 
 def legacy_acquire(client: redis.Redis, name: str, timeout_ms: int, within: float) -> str:

@@ -23,7 +23,7 @@ from aiolock._kinds.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, 
 from aiolock._kinds.token.kind import TokenLockKind
 
 from .helpers import counting_client
-from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet
+from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet, take, text
 
 
 @pytest.fixture
@@ -36,26 +36,6 @@ def name(prefix: str) -> str:
 async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
     async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=2.0) as manager:
         yield manager
-
-
-@pytest.fixture
-def sync_redis(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
-
-
-async def text(client: Redis, key: str) -> str:
-    """The string at *key* (it must exist)."""
-    value = await client.get(key)
-    assert isinstance(value, bytes), (key, value)
-    return value.decode()
-
-
-async def take(lock: aiolock.Lock, timeout: float = 10) -> float:
-    """Acquire *lock* in the calling task, release it; when it was acquired (monotonic)."""
-    await lock.acquire(timeout=timeout)
-    acquired = time.monotonic()
-    await lock.release()
-    return acquired
 
 
 # -- layout ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,18 @@ async def check_crashed_holder_taken_over(
     await lock.acquire(timeout=5)
     assert asyncio.get_running_loop().time() - killed <= 0.8 + POLL_MAX + SLACK
     await lock.release()
+
+
+async def text(client: Redis, key: str) -> str:
+    """The string at *key* (it must exist)."""
+    value = await client.get(key)
+    assert isinstance(value, bytes), (key, value)
+    return value.decode()
+
+
+async def take(lock: aiolock.Lock, timeout: float = 10) -> float:
+    """Acquire *lock* in the calling task, release it; when it was acquired (monotonic)."""
+    await lock.acquire(timeout=timeout)
+    acquired = time.monotonic()
+    await lock.release()
+    return acquired

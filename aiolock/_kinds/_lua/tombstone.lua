@@ -29,6 +29,11 @@
 --     alone (its value is then never read).
 -- void_attempt(key, ttl_ms)
 --     set the void marker `key` of an attempt
+-- release_count(lock, field, count, tomb, successor, released, handed)
+--     the first step of releasing a hold kept as a count in a hash field (the lock's and
+--     Redisson's layouts): a reply when the release ends here ({-1, type} for a key of
+--     another type, resend_reply's answer when the hold is gone, {1, left} for a nested
+--     release, which writes the count left), or nil when this is the final release
 
 local function leave_tombstone(tomb, ttl_ms, mark)
   redis.call('set', tomb, mark or '1', 'px', ttl_ms)
@@ -62,4 +67,20 @@ end
 
 local function void_attempt(key, ttl_ms)
   redis.call('set', key, '1', 'px', ttl_ms)
+end
+
+local function release_count(lock, field, count, tomb, successor, released, handed)
+  local held = redis.pcall('hget', lock, field)
+  if type(held) == 'table' and held.err then
+    return {-1, redis.call('type', lock).ok}
+  end
+  if not held then
+    return resend_reply(tomb, lock, successor, released, handed)
+  end
+  local left = tonumber(count) - 1
+  if left > 0 then
+    redis.call('hset', lock, field, left)
+    return {1, left}
+  end
+  return nil
 end

@@ -33,18 +33,9 @@
 --@include _kinds/_lua/fence
 --@include _kinds/_lua/tombstone
 
-local held = redis.pcall('hget', KEYS[1], ARGV[1])
-if type(held) == 'table' and held.err then
-  return {-1, redis.call('type', KEYS[1]).ok}
-end
-if not held then
-  return resend_reply(KEYS[3], KEYS[1], ARGV[7], '0', '')
-end
-
-local left = tonumber(ARGV[2]) - 1
-if left > 0 then
-  redis.call('hset', KEYS[1], ARGV[1], left)
-  return {1, left}
+local early = release_count(KEYS[1], ARGV[1], ARGV[2], KEYS[3], ARGV[7], '0', '')
+if early then
+  return early
 end
 
 local channel = KEYS[1] .. ':released'

@@ -30,18 +30,9 @@
 -- tombstone ('r' released, 'h<token>' handed over) so a resend answers as the first.
 --@include _kinds/_lua/tombstone
 
-local held = redis.pcall('hget', KEYS[1], ARGV[1])
-if type(held) == 'table' and held.err then
-  return {-1, redis.call('type', KEYS[1]).ok}
-end
-if not held then
-  return resend_reply(KEYS[2], KEYS[1], ARGV[4], 'r', 'h')
-end
-
-local left = tonumber(ARGV[2]) - 1
-if left > 0 then
-  redis.call('hset', KEYS[1], ARGV[1], left)
-  return {1, left}
+local early = release_count(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[4], 'r', 'h')
+if early then
+  return early
 end
 
 local mine = tonumber(ARGV[7])
