@@ -149,3 +149,28 @@ def _expiry_key(semaphore: aiolock.Semaphore) -> str:
     keys = semaphore._keys
     assert isinstance(keys, SemaphoreKeys)
     return keys.expiry
+
+
+async def test_a_semaphore_renewal_sends_five_commands_per_one_permit_semaphore(
+    locks: aiolock.LockManager, admin: Redis
+) -> None:
+    """Issue 24: per renewed permit of a semaphore with one permit held, the script runs
+    ZSCORE, ZADD, and one PEXPIRE each of the holders hash (GT), the expiry set and the
+    limit key (GT): five commands, and one TIME per call. It ran six (the limit key took
+    a PTTL and a PEXPIRE), and a Lua table per permit."""
+    n = 20
+    for i in range(n):
+        await locks.semaphore(f"five-{i}", 2).acquire()
+    holds = _engine(locks).registry.renewable()
+    assert len(holds) == n
+    kind = holds[0].kind
+    await kind.renew(holds, 60.0)  # every key has its TTL from a renewal now
+    await admin.config_resetstat()
+    assert await kind.renew(holds, 60.0) == [True] * n
+    stats = await admin.info("commandstats")
+    calls = {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in stats.items()
+        if name.removeprefix("cmdstat_") in ("zscore", "zadd", "pexpire", "pttl", "hexists", "time")
+    }
+    assert calls == {"zscore": n, "zadd": n, "pexpire": 3 * n, "time": 1}, calls
