@@ -302,7 +302,8 @@ class LockManager(ManagerLifecycle, LockFactories):
 
         *clients* must be an odd number >= 3 of distinct ``redis.asyncio.Redis`` clients;
         *options* are :class:`~aiolock.RedlockManager`'s (``prefix``, ``lease``,
-        ``drift_factor``, ``node_timeout``, ``retry_delay``, ``close_timeout``). See
+        ``drift_factor``, ``node_timeout``, ``retry_delay``, ``close_timeout``, ``name``,
+        ``identity``). See
         ``docs/redlock.md`` for when Redlock is worth it.
         """
         return RedlockManager(clients, **options)
@@ -455,6 +456,7 @@ class LockManager(ManagerLifecycle, LockFactories):
             tg.start_soon(self._identity.keep, core.watchdog.period, name="aiolock identity")
         tg.start_soon(core.cleanup.run, name="aiolock cleanup")
         tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
+        tg.start_soon(core.keep_listeners, name="aiolock listener registrations")
         if isinstance(self._redis, Redis) and is_sentinel_primary(self._redis):
             watch = PrimaryWatch(
                 self._redis, core.watchdog.renew_all, owns_sentinels=self._owns_sentinels

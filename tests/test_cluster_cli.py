@@ -213,3 +213,36 @@ async def test_an_error_on_a_cluster_is_one_line(cluster: LocalCluster, prefix: 
     assert result.code == 3, result
     (line,) = result.err.splitlines()
     assert line.startswith("aiolock: ") and "holds a string" in line, line
+
+
+async def test_show_names_the_listening_managers_on_the_names_node(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    async with held_on_every_primary(cluster, prefix) as (locks, names):
+        url_port, other_port, _ = names
+        waiting_for = names[other_port]
+        listeners_key = f"{prefix}:lock:{{{waiting_for}}}:listeners"
+        entered = asyncio.Event()
+
+        async def wait() -> None:
+            entered.set()
+            async with locks.lock(waiting_for):
+                pass
+
+        waiter = asyncio.create_task(wait())
+        await entered.wait()
+        client = locks.redis
+
+        async def registered() -> bool:
+            return bool(await client.zcard(listeners_key))
+
+        await eventually(registered, what="the waiting manager registered as a listener")
+        shown = await run_cli(node_url(url_port), prefix, "--json", "show", waiting_for)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+    assert shown.code == 0, shown.err
+    (lock,) = [o for o in json.loads(shown.out)["objects"] if o["kind"] == "lock"]
+    (who,) = lock["listening"]
+    assert who["manager"] == locks.id and who["name"] == "cluster-cli-test"
+    assert lock["listeners"] == 1  # PUBSUB SHARDNUMSUB on the name's primary

@@ -48,6 +48,11 @@ EXIT_REDIS_ERROR = 3
 EXIT_INTERRUPTED = 130
 
 
+#: The kinds force-release frees: not a Redlock, which lives on several masters (freeing
+#: it on the one server in --url would leave the others holding it).
+_RELEASABLE = [kind for kind in KINDS if kind != "redlock"]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiolock",
@@ -68,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         "force-release", parents=[common], help="free a lock whoever holds it (holders see a loss)"
     )
     force.add_argument("name")
-    force.add_argument("--kind", choices=list(KINDS), help="which object (needed if several)")
+    force.add_argument("--kind", choices=_RELEASABLE, help="which object (needed if several)")
     force.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     watch = commands.add_parser(
         "watch", parents=[common], help="print every release message as it comes"
@@ -250,6 +255,9 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
             print(f"  limit:      {'?' if info.limit is None else info.limit}")
             print(f"  held:       {info.held}")
         print(f"  listeners:  {info.listeners}")
+        if info.kind == "lock":  # who they are, as far as the managers registered
+            for who in info.listening:
+                print(f"    {who.field}: {_who_text(who)}")
         if info.fence is not None:
             print(f"  fence:      {info.fence} (the last token released or issued)")
         if info.job is not None:
@@ -283,6 +291,16 @@ async def _force_release(target: Target, args: argparse.Namespace) -> int:
             print(f"aiolock: cannot force-release on a Redis Cluster: {exc}", file=sys.stderr)
             return 1
     infos = await describe_name(target, args.prefix, args.name)
+    if any(info.kind == "redlock" for info in infos):
+        infos = [info for info in infos if info.kind != "redlock"]
+        if not infos:
+            print(
+                f"aiolock: {args.name!r} is a Redlock, held on several masters: "
+                "force-release frees one server's objects only, so it leaves it alone "
+                "(its holder's lease ends it; or release it from a RedlockManager)",
+                file=sys.stderr,
+            )
+            return 1
     if args.kind is not None:
         infos = [info for info in infos if info.kind == args.kind]
     if not infos:

@@ -237,6 +237,8 @@ class Acquiring(Releasing):
                                 claimed = True
                                 self._claims.add(kind, keys, field)
                             hub.listen(waiter)
+                            if kind.registers_listeners:
+                                self._listeners.listening(kind, keys)
                             if not hub.confirmed(channel) and (
                                 not kind.queued or hub.first(waiter)
                             ):

@@ -84,6 +84,11 @@ class Engine(Acquiring):
         """
         await self._claims.keep()
 
+    async def keep_listeners(self) -> None:
+        """Keep this manager's registrations as a listener of plain locks (a background
+        task; see :mod:`aiolock._engine.listeners`)."""
+        await self._listeners.keep()
+
     # -- extend, force release, shutdown -------------------------------------------------
 
     async def extend(self, hold: Hold, lease: float) -> None:
@@ -104,8 +109,8 @@ class Engine(Acquiring):
     def _lost_on_extend(self, hold: Hold) -> LockLostError:
         self.registry.lose_reported(hold, "Redis no longer had it when it was extended")
         return LockLostError(
-            f"lock {hold.keys.name!r} could not be extended: its lease had already ended "
-            "or it was force-released"
+            f"{hold.kind.name} {hold.keys.name!r} could not be extended: its lease had "
+            "already ended or it was force-released"
         )
 
     async def force_release(self, kind: LockKind, keys: LockKeys) -> bool:

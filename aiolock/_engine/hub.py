@@ -396,6 +396,12 @@ class WaiterHub(SubscriptionEvents):
             return None
         return head
 
+    def wanted(self, channel: str) -> bool:
+        """Whether a waiter of this manager found *channel*'s lock busy and waits there
+        (the subscription is wanted, confirmed or not)."""
+        queue = self._queues.get(channel)
+        return queue is not None and queue.listen and bool(queue.waiters)
+
     def listening(self, channel: str) -> bool:
         """Whether the server may count this manager among *channel*'s subscribers."""
         return self.source.listening(channel)

@@ -310,6 +310,10 @@ class LockKind(Protocol):
     #: format): this manager cannot tell its own releases from others', so a message
     #: wakes the local head but never ends a yield to other clients (see aiolock._engine.hub)
     anonymous_messages: bool
+    #: a manager whose waiters found the lock busy registers itself as a listener in
+    #: Redis (:meth:`register_listener`), for ``aiolock show``: a plain lock, whose
+    #: waiters are otherwise kept nowhere in Redis (see aiolock._engine.listeners)
+    registers_listeners: bool
 
     def hold_field(self, owner: str, number: int) -> str:
         """The field a new hold of *owner* is recorded under; *number* is unique in the
@@ -326,6 +330,11 @@ class LockKind(Protocol):
 
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
         """Kinds with claims: extend these live waiters' registrations by ``claim_ttl``."""
+        ...
+
+    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
+        """Kinds that register listeners: this manager listens for *keys* for *ttl* s
+        more (refreshed while it does); ``0`` withdraws the registration."""
         ...
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy: ...
@@ -412,6 +421,7 @@ class KindBase:
     hand_over = False
     claims = False
     queued = False
+    registers_listeners = False
     claim_ttl = 10.0
     #: 300 holds of one key each (HEXISTS or GET, then PEXPIRE): 0.4-0.5 ms of Redis
     #: time per call on an idle server, and under a millisecond with room on a loaded
@@ -457,8 +467,9 @@ class KindBase:
         if self.extend_by_script is None:
             raise LockError(
                 f"the {self.name} {hold.keys.name!r} cannot add to its lease "
-                "(extend(additional=...) is for locks and fair locks of the default and "
-                "'redisson' wire formats); set the time left with extend(lease) instead"
+                "(extend(additional=...) is for locks, fair locks and semaphore permits of "
+                "the default wire format and locks of the 'redisson' one); set the time "
+                "left with extend(lease) instead"
             )
         left = await self._client.run(
             self.extend_by_script,
@@ -485,6 +496,9 @@ class KindBase:
 
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
         raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")
+
+    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
+        raise NotImplementedError(f"the {self.name} kind registers no listeners")
 
     async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
         return None  # the count is the hold's field in the hash (see Lock.hold_count)

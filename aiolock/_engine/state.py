@@ -17,6 +17,7 @@ from aiolock._engine.claims import WaiterClaims
 from aiolock._engine.cleanup import Cleanup
 from aiolock._engine.hub import WaiterHub
 from aiolock._engine.kind import Hold
+from aiolock._engine.listeners import ListenerRegistrations
 from aiolock._engine.registry import HoldRegistry
 from aiolock._engine.runtime import Runtime
 from aiolock._engine.watchdog import Watchdog
@@ -64,6 +65,8 @@ class EngineState:
         self._watched: set[str] = set()
         #: kinds with claims: the registrations of this manager's waiters in Redis
         self._claims = WaiterClaims()
+        #: kinds that register listeners: this manager's registrations (aiolock show)
+        self._listeners = ListenerRegistrations(hub)
 
     def _on_lost(self, hold: Hold) -> None:
         self.lost[hold.kind.name] += 1

@@ -4,12 +4,17 @@ Everything here reads; nothing writes. The key layout it parses is the wire form
 :mod:`aiolock._keys` and of each kind (:mod:`aiolock._kinds`): for a prefix ``P``,
 
 ====================  ===========================================================
-``P:lock:{T}``        plain lock: hash ``<owner field>`` -> hold count
+``P:lock:{T}``        plain lock: hash ``<owner field>`` -> hold count; ``:listeners``
+                      (a zset: manager id -> expiry, server ms) names the managers
+                      whose waiters listen for its release
 ``P:fair:{T}``        fair lock: the same hash, with ``:queue`` (waiters, a zset)
 ``P:rw:{T}``          read-write lock: hash of holds plus ``writer``, ``writer_owner``
                       and ``writer_attempt``; ``:leases`` and ``:claims`` zsets
 ``P:sem:{T}``         semaphore: hash ``<permit field>`` -> permits plus ``#held``;
                       ``:expiry``, ``:claims``, ``:wants`` and ``:limit``
+``P:redlock:{T}``     a Redlock as one of its masters has it: a string, the token
+                      ``<manager id>:<number>`` of the hold (the other masters are
+                      not read: point the command at each to compare)
 ====================  ===========================================================
 
 ``T`` is the hash tag of the name (the name, or ``~`` + name when the name starts with
@@ -53,13 +58,20 @@ __all__ = [
 ]
 
 #: The kinds, as the CLI names them, with the tag each puts in its keys.
-KINDS: dict[str, str] = {"lock": "lock", "fair": "fair", "rw": "rw", "semaphore": "sem"}
+KINDS: dict[str, str] = {
+    "lock": "lock",
+    "fair": "fair",
+    "rw": "rw",
+    "semaphore": "sem",
+    "redlock": "redlock",
+}
 #: How a table names each kind.
 LABELS: dict[str, str] = {
     "lock": "lock",
     "fair": "fair lock",
     "rw": "rw lock",
     "semaphore": "semaphore",
+    "redlock": "redlock",
 }
 _BY_TAG = {tag: kind for kind, tag in KINDS.items()}
 
@@ -70,6 +82,7 @@ _OBJECT_SUFFIXES: dict[str, frozenset[str]] = {
     "fair": frozenset({"", ":queue", ":claims"}),
     "rw": frozenset({"", ":leases", ":claims"}),
     "semaphore": frozenset({"", ":expiry", ":claims", ":wants", ":limit"}),
+    "redlock": frozenset({""}),
 }
 
 #: The rw hash's metadata fields, which are not holds.
@@ -133,6 +146,9 @@ class LockInfo:
     waiters: int = 0
     #: subscribers of the object's release channel (``PUBSUB NUMSUB``)
     listeners: int = 0
+    #: a plain lock's registered listeners: the managers with a task waiting for it
+    #: (``<key>:listeners``, see aiolock._engine.listeners), each with who it is
+    listening: tuple[Who, ...] = field(default=())
     #: a semaphore's stored limit
     limit: int | None = None
     #: a semaphore's permits held in total
@@ -159,6 +175,7 @@ class LockInfo:
         data["holders"] = [asdict(holder) for holder in self.holders]
         data["waiting"] = list(self.waiting)
         data["waiting_who"] = [asdict(who) for who in self.waiting_who]
+        data["listening"] = [asdict(who) for who in self.listening]
         return data
 
 
@@ -308,7 +325,8 @@ async def resolve(redis: Any, prefix: str, infos: list[LockInfo]) -> list[LockIn
 def _managers(infos: Iterable[LockInfo]) -> set[str]:
     found = set()
     for info in infos:
-        for text in (*(holder.owner for holder in info.holders), *info.waiting):
+        listening = (who.field for who in info.listening)
+        for text in (*(holder.owner for holder in info.holders), *info.waiting, *listening):
             manager = manager_of(text)
             if manager is not None:
                 found.add(manager)
@@ -342,7 +360,8 @@ def _resolved(info: LockInfo, records: dict[str, dict[str, Any] | None]) -> Lock
             extra["started"] = float(started) if isinstance(started, (int, float)) else None
         holders.append(replace(holder, **who, **extra))
     waiting = tuple(Who(text, **_who(text, records)) for text in info.waiting)
-    return replace(info, holders=tuple(holders), waiting_who=waiting)
+    listening = tuple(Who(who.field, **_who(who.field, records)) for who in info.listening)
+    return replace(info, holders=tuple(holders), waiting_who=waiting, listening=listening)
 
 
 def _opt_text(value: Any) -> str | None:
@@ -374,15 +393,20 @@ def _lease_ends(reply: Any, now_ms: float) -> dict[str, float]:
 
 
 #: replies each kind's reads take after the common three (HGETALL, PTTL, NUMSUB)
-_EXTRA = {"lock": 0, "fair": 1, "rw": 2, "semaphore": 4}
+_EXTRA = {"lock": 1, "fair": 1, "rw": 2, "semaphore": 4, "redlock": 0}
 
 
 def _queue_reads(pipe: Any, kind: str, key: str, sharded: bool) -> None:
     """Queue on *pipe* the reads of one object (parsed by :func:`_parse`)."""
-    pipe.hgetall(key)  # a key of another type answers an error, read as no holders
+    if kind == "redlock":
+        pipe.get(key)  # the holder's token
+    else:
+        pipe.hgetall(key)  # a key of another type answers an error, read as no holders
     pipe.pttl(key)
     pipe.execute_command("PUBSUB SHARDNUMSUB" if sharded else "PUBSUB NUMSUB", f"{key}:released")
-    if kind == "fair":
+    if kind == "lock":
+        pipe.zrange(f"{key}:listeners", 0, -1, withscores=True)
+    elif kind == "fair":
         pipe.zrange(f"{key}:queue", 0, -1)
     elif kind == "rw":
         pipe.zrange(f"{key}:leases", 0, -1, withscores=True)
@@ -425,11 +449,19 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
     ttl = _ttl(pttl)
     common: dict[str, Any] = {"kind": kind, "name": name, "key": key, "ttl": ttl}
     common["listeners"] = _numsub(numsub)
+    if kind == "redlock":  # one holder on this master: its token, count 1
+        token = _text(raw) if isinstance(raw, (bytes, str)) else None
+        return LockInfo(
+            holders=() if token is None else (Holder(token, 1, lease_left=ttl),), **common
+        )
     if kind in ("lock", "fair"):
         holders = tuple(
             Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
         )
         waiting = _members(extra[0]) if kind == "fair" else ()
+        if kind == "lock":  # registrations still live on the server's clock
+            live = sorted(m for m, left in _lease_ends(extra[0], now_ms).items() if left > 0)
+            common["listening"] = tuple(Who(manager) for manager in live)
         return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
     if kind == "rw":
         writer = fields.get("writer")

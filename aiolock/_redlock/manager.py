@@ -32,6 +32,14 @@ open/close lifecycle is :mod:`aiolock._engine.lifecycle`'s, shared with LockMana
 
 There are no fencing tokens: the masters are independent, so no single counter orders
 the acquisitions (see :attr:`RedlockLock.fencing_token`).
+
+Identity. Like a LockManager, the manager keeps its identity record
+(:mod:`aiolock._redis.identity`) while open, on every master: written when it opens
+(each master bounded by ``node_timeout``; one that does not answer gets it at the next
+round), refreshed every ``lease / 3`` on a loop of its own (the renewal loop's period; a
+slow master never holds back a renewal), deleted when it closes. A Redlock hold's token
+is ``<manager id>:<number>``, so the ``aiolock`` command pointed at any master resolves
+its holder to the record on that master. ``identity=False`` writes none.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from aiolock._keys import (
     new_manager_id,
 )
 from aiolock._redis.client import as_int
+from aiolock._redis.identity import Identity, check_app_name
 from aiolock._redis.scripts import Script
 from aiolock._redlock.acquire import RedlockAcquire
 from aiolock._redlock.lock import Gate, RedlockHold, RedlockLock
@@ -122,6 +131,12 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         retry_delay: the most a waiter sleeps (uniformly at random) before retrying after
             a failed round, so that contenders do not split the votes again.
         close_timeout: seconds closing may spend releasing held locks.
+        name: the application's name (``"billing-worker"``), shown by the ``aiolock``
+            command next to the host and pid of this manager's holds (as
+            ``LockManager(name=...)``); 1 to 64 printable characters, or ``None``.
+        identity: whether the manager keeps its identity record on every master while
+            open (as a LockManager's: about 200 bytes per master, refreshed every
+            ``lease / 3``, no command per acquire). See ``docs/wire-formats.md``.
     """
 
     _WHAT = "RedlockManager"
@@ -140,9 +155,14 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         node_timeout: float = 0.25,
         retry_delay: float = 0.05,
         close_timeout: float = 5.0,
+        name: str | None = None,
+        identity: bool = True,
     ) -> None:
         super().__init__()
         redis = check_clients(clients)
+        if not isinstance(identity, bool):
+            raise TypeError(f"identity must be True or False, not {identity!r}")
+        self._name = check_app_name(name)
         self._keyspace = KeySpace(prefix, new_manager_id())
         self.lease = check_lease(lease)
         self.node_timeout = check_lease(node_timeout, "node_timeout")
@@ -167,6 +187,15 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
             for i, r in enumerate(redis)
         ]
         self.quorum = len(self._nodes) // 2 + 1
+        #: the identity record on each master (none with identity=False)
+        self._identities = (
+            [
+                Identity(node.client, self._keyspace.identity_key, self._name, self.lease)
+                for node in self._nodes
+            ]
+            if identity
+            else []
+        )
         self._cleanup = Cleanup()
         self._holds: dict[tuple[str, str], RedlockHold] = {}
         self._lost: dict[tuple[str, str], RedlockHold] = {}
@@ -188,6 +217,17 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
     @property
     def prefix(self) -> str:
         return self._keyspace.prefix
+
+    @property
+    def id(self) -> str:
+        """This manager's id (32 hex digits): every token of its holds starts with it,
+        and its identity record is ``<prefix>:mgr:{<id>}`` on each master."""
+        return self._keyspace.manager_id
+
+    @property
+    def name(self) -> str | None:
+        """The application name given as ``name=`` (None if none was)."""
+        return self._name
 
     @property
     def masters(self) -> list[Redis]:
@@ -232,11 +272,28 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         """Release held locks (bounded by close_timeout), fail waiters, stop the tasks."""
         await self._close()
 
+    async def _before_open(self) -> None:
+        # The record exists on every master that answers once open() returns; a master
+        # that does not answer within node_timeout gets it at the next round.
+        await self._publish_identity()
+
+    async def _publish_identity(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for identity in self._identities:
+                tg.start_soon(identity.publish)
+
+    async def _keep_identity(self) -> None:
+        while True:
+            await anyio.sleep(self.lease / 3)
+            await self._publish_identity()
+
     def _start_tasks(self, tg: TaskGroup) -> None:
         for node in self._nodes:
             tg.start_soon(node.listener.run)
         tg.start_soon(self._cleanup.run)
         tg.start_soon(self._renewal_loop)
+        if self._identities:
+            tg.start_soon(self._keep_identity)
 
     def _failed(self) -> None:
         self._signals.close()
@@ -261,6 +318,11 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
                 await asyncio.wait(left)
 
     async def _after_stop(self) -> None:
+        if self._identities:  # after the loop that writes them stopped
+            with anyio.move_on_after(self.close_timeout):
+                async with anyio.create_task_group() as tg:
+                    for identity in self._identities:
+                        tg.start_soon(identity.delete)
         for node in self._nodes:
             await node.client.aclose()
 

@@ -40,6 +40,7 @@ UNDO = Script("_kinds/lock/undo")
 FORCE_RELEASE = Script("_kinds/lock/force_release")
 DETACH = Script("_kinds/lock/detach")
 ADOPT = Script("_kinds/lock/adopt")
+LISTEN = Script("_kinds/lock/listen")
 
 
 class ReentrantLockKind(KindBase):
@@ -50,6 +51,7 @@ class ReentrantLockKind(KindBase):
     extend_by_script = EXTEND_BY
     reentrant = True
     hand_over = True
+    registers_listeners = True
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -63,6 +65,10 @@ class ReentrantLockKind(KindBase):
             (attempt.field, ms(attempt.lease), attempt.before),
         )
         return decode_attempt(reply, wrong_type(keys.lock))
+
+    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
+        key = keys.part("listeners")
+        await self._client.run(LISTEN, (key,), (self._rt.manager_id, ms(ttl) if ttl > 0 else 0))
 
     async def still_held(self, keys: LockKeys) -> float | None:
         # The lock hash exists exactly while someone holds it, and every release, undo

@@ -110,9 +110,20 @@ class Permit:
         # Released by this Permit, or by the 'async with' block that made it.
         raise LockNotOwnedError(f"this permit of semaphore {self.name!r} was already released")
 
-    async def extend(self, lease: float) -> None:
-        """Set the remaining lease of a permit acquired with a fixed ``lease=`` to *lease* s."""
-        seconds = check_lease(lease)
+    async def extend(self, lease: float | None = None, *, additional: float | None = None) -> None:
+        """Set the remaining lease of a permit acquired with a fixed ``lease=`` to *lease*
+        s, or add *additional* s to what is left of it (one atomic step on the server, as
+        :meth:`aiolock.Lock.extend`); give exactly one of the two."""
+        if (lease is None) == (additional is None):
+            raise TypeError(
+                "extend() takes either lease (the time left to set) or additional= (the "
+                f"time to add to what is left), exactly one; got lease={lease!r}, "
+                f"additional={additional!r}"
+            )
+        seconds = check_lease(
+            lease if additional is None else additional,
+            "lease" if additional is None else "additional",
+        )
         engine = self._manager._open_engine()
         hold = self._hold
         if hold.lost:
@@ -124,7 +135,10 @@ class Permit:
                 f"this permit of semaphore {self.name!r} is renewed automatically, so there "
                 "is nothing to extend; extend() is for permits acquired with an explicit lease="
             )
-        await engine.extend(hold, seconds)
+        if additional is None:
+            await engine.extend(hold, seconds)
+        else:
+            await engine.extend_by(hold, seconds)
 
     def _lost_error(self) -> LockLostError:
         # Reported here: the registry need not remember it for a later call any more

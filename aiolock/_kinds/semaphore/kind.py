@@ -48,6 +48,7 @@ __all__ = ["SemaphoreKeys", "SemaphoreKind", "check_limit", "check_permits"]
 ACQUIRE = Script("_kinds/semaphore/acquire")
 RELEASE = Script("_kinds/semaphore/release")
 RENEW = Script("_kinds/semaphore/renew")
+EXTEND_BY = Script("_kinds/semaphore/extend_by")
 UNDO = Script("_kinds/semaphore/undo")
 REFRESH = Script("_kinds/semaphore/refresh")
 FORCE_RELEASE = Script("_kinds/semaphore/force_release")
@@ -119,6 +120,7 @@ class SemaphoreKind(KindBase):
 
     name = "semaphore"
     renew_script = RENEW
+    extend_by_script = EXTEND_BY
     #: ZSCORE, ZADD and three PEXPIREs (holders, expiries, limit) per permit of its own
     #: semaphore: about 3x a lock's Redis time per hold, so 100 a call stay under a
     #: millisecond on a loaded server (150 took 1.0-1.6 ms there: benchmarks/NOTES.md,
