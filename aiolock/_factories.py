@@ -23,7 +23,7 @@ from aiolock._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import WireFormatError
 from aiolock._formats import WireFormat, WireName, check_wire, wire_format
-from aiolock._keys import KeySpace, check_lease, check_name, check_timeout
+from aiolock._keys import KeySpace, LockKeys, check_lease, check_name, check_timeout
 from aiolock._kinds.lock.handle import FairLock, Lock
 from aiolock._kinds.lock.readwrite import ReadWriteLock
 from aiolock._kinds.multi.handle import MultiLock, check_names
@@ -37,6 +37,7 @@ from aiolock._redis.sentinel import check_sentinels, sentinel_client
 
 if TYPE_CHECKING:
     from aiolock._engine.engine import Engine
+    from aiolock._engine.kind import LockKind
     from aiolock._redis.cluster import ClusterClient
 
 __all__ = ["MANAGER_OPTIONS", "LockFactories", "client_from_sentinel", "client_from_url"]
@@ -56,6 +57,10 @@ class LockFactories:
     _runtime: Runtime
     #: the manager's instance of each lock kind, by factory (see _kind)
     _kinds: dict[object, object]
+    #: lock(name) of the manager's wire format: the checked name's kind and keys, so a
+    #: handle made per call (``lock(name)`` in a request handler) checks and builds them
+    #: once per name (see _plain_lock)
+    _plain_locks: dict[str, tuple[LockKind, LockKeys]]
 
     if TYPE_CHECKING:  # the manager's, handed to the handles (see _guard.ManagerLike)
         _engine: Engine | None
@@ -93,12 +98,14 @@ class LockFactories:
                 the manager's ``replicas=`` (``0``: none); see ``docs/sentinel.md``.
             replica_timeout: how long WAIT may block them, instead of the manager's.
         """
-        name = check_name(name)
-        timeout = check_timeout(timeout)
+        made = self._plain_locks.get(name) if wire is None and type(name) is str else None
+        if made is None:
+            made = self._plain_lock(name, wire)
+        if timeout is not None:
+            timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        kind, keys = self._format(wire).lock(self._kind, self._keyspace, name)
-        handle = Lock(self, kind, keys, timeout=timeout, lease=lease)
+        handle = Lock(self, made[0], made[1], timeout=timeout, lease=lease)
         if replicas is not None or replica_timeout is not None:  # else it inherits
             handle._replicas = self._handle_replicas(replicas, replica_timeout)
         return handle
@@ -299,6 +306,17 @@ class LockFactories:
         )
 
     # -- used by the factories ---------------------------------------------------------
+
+    def _plain_lock(self, name: object, wire: WireName | None) -> tuple[LockKind, LockKeys]:
+        """The kind and keys of ``lock(name, wire=wire)``, the name checked; those of the
+        manager's own wire format are kept for the next handle of the name."""
+        name = check_name(name)
+        made = self._format(wire).lock(self._kind, self._keyspace, name)
+        if wire is None:
+            if len(self._plain_locks) >= KeySpace.KNOWN_MAX:
+                self._plain_locks.clear()  # as KeySpace does: a miss only costs a rebuild
+            self._plain_locks[name] = made
+        return made
 
     def _kind(self, factory: Callable[[Runtime], _K]) -> _K:
         """The manager's instance of a lock kind (one per kind, made on first use)."""

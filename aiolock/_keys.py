@@ -137,6 +137,8 @@ def check_name(name: object) -> str:
 
 
 def _check_seconds(value: object, what: str) -> float:
+    if type(value) is float and -math.inf < value < math.inf:  # the common case, at once
+        return value
     # bool is an int subclass, and True seconds is surely a mistake.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
@@ -175,6 +177,8 @@ def check_timeout(timeout: object, what: str = "timeout") -> float | None:
     """``None`` means wait forever; ``0`` means one attempt."""
     if timeout is None:
         return None
+    if type(timeout) is float and 0 <= timeout < math.inf:  # the common case, at once
+        return timeout
     seconds = _check_seconds(timeout, what)
     if seconds < 0:
         raise ValueError(

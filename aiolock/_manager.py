@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -243,9 +242,11 @@ class LockManager(ManagerLifecycle, LockFactories):
         #: follows failovers of a Sentinel-managed primary (made when the manager opens)
         self._primary_watch: PrimaryWatch | None = None
         self._kinds = {}
-        self._owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._plain_locks = {}
+        #: the owner id of each task that used a lock, until the task ends (a plain dict
+        #: and a done callback: a WeakKeyDictionary lookup made a weak reference per call,
+        #: twice per acquire and release)
+        self._owners: dict[asyncio.Task[Any], str] = {}
         self._serial = 0
         self._engine: Engine | None = None
         self._observers = ObserverSet()
@@ -516,20 +517,25 @@ class LockManager(ManagerLifecycle, LockFactories):
     # -- used by the handles -----------------------------------------------------------
 
     def _open_engine(self) -> Engine:
-        self._check_open()
+        if self._state != "open":  # (checked here first: one call fewer per operation)
+            self._check_open()
         assert self._engine is not None  # made when opening
         return self._engine
 
     def _owner(self) -> str:
         """The owner field of the current task, assigned on first use."""
         task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("aiolock locks must be used from inside an asyncio task")
-        owner = self._owners.get(task)
+        owner = self._owners.get(task)  # type: ignore[arg-type]
         if owner is None:
+            if task is None:
+                raise RuntimeError("aiolock locks must be used from inside an asyncio task")
             self._serial += 1
             owner = self._owners[task] = self._keyspace.owner(self._serial)
+            task.add_done_callback(self._forget_owner)
         return owner
+
+    def _forget_owner(self, task: asyncio.Task[Any]) -> None:
+        self._owners.pop(task, None)
 
 
 def check_fence_ttl(value: object) -> float:

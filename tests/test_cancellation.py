@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -87,38 +88,39 @@ async def test_cancelled_waiters_leave_their_queue(locks: aiolock.LockManager) -
 async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None:
     """redis-py resends a command after a dropped connection: the script must not count twice."""
     client = Client(redis)
-    lock, fence = f"{prefix}:lock:{{idem}}", f"{prefix}:lock:{{idem}}:fence"
+    lock = f"{prefix}:lock:{{idem}}"
     owner = "owner-1"
-    token = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:1"), (owner, 5000, 0))
+    token = await client.run(ACQUIRE, (lock, f"{lock}:void:1"), (owner, 5000, 0, "m"))
     assert isinstance(token, int)
-    code, count = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:2"), (owner, 5000, 1))
+    code, count = await client.run(ACQUIRE, (lock, f"{lock}:void:2"), (owner, 5000, 1, "m"))
     assert (code, count) == (2, 2)
     # the same re-entry sent twice counts once
-    code, count = await client.run(ACQUIRE, (lock, fence, f"{lock}:void:2"), (owner, 5000, 1))
+    code, count = await client.run(ACQUIRE, (lock, f"{lock}:void:2"), (owner, 5000, 1, "m"))
     assert (code, count) == (2, 2)
 
-    def release(count: int, release_id: str) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
-        keys = (lock, fence, f"{lock}:rel:{release_id}")
-        return keys, (owner, count, "m", 7, "60000", 10000, "", 0, 0, 0)
+    def release(count: int) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
+        return (lock,), (owner, count, "m", token, "60000", "", 0, 0, 0)
 
-    assert await client.run(RELEASE, *release(2, "-")) == [1, 1]
-    assert await client.run(RELEASE, *release(2, "-")) == [1, 1]  # resent: still 1
-    assert await client.run(RELEASE, *release(1, "rel-7")) == 0  # released, nobody heard it
-    assert await client.run(RELEASE, *release(1, "rel-7")) == [2, 0]  # resent: released
-    assert await client.run(RELEASE, *release(1, "rel-8")) == [0, 0]  # a new call: not held
-    assert await redis.get(fence) == b"7"  # the released token is the last one
+    assert await client.run(RELEASE, *release(2)) == [1, 1]
+    assert await client.run(RELEASE, *release(2)) == [1, 1]  # resent: still 1
+    assert await client.run(RELEASE, *release(1)) == 0  # released, nobody heard it
+    # Resent: released (issue 21: the token lies in the epoch's released range; no key
+    # per release, so any resend of this hold's final release answers so)
+    assert await client.run(RELEASE, *release(1)) == [2, 0]
+    assert await redis.get(lock) == f"|{token}|{token}".encode()  # the last token kept
 
 
 async def test_a_resent_new_acquisition_counts_once(redis: Redis, prefix: str) -> None:
     """The resend answers 'acquired' again, with a fresh, larger token, and counts once."""
     client = Client(redis)
-    lock, fence = f"{prefix}:lock:{{tok}}", f"{prefix}:lock:{{tok}}:fence"
-    keys = (lock, fence, f"{lock}:void:9")
-    first = await client.run(ACQUIRE, keys, ("o", 5000, 0))  # the token alone
-    again = await client.run(ACQUIRE, keys, ("o", 5000, 0))
+    lock = f"{prefix}:lock:{{tok}}"
+    keys = (lock, f"{lock}:void:9")
+    first = await client.run(ACQUIRE, keys, ("o", 5000, 0, "m"))  # the token alone
+    again = await client.run(ACQUIRE, keys, ("o", 5000, 0, "m"))
     assert again[0] == 1
     assert again[1] > first
-    assert await redis.hget(lock, "o") == b"1"
+    state: Any = await redis.get(lock)
+    assert state.startswith(b"o|1|")  # one hold, counted once
 
 
 async def test_another_clients_void_markers_never_void_our_attempts(

@@ -93,6 +93,13 @@ async def holding(locks: aiolock.LockManager, admin: Redis) -> AsyncIterator[Non
                 await release()
 
 
+async def contended(url: str, prefix: str, name: str, **options: Any) -> None:
+    """Let another manager find the lock *name* busy: since issue 21 the lock publishes a
+    release only when an attempt found its hold busy (its waiter flag)."""
+    async with aiolock.LockManager.from_url(url, prefix=prefix, **options) as other:
+        assert not await other.lock(name).try_acquire()
+
+
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["kind"]: obj for obj in objects}
 
@@ -243,7 +250,7 @@ async def test_watch_prints_release_messages(
     )
     try:
         async with locks.lock("orders"):
-            pass
+            await contended(redis_url, prefix, "orders")  # an uncontended one is not heard
         async with locks.semaphore("pool", 2):
             pass
         out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
@@ -399,7 +406,7 @@ async def test_watch_tells_a_fair_grant_from_a_release(
         await fair.release()  # handed to the waiter: a grant
         await within(waiter, what="the waiter to be granted the fair lock")
         async with locks.lock("orders"):
-            pass
+            await contended(redis_url, prefix, "orders")
         out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
     finally:
         if process.returncode is None:

@@ -180,6 +180,12 @@ async def test_watch_on_a_cluster_prints_the_releases_of_every_primary(
             await eventually(
                 lambda: all(shard_listeners(cluster, c) == 1 for c in channels), what="ssubscribe"
             )
+            # since issue 21 a lock publishes only a release its waiter flag asks for
+            async with aiolock.LockManager.from_url(
+                cluster.url, cluster=True, prefix=prefix
+            ) as other:
+                for lock in held.values():
+                    assert not await other.lock(lock.name).try_acquire()
             for lock in held.values():
                 await lock.release()
             # an object that did not exist when watch started: found by a later scan
@@ -188,6 +194,10 @@ async def test_watch_on_a_cluster_prints_the_releases_of_every_primary(
             await late.acquire()
             channel = f"{late.key}:released"
             await eventually(lambda: shard_listeners(cluster, channel) == 1, what=channel)
+            async with aiolock.LockManager.from_url(
+                cluster.url, cluster=True, prefix=prefix
+            ) as other:
+                assert not await other.lock(name).try_acquire()
             await late.release()
             out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
         finally:

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 import aiolock
 
-from .helpers import counting_client, eventually
+from .helpers import counting_client, eventually, unchanged_for
 
 #: A handle on one name: what the case's acquire/release and ``async with`` work on.
 Handle = Any
@@ -195,7 +195,7 @@ async def test_a_loss_cancels_the_body_and_raises_lock_lost(
                 # Another client deletes the structure (an administrator, an eviction).
                 await admin.delete(*[k async for k in admin.scan_iter(f"{prefix}:*")])
                 try:
-                    await asyncio.sleep(5)
+                    await asyncio.sleep(30)  # the loss, not the body's end, must end it
                 except asyncio.CancelledError:
                     body_cancelled = True
                     raise
@@ -300,8 +300,9 @@ async def test_waiting_sends_no_commands(
             await eventually(lambda: manager.statistics().hub.subscriptions == 1, what="sub")
             # The head's retry after the confirmation; and the first refresh of a kind
             # with claims (within a third of a second), whose script the server may
-            # still have to load (three round trips, once).
-            await asyncio.sleep(0.5)
+            # still have to load (three round trips, once): waited out, however long a
+            # loaded machine makes them.
+            await eventually(unchanged_for(lambda: trips.sends, 0.5), what="the first commands")
             before = trips.sends
             await asyncio.sleep(2.0)
             # Kinds with claims refresh them every claim_ttl / 3 (one script call).

@@ -19,6 +19,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.contrib.opentelemetry import METRICS, OpenTelemetryObserver
 
+from .helpers import eventually
+
 
 @dataclass
 class Telemetry:
@@ -120,13 +122,24 @@ async def test_metrics_of_holds_waiters_and_renewals(redis: Redis, prefix: str) 
     observer = OpenTelemetryObserver(
         meter_provider=MeterProvider(metric_readers=[reader]), spans=False
     )
-    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6) as locks:
+    # a 1.5 s lease: a renewal round every 0.5 s, and a loaded machine that delays one
+    # does not lose the holds
+    async with aiolock.LockManager(redis, prefix=prefix, lease=1.5) as locks:
         locks.add_observer(observer)
         telemetry = Telemetry(locks, TracerProvider(), InMemorySpanExporter(), reader)
         sem = locks.semaphore("api", 2)
         async with locks.lock("a"), sem, sem:
             waiter = asyncio.create_task(locks.lock("a").acquire())
-            await asyncio.sleep(0.5)  # a renewal round (every 0.2 s) meanwhile
+
+            # a renewal round meanwhile, and the waiter waiting (waited for, not slept on)
+            def renewed_and_waiting() -> bool:
+                return (
+                    (telemetry.value("aiolock.renewals", kind="lock") or 0) >= 1
+                    and (telemetry.value("aiolock.renewals", kind="semaphore") or 0) >= 2
+                    and locks.statistics().hub.waiters == 1
+                )
+
+            await eventually(renewed_and_waiting, what="a renewal round of the holds, a waiter")
             assert telemetry.value("aiolock.held", prefix=prefix, kind="lock") == 1
             assert telemetry.value("aiolock.held", prefix=prefix, kind="semaphore") == 2
             assert telemetry.value("aiolock.waiters", prefix=prefix) == 1

@@ -17,6 +17,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.contrib.prometheus import METRICS, PrometheusObserver
 
+from .helpers import eventually
+
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -44,19 +46,22 @@ async def test_a_scrape_after_real_acquisitions(redis: Redis, prefix: str) -> No
             assert await locks.lock("a").try_acquire(timeout=0)  # a re-entry: not counted
             await locks.lock("a").release()
             other = asyncio.create_task(locks.lock("a").acquire(timeout=0.3))
-            await asyncio.sleep(0.1)
+            await eventually(lambda: locks.statistics().hub.waiters == 1, what="the waiter")
             now = scrape(registry)
             assert sample(now, "aiolock_held", prefix=prefix, kind="lock") == 1
             assert sample(now, "aiolock_held", prefix=prefix, kind="read lock") == 1
             assert sample(now, "aiolock_waiters", prefix=prefix) == 1
             with pytest.raises(aiolock.LockTimeoutError):
                 await other
-            await asyncio.sleep(0.3)  # renewed meanwhile (every 0.2 s)
+            await eventually(  # renewed meanwhile (every 0.2 s)
+                lambda: (sample(scrape(registry), "aiolock_renewals_total", kind="lock") or 0) >= 1,
+                what="a renewal",
+            )
         lock = locks.lock("c")
         with pytest.raises(aiolock.LockLostError):
             async with lock:
                 await lock.force_release()
-                await asyncio.sleep(1)
+                await asyncio.sleep(30)  # the loss, not the body's end, must end it
         after = scrape(registry)
     assert sample(after, "aiolock_acquisitions_total", kind="lock", result="acquired") == 2
     assert sample(after, "aiolock_acquisitions_total", kind="read lock", result="acquired") == 1

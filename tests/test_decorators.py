@@ -150,7 +150,7 @@ async def test_a_lost_lock_cancels_the_call(redis_url: str, prefix: str) -> None
         @short.locked("fragile")
         async def work() -> None:
             await short.lock("fragile").force_release()
-            await asyncio.sleep(5)
+            await asyncio.sleep(30)  # the loss, not the body's end, must end it
 
         with pytest.raises(aiolock.LockLostError):
             await work()

@@ -118,8 +118,9 @@ async def test_fencing_tokens_keep_increasing_when_the_server_clock_lags(
     async with lock:
         first = lock.fencing_token
     assert first is not None
-    # Pretend an earlier holder got a token from the future (a clock set back since):
-    await redis.set(f"{locks.prefix}:lock:{{clock}}:fence", str(first + 10**12))
+    # Pretend an earlier holder got a token from the future (a clock set back since): the
+    # lock's free state keeps the epoch and the last token (issue 21)
+    await redis.set(f"{locks.prefix}:lock:{{clock}}", f"|{first}|{first + 10**12}", px=60000)
     async with lock:
         assert lock.fencing_token == first + 10**12 + 1
 

@@ -44,7 +44,7 @@ def cancelling() -> int:
     return 0
 
 
-async def gone(redis: Redis, key: str, within: float = 5.0) -> float:
+async def gone(redis: Redis, key: str, within: float = 10.0) -> float:
     """Seconds until *key* is gone from Redis (fails after *within*)."""
     started = time.monotonic()
     while await redis.exists(key):
@@ -269,12 +269,15 @@ async def test_a_redlock_held_in_a_generator_is_released_when_finalised(
             gc.collect()
 
             async def other() -> bool:
-                async with red.lock("rows", timeout=5):
+                async with red.lock("rows", timeout=20):
                     return True
 
             started = time.monotonic()
             assert await asyncio.create_task(other())
-            assert time.monotonic() - started < 4  # not after the consumer task ends
+            # released when the generator was finalised (room for a loaded machine), not
+            # when the consumer task (this test's) ends, which it does not before this
+            took = time.monotonic() - started
+            assert took < 5.0, f"another task got the lock after {took:.2f} s"
     finally:
         for client in clients:
             await client.aclose()

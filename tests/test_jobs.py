@@ -79,17 +79,18 @@ async def test_another_holders_record_is_not_deleted(
     with pytest.raises(aiolock.LockLostError):
         async with claim(locks, "lost", lease=0.3):
             await admin.set(key, "someone else's", px=10_000)
-            await asyncio.sleep(1.0)  # the fixed lease runs out: the body is cancelled
+            await asyncio.sleep(30)  # the fixed lease runs out: the body is cancelled
     assert await admin.get(key) == b"someone else's"
     await admin.delete(key)
 
 
 async def test_a_renewed_hold_keeps_its_record_alive(redis_url: str, prefix: str) -> None:
     async with (
-        aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as locks,
+        # a 1.5 s lease renewed every 0.5 s: a round late by a second still keeps it
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=1.5) as locks,
         claim(locks, "long", job_id="slow") as me,
     ):
-        await asyncio.sleep(1.5)  # two and a half leases
+        await asyncio.sleep(2.0)  # more than a lease: only renewal kept it
         assert await holder_info(locks, "long") == me
     async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as locks:
         assert await holder_info(locks, "long") is None

@@ -25,10 +25,19 @@ def _remembered(locks: aiolock.LockManager) -> int:
     return len(_engine(locks).registry._lost)
 
 
+async def _held(redis: Redis, key: str) -> bool:
+    """Whether *key* holds something: a lock's state (a string since issue 21) is free
+    when it reads ``|<epoch>|<last token>``; any other key while it exists."""
+    value: Any = await redis.get(key) if await redis.type(key) in (b"string", "string") else None
+    if value is not None:
+        return not value.startswith(b"|")
+    return bool(await redis.exists(key))
+
+
 async def _gone(redis: Redis, key: str, limit: float = 10.0) -> bool:
-    """Whether *key* disappears from Redis within *limit* seconds (polled, bounded)."""
+    """Whether *key* is freed in Redis within *limit* seconds (polled, bounded)."""
     deadline = time.monotonic() + limit
-    while await redis.exists(key):
+    while await _held(redis, key):
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.02)

@@ -164,7 +164,7 @@ async def test_losing_one_name_cancels_the_body_and_releases_the_others(
             async with ml:
                 assert await short.lock("lose").force_release()
                 try:
-                    await asyncio.sleep(5)
+                    await asyncio.sleep(30)  # the loss, not the body's end, must end it
                 except asyncio.CancelledError:
                     cancelled = True
                     raise

@@ -151,10 +151,11 @@ async def test_a_hold_lost_in_redis_is_reported_by_the_watchdog(
         lock = locks.lock("d")
         with pytest.raises(aiolock.LockLostError):
             async with lock:
-                await asyncio.sleep(0.5)  # renewed in the background meanwhile
+                # renewed in the background meanwhile
+                await eventually(lambda: bool(seen.of("renewed")), what="a renewal")
                 assert seen.of("renewed")[0][:2] == ("renewed", "lock")
                 await admin.delete(lock.key)
-                await asyncio.sleep(2)
+                await asyncio.sleep(30)  # the loss, not the body's end, must end it
     (lost,) = seen.of("lost")
     assert "Redis no longer has it" in lost[4]
 

@@ -109,8 +109,7 @@ async def test_a_holder_that_stops_renewing_frees_the_lock_for_a_quiet_head(
     async with aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as locks:
         lock = locks.lock("dead-holder", timeout=30.0)
         # A holder of another process, in the lock's own format, renewed by hand.
-        await admin.hset(lock.key, "elsewhere:1", 1)
-        await admin.pexpire(lock.key, int(LEASE * 1000))
+        await admin.set(lock.key, "elsewhere:1|1|5|5|", px=int(LEASE * 1000))
         counted = Counted(_kind(lock))
         task = asyncio.create_task(_take(lock))
         renewals = 0

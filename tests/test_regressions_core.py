@@ -385,10 +385,12 @@ async def test_a_task_that_ends_holding_a_lock_releases_it_and_warns(
     try:
         async with aiolock.LockManager(other_client, prefix=prefix) as other:
             started = time.monotonic()
-            got = await other.lock(name).try_acquire(timeout=3)
+            got = await other.lock(name).try_acquire(timeout=20)
             waited = time.monotonic() - started
             assert got, "the lock stayed held by a task that had ended"
-            assert waited < 2.5, f"freed only after {waited:.2f} s"
+            # Released in the background when the task ended, with room for a loaded
+            # machine: not when the 30 s lease ran out.
+            assert waited < 8.0, f"freed only after {waited:.2f} s"
             await other.lock(name).release()
     finally:
         await other_client.aclose()
@@ -415,7 +417,7 @@ async def test_wait_for_around_acquire_does_not_leave_a_dead_tasks_hold(
     other_client = Redis.from_url(redis_url)
     try:
         async with aiolock.LockManager(other_client, prefix=prefix) as other:
-            got = await other.lock("wait-for").try_acquire(timeout=3)
+            got = await other.lock("wait-for").try_acquire(timeout=20)  # not the 30 s lease
             assert got, "the lock stayed held by wait_for's finished inner task"
             await other.lock("wait-for").release()
     finally:

@@ -102,13 +102,15 @@ async def test_short_lived_managers_leave_nothing_behind_on_a_busy_lock(
 
         leftovers = await yield_fields(admin, prefix)
         assert not leftovers, f"'yield:' fields left in Redis: {leftovers}"
-        # Release tombstones may live 10 s (15 s allowed here); what stays longer is small.
+        # What stays is small: the open manager's identity record and the lock's free
+        # state (issue 21: the epoch and the last token, kept fence_ttl; it replaced the
+        # fence key and the release tombstones).
         deadline = time.monotonic() + 15
         total, sizes = await memory_under(admin, prefix)
-        while total > 300 and time.monotonic() < deadline:
+        while total > 320 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
             total, sizes = await memory_under(admin, prefix)
-        assert total <= 300, f"{total} bytes left under {prefix!r}: {sizes}"
+        assert total <= 320, f"{total} bytes left under {prefix!r}: {sizes}"
 
 
 async def _at_least(count: Awaitable[int], minimum: int) -> bool:
@@ -277,10 +279,11 @@ async def _hand_over(
     holders: aiolock.LockManager, waiters: aiolock.LockManager, name: str, rounds: int = 2
 ) -> None:
     """A task of *holders* holds *name*, a task of *waiters* waits for it, the holder lets
-    go, and the waiter must get the lock within 3 s (not when the lease runs out)."""
+    go, and the waiter must get the lock within 5 s (room for a loaded machine; not when
+    the 30 s lease runs out)."""
     for _ in range(rounds):
         took = await _hand_over_once(holders, waiters, name)
-        assert took < 3.0, f"the waiter got the lock {took:.1f} s after its release"
+        assert took < 5.0, f"the waiter got the lock {took:.1f} s after its release"
     assert not await holders.lock(name).locked()
 
 
@@ -300,7 +303,7 @@ async def _hand_over_once(
 
     async def waiter() -> None:
         await held.wait()
-        async with waiters.lock(name, timeout=10):
+        async with waiters.lock(name, timeout=20):
             took.append(time.monotonic() - released_at[0])
 
     tasks = [asyncio.create_task(holder()), asyncio.create_task(waiter())]
@@ -312,7 +315,7 @@ async def _hand_over_once(
         await _soon(lambda: waiters.statistics().hub.subscriptions >= 1, 3.0)
         released_at.append(time.monotonic())
         let_go.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
     finally:
         for task in tasks:
             task.cancel()

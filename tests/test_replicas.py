@@ -22,6 +22,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing import RedisServer
 
+from .helpers import eventually
+
 NODE_ARGS = ["--repl-diskless-sync-delay", "0"]
 
 
@@ -151,7 +153,8 @@ async def test_a_replica_that_does_not_acknowledge_undoes_the_acquisition(
             with pytest.raises(aiolock.ReplicaAckError, match="only 0 of the 1 replicas") as e:
                 await locks.lock("a").acquire()
             took = time.monotonic() - started
-        assert 0.25 <= took < 3.0
+        # the 0.3 s replica_timeout (room for a loaded machine), not a WAIT without end
+        assert 0.25 <= took < 3.0, f"the 0.3 s replica_timeout ended after {took:.2f} s"
         assert "replica_timeout" in str(e.value) and "on_replica_shortfall" in str(e.value)
         # Undone: nobody holds it, and another manager takes it at once.
         assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
@@ -225,8 +228,12 @@ async def test_a_cancelled_acquire_blocked_in_wait_is_undone(
     async with _manager(pair, prefix, replicas=1, replica_timeout=3.0) as locks:
         with _Stopped(pair.replica):
             task = asyncio.create_task(locks.lock("a").acquire())
-            await asyncio.sleep(0.3)  # the script ran; WAIT is blocking
-            assert await primary.exists(f"{prefix}:lock:{{a}}") == 1
+
+            async def granted() -> bool:
+                return bool(await primary.exists(f"{prefix}:lock:{{a}}"))
+
+            await eventually(granted, what="the script to run")  # and WAIT blocks
+            assert not task.done()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -258,6 +265,33 @@ async def test_reentry_and_concurrent_acquisitions(pair: Pair, prefix: str, prim
         # (no hand-over within the manager, which would skip WAIT).
         await asyncio.wait_for(asyncio.gather(*(take(0) for _ in range(5))), timeout=20)
         assert await _waits(primary) == before + 26
+
+
+async def test_acquisitions_under_replicas_take_the_engine(
+    pair: Pair, prefix: str, primary: Redis
+) -> None:
+    """Issue 21: the fast path never grants under replicas= (the manager's or a handle's):
+    every such grant is the engine's acknowledged attempt."""
+    async with _manager(pair, prefix, replicas=1, replica_timeout=2.0) as locks:
+        engine = locks._engine
+        assert engine is not None
+        async with locks.lock("m"):
+            pass
+        assert (engine.fast_acquired, engine.acquired["lock"]) == (0, 1)
+    async with _manager(pair, prefix) as locks:
+        engine = locks._engine
+        assert engine is not None
+        async with locks.lock("warm-up"):  # the server loads the scripts
+            pass
+        before = await _waits(primary)
+        async with locks.lock("h", replicas=1, replica_timeout=2.0):
+            pass
+        assert await _waits(primary) == before + 1
+        assert (engine.fast_acquired, engine.acquired["lock"]) == (1, 2)  # warm-up only
+        async with locks.lock("h"):  # the same name without replicas=: fast, no WAIT
+            pass
+        assert await _waits(primary) == before + 1
+        assert (engine.fast_acquired, engine.acquired["lock"]) == (2, 3)
 
 
 @pytest.mark.parametrize(

@@ -284,7 +284,10 @@ async def test_a_key_of_another_type_is_named(locks: aiolock.LockManager, admin:
 async def test_renewal_is_batched(redis_url: str, prefix: str) -> None:
     client, trips = counting_client(redis_url)
     try:
-        async with aiolock.LockManager(client, prefix=prefix, lease=0.6) as locks:
+        # A 3 s lease, renewed every second: a loaded machine that delays a round, or the
+        # 33 releases at the end, by two seconds still keeps the holds (with a 1.5 s lease,
+        # a CPU hog beside the suite let them run out while their releases were queued).
+        async with aiolock.LockManager(client, prefix=prefix, lease=3.0) as locks:
             stop = asyncio.Event()
             holding = 0
 
@@ -300,14 +303,19 @@ async def test_renewal_is_batched(redis_url: str, prefix: str) -> None:
             await eventually(lambda: holding == 33, what="33 holds")
             before = locks.statistics()
             sends = trips.sends
-            await asyncio.sleep(1.5)  # several renewal rounds, each past a third of the lease
+            # several renewal rounds, each a third of the lease after the one before
+            await eventually(
+                lambda: locks.statistics().renewal_rounds - before.renewal_rounds >= 4,
+                what="four renewal rounds",
+            )
             after = locks.statistics()
             rounds = after.renewal_rounds - before.renewal_rounds
             round_trips = after.renewal_round_trips - before.renewal_round_trips
-            assert rounds >= 3
             assert round_trips <= 2 * rounds  # one batch per side, not one per hold
-            # a round sends one batch per side, and the manager's identity record (one SET)
-            assert trips.sends - sends <= 3 * rounds + 2
+            # a round sends one batch per side, and the manager's identity record (one SET);
+            # a few writes of background work on periods of its own (the waiters' claims,
+            # every 3.3 s) may fall in the window. One batch per hold would be 33 a round.
+            assert trips.sends - sends <= 3 * rounds + 4, (trips.sends - sends, rounds)
             assert after.lost == {} and after.held == 33
             stop.set()
             await asyncio.gather(*tasks)
@@ -381,7 +389,7 @@ async def test_a_writer_is_not_starved_by_a_stream_of_readers(
             assert await admin.zcard(leases) > 0
             await asyncio.sleep(0.02)
         started = time.monotonic()
-        async with locks.rw_lock("doc").write(timeout=5):
+        async with locks.rw_lock("doc").write(timeout=20):
             waited = time.monotonic() - started
             assert await admin.zcard(leases) == 1  # the stream waits behind this writer
             await asyncio.sleep(0.2)
@@ -389,7 +397,9 @@ async def test_a_writer_is_not_starved_by_a_stream_of_readers(
         await stream.send(b"stop\n")
         count = int((await stream.expect("COUNT ", 30)).split()[1])
     assert count > 10
-    assert waited < 2.0, f"the writer waited {waited:.2f} s"
+    # In once the reads in flight end (60 ms each), with room for a loaded machine; a
+    # starved writer gets in only if the stream happens to leave no read held.
+    assert waited < 5.0, f"the writer waited {waited:.2f} s"
 
 
 async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
@@ -404,7 +414,7 @@ async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
         assert not await can_read(other)  # new readers wait for the writer
 
         async def read() -> float:
-            async with other.rw_lock("doc").read(timeout=10):
+            async with other.rw_lock("doc").read(timeout=20):
                 return time.monotonic()
 
         reader = asyncio.create_task(read())
@@ -412,11 +422,13 @@ async def test_a_killed_waiting_writer_stops_blocking_readers_within_claim_ttl(
         assert not reader.done(), "the child's claim was not refreshed"
         child.signal(signal.SIGKILL)
         killed_at = time.monotonic()
-        got_at = await bounded(reader, 10, "the reader")
+        got_at = await bounded(reader, 25, "the reader")
         assert await child.wait(10) == -signal.SIGKILL
     await rw.read().release()
     waited = got_at - killed_at
-    assert waited < claim_ttl + 0.5, f"the reader got in {waited:.2f} s after the kill"
+    # Within the dead writer's 1 s claim, with room for a loaded machine: not the default
+    # claim lifetime (10 s), nor the reader's 20 s timeout.
+    assert waited < claim_ttl + 3.0, f"the reader got in {waited:.2f} s after the kill"
 
 
 async def test_a_crashed_readers_hold_ends_by_its_own_lease(

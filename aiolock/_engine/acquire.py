@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.hub import Waiter
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
@@ -164,19 +165,36 @@ class Acquiring(Releasing):
         deadline: float | None,
         timeout: float | None,
         permits: int,
+        waiter: Waiter | None = None,
+        first: Busy | BaseException | None = None,
+        undo: Attempt | None = None,
     ) -> Hold:
+        """Wait for *keys* in the local queue, attempting whenever it is this task's turn.
+
+        The fast path (:mod:`aiolock._engine.fast`) continues here when its one attempt
+        did not grant the lock: its *waiter* (already the head of its queue), the
+        *first* outcome (Busy, or the exception the attempt raised) in place of the
+        first attempt, and the *undo* of that attempt if it failed in flight, which is
+        sent here exactly as :meth:`_attempt` sends it, before the failure is handled.
+        """
         hub = self.hub
         channel = kind.channel(keys)
         # A waiter that registers in Redis keeps one field for its whole wait: it names
         # its registration, and (queued kinds) a release message wakes it by that name.
+        # (The fast path takes no kind with claims, so a waiter it hands over has none.)
         field = f"{owner}:{self.rt.next_id()}" if kind.claims else None
-        waiter = hub.join(
-            channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
-        )
-        waiter.acknowledged = effective_policy(self.rt.replicas) is not None
+        if waiter is None:
+            waiter = hub.join(
+                channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
+            )
+            waiter.acknowledged = effective_policy(self.rt.replicas) is not None
         acquired = False
         claimed = False
         try:
+            if undo is not None:
+                await self._undo(kind, undo)  # it may have run: as _attempt does
+            if first is not None and not isinstance(first, (Busy, LockConnectionError)):
+                raise first  # cancelled (or an error) in the fast path's attempt
             should_try = waiter.is_head  # the head tries at once; the rest wait their turn
             ttl: float | None = None
             #: hub.losses when an attempt, sent with the subscription confirmed, found the
@@ -194,8 +212,11 @@ class Acquiring(Releasing):
                 if hub.failure is not None:
                     raise LockPermissionError(hub.failure)
                 if should_try:
-                    losses = hub.losses if hub.confirmed(channel) else None
-                    ttl = hub.yielding(channel)  # others' turn first: try when it ends
+                    # (The fast path's attempt was sent before its queue existed, so
+                    # with no subscription confirmed: no quiet wait follows it.)
+                    losses = hub.losses if first is None and hub.confirmed(channel) else None
+                    # others' turn first: try when it ends (the fast path's outcome is in)
+                    ttl = hub.yielding(channel) if first is None else 0.0
                     if ttl > 0:
                         waiter.queue.answered = True  # other clients were heard waiting
                     elif (
@@ -208,9 +229,15 @@ class Acquiring(Releasing):
                     else:
                         quiet = None
                         try:
-                            outcome = await self._attempt(
-                                kind, keys, owner, lease, permits=permits, field=field
-                            )
+                            if first is None:
+                                outcome = await self._attempt(
+                                    kind, keys, owner, lease, permits=permits, field=field
+                                )
+                            else:  # the fast path's attempt, already made
+                                made, first = first, None
+                                if not isinstance(made, Busy):
+                                    raise made  # a LockConnectionError, undone above
+                                outcome = made
                         except LockConnectionError as exc:
                             # Ride it out until this waiter's own deadline.
                             self.connection_errors += 1

@@ -40,7 +40,8 @@ manager is open.
 Where each part lives: :mod:`aiolock._engine.state` (the parts of an open manager and
 its counters), :mod:`aiolock._engine.acquire` (acquire, wait, attempt, undo),
 :mod:`aiolock._engine.release` (release, hand-over, holds of tasks that ended),
-:mod:`aiolock._engine.claims` (waiters' registrations and their refresh); this module
+:mod:`aiolock._engine.claims` (waiters' registrations and their refresh),
+:mod:`aiolock._engine.fast` (the fast path of an uncontended acquire and release); this module
 combines them into :class:`Engine` and adds lease changes, forced releases and the
 shutdown.
 """
@@ -51,7 +52,7 @@ import time
 
 import anyio
 
-from aiolock._engine.acquire import Acquiring
+from aiolock._engine.fast import FastPath
 from aiolock._engine.kind import Hold, LockKind
 from aiolock._engine.release import MAX_LOCAL_STREAK, YIELD_WINDOW
 from aiolock._engine.state import ORPHAN
@@ -61,12 +62,13 @@ from aiolock._keys import LockKeys
 __all__ = ["MAX_LOCAL_STREAK", "ORPHAN", "YIELD_WINDOW", "Engine"]
 
 
-class Engine(Acquiring):
+class Engine(FastPath):
     """The generic protocol of one open manager: its hub, registry, watchdog and cleanup.
 
     Built in layers: :class:`~aiolock._engine.state.EngineState` (the parts and the
     counters), :class:`~aiolock._engine.release.Releasing`,
-    :class:`~aiolock._engine.acquire.Acquiring`; this class adds lease changes, forced
+    :class:`~aiolock._engine.acquire.Acquiring`, :class:`~aiolock._engine.fast.FastPath`
+    (the uncontended acquire and release); this class adds lease changes, forced
     releases, the shutdown and the waiters' registrations.
     """
 

@@ -292,6 +292,12 @@ class WaiterHub(SubscriptionEvents):
             queue.fields[field] = waiter
         return waiter
 
+    def idle(self, channel: str) -> bool:
+        """Whether *channel* has no local queue (no task of this manager waits for the
+        lock or is acquiring it in its queue) and this manager does not yield it: what
+        the engine's fast path needs (see :mod:`aiolock._engine.fast`)."""
+        return channel not in self._queues and (not self._yields or self.yielding(channel) <= 0)
+
     def rename(self, waiter: Waiter, field: str) -> str:
         """*waiter* goes on under a new *field* (its old registration is withdrawn)."""
         fields = waiter.queue.fields

@@ -386,6 +386,10 @@ class LockKind(Protocol):
         if it is the hold's field in the kind's hash, which the handle then reads."""
         ...
 
+    async def locked(self, keys: LockKeys) -> bool:
+        """Whether anyone holds *keys* (or a key of another type occupies the name)."""
+        ...
+
     async def still_held(self, keys: LockKeys) -> float | None:
         """Seconds left of the lease of whoever holds *keys*, by one cheap read, or None
         if it may be free (or the kind cannot tell without an attempt).
@@ -502,6 +506,10 @@ class KindBase:
 
     async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
         return None  # the count is the hold's field in the hash (see Lock.hold_count)
+
+    async def locked(self, keys: LockKeys) -> bool:
+        # the kind's structure exists exactly while something is held (any type counts)
+        return as_int(await self._client.call("EXISTS", keys.lock, key=keys.lock)) == 1
 
     async def still_held(self, keys: LockKeys) -> float | None:
         return None  # a waiter attempts whenever its wait ends

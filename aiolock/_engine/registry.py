@@ -76,11 +76,13 @@ class HoldRegistry:
 
     def add(self, hold: Hold) -> None:
         self._holds[id(hold)] = hold
-        self._settled.pop((hold.resource, hold.owner), None)
+        if self._settled:  # (both are usually empty: no call on every acquisition)
+            self._settled.pop((hold.resource, hold.owner), None)
         if hold.kind.reentrant:
             self._index[(hold.resource, hold.owner)] = hold
         self._by_owner.setdefault(hold.owner, {})[id(hold)] = hold
-        self.pop_lost(hold.resource, hold.owner)
+        if self._lost:
+            self.pop_lost(hold.resource, hold.owner)
         if hold.renew:
             self._arm_shared(hold.valid_until)
         else:

@@ -103,15 +103,39 @@ class Releasing(EngineState):
             return
         release_id = self._release_id(hold)  # every resend, from any path, uses it
         handoff = self._reserve_successor(hold)
+        try:
+            error = await self._send(hold, release_id, handoff)
+        except BaseException as exc:
+            await self._unconfirmed(hold, release_id, handoff, exc)
+            raise
+        if error is not None:
+            self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
+            raise error
 
-        async def send() -> LockError | None:
-            outcome = await self._send_final(hold, release_id, handoff)
-            if handoff is not None:
-                handoff.waiter.reserved = False
-            error = self._apply_release(hold, outcome)
-            if handoff is not None and outcome.status is ReleaseStatus.HANDED_OVER:
-                await self._deliver(hold, handoff, outcome.value)
-            return error
+    async def _send(
+        self, hold: Hold, release_id: str, handoff: _Handoff | None
+    ) -> LockError | None:
+        """Send *hold*'s final release and apply its outcome; the error to raise, if any."""
+        outcome = await self._send_final(hold, release_id, handoff)
+        if handoff is not None:
+            handoff.waiter.reserved = False
+        error = self._apply_release(hold, outcome)
+        if handoff is not None and outcome.status is ReleaseStatus.HANDED_OVER:
+            await self._deliver(hold, handoff, outcome.value)
+        return error
+
+    async def _unconfirmed(
+        self, hold: Hold, release_id: str, handoff: _Handoff | None, exc: BaseException
+    ) -> None:
+        """The final release of *hold* raised *exc* (the caller raises it again after this).
+
+        Shared by the engine's release and the fast path's (:mod:`aiolock._engine.fast`),
+        so that a release cancelled or cut off in flight is settled one way whichever
+        path sent it.
+        """
+
+        def send() -> Awaitable[LockError | None]:
+            return self._send(hold, release_id, handoff)
 
         def hand_over() -> None:
             # Unconfirmed: the retrier owns the hold now. Parked, it no longer counts as
@@ -125,22 +149,14 @@ class Releasing(EngineState):
                 handoff.waiter.reserved = False
                 self.hub.wake(hold.kind.channel(hold.keys))
 
-        try:
-            error = await send()
-        except asyncio.CancelledError:
+        if isinstance(exc, asyncio.CancelledError):
             # The command may or may not have run; sending it again is harmless.
             await finish_despite_cancel(lambda: send_or(send, hand_over))
-            raise
-        except LockConnectionError:
+        elif isinstance(exc, LockConnectionError):
             hand_over()
-            raise
-        except LockKeyTypeError:
+        elif isinstance(exc, LockKeyTypeError):
             self.registry.unpark(hold, settled=False)
             self.registry.lose_reported(hold, "its key was replaced by a value of another type")
-            raise
-        if error is not None:
-            self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
-            raise error
 
     def _release_id(self, hold: Hold) -> str:
         """The id of *hold*'s final release, made when it is first sent."""

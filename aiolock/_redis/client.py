@@ -60,11 +60,16 @@ def _bulk(arg: Arg) -> bytes:
 def _pack(commands: Sequence[tuple[Arg, ...]]) -> bytes:
     """RESP-encode *commands* (arrays of bulk strings), ready to write in one go."""
     parts: list[bytes] = []
+    known = _BULK.get
     for command in commands:
         parts.append(b"*%d\r\n" % len(command))
-        for arg in command:
-            encoded = _BULK.get(arg)
-            parts.append(encoded if encoded is not None else _bulk(arg))
+        # map() looks the arguments up without a Python-level call per argument
+        encoded = [*map(known, command)]
+        if None in encoded:  # some not encoded yet (a unique field, a void key)
+            for i, found in enumerate(encoded):
+                if found is None:
+                    encoded[i] = _bulk(command[i])
+        parts += encoded  # type: ignore[arg-type]  # (no None left in it)
     return b"".join(parts)
 
 

@@ -95,6 +95,7 @@ def sharded(script: Script) -> Script:
         derived.name = f"{script.name} (sharded)"
         derived.source = source
         derived.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        derived.writes = script.writes
         _SHARDED[script.name] = derived
     return derived
 
@@ -392,7 +393,7 @@ class ClusterClient:
             node = ClusterNode(ask.host, ask.port, **self.redis.nodes_manager.connection_kwargs)
         client = self._client(node)
         what = _what(command, script)
-        changes = script is not None
+        changes = script is not None and script.writes
         try:
             if script is not None:
                 # The importing node may never have seen the script: load it first, so

@@ -4,9 +4,10 @@ Everything here reads; nothing writes. The key layout it parses is the wire form
 :mod:`aiolock._keys` and of each kind (:mod:`aiolock._kinds`): for a prefix ``P``,
 
 ====================  ===========================================================
-``P:lock:{T}``        plain lock: hash ``<owner field>`` -> hold count; ``:listeners``
-                      (a zset: manager id -> expiry, server ms) names the managers
-                      whose waiters listen for its release
+``P:lock:{T}``        plain lock: one string, ``<owner field>|<count>|<token>|<epoch>|
+                      <waiter flag>`` while held, ``|<epoch>|<last token>`` while free;
+                      ``:listeners`` (a zset: manager id -> expiry, server ms) names
+                      the managers whose waiters listen for its release
 ``P:fair:{T}``        fair lock: the same hash, with ``:queue`` (waiters, a zset)
 ``P:rw:{T}``          read-write lock: hash of holds plus ``writer``, ``writer_owner``
                       and ``writer_attempt``; ``:leases`` and ``:claims`` zsets
@@ -20,6 +21,8 @@ Everything here reads; nothing writes. The key layout it parses is the wire form
 ``T`` is the hash tag of the name (the name, or ``~`` + name when the name starts with
 ``}`` or ``~``). Helper keys (``:fence``, ``:rel:*``, ``:void:*``) are not lock objects.
 Keys are found with ``SCAN`` (never ``KEYS``, which blocks the server on a large database).
+A plain lock's free state (kept after its last release for the fence and for resent
+releases) is not a lock object: it is read and left out.
 
 Every holder and waiter field starts with the id of its manager, whose identity record
 ``P:mgr:{<manager id>}`` (:mod:`aiolock._redis.identity`) says which host, process and
@@ -112,7 +115,8 @@ class Holder:
     #: when the holder's manager opened (Unix time, its own clock)
     started: float | None = None
     #: seconds this hold has lasted, where Redis knows (a ``contrib.jobs`` lock's holder
-    #: record); None otherwise: a plain hold's start is kept nowhere in Redis
+    #: record, by its ``since``: the holder's clock); None otherwise: a plain hold's
+    #: start is kept nowhere in Redis (its fencing token is a counter, not a time)
     held_for: float | None = None
     #: seconds left on this hold's lease (the object's PTTL, or the hold's own lease end
     #: for a read-write lock and a semaphore)
@@ -160,8 +164,9 @@ class LockInfo:
     #: a ``contrib.jobs`` lock's holder record (job id, host, pid, since), read by
     #: :func:`describe` only
     job: dict[str, Any] | None = None
-    #: the last fencing token released (``<key>:fence``, kept ``fence_ttl``), read by
-    #: :func:`describe` only; None when none is kept
+    #: the last fencing token released (a plain lock's, from its state: the holder's token
+    #: minus one within its epoch; the other kinds' ``<key>:fence``, kept ``fence_ttl``),
+    #: read by :func:`describe` only; None when none is kept
     fence: int | None = None
 
     @property
@@ -281,7 +286,9 @@ async def describe(
             pipe.get(f"{info.key}:fence")
         fences = await pipe.execute()
     described = []
-    for read, fence in zip(infos, fences, strict=True):
+    for read, kept in zip(infos, fences, strict=True):
+        # a lock's fence comes from its state, read with it
+        fence = read.fence if read.kind == "lock" else kept
         info = read if fence is None else replace(read, fence=_int(fence))
         described.append(await _with_job(redis, info) if info.kind == "lock" else info)
     return await resolve(redis if identities is None else identities, prefix, described)
@@ -289,19 +296,13 @@ async def describe(
 
 async def _with_job(redis: Redis, info: LockInfo) -> LockInfo:
     """*info* with the holder record ``contrib.jobs`` keeps at ``<lock key>:job``, and
-    the hold's age from it (the record's fencing token is the server's time in
-    microseconds when the lock was taken; else its ``since``, the holder's clock)."""
+    the hold's age from its ``since`` (the holder's clock when it took the lock; the
+    record's fencing token is a counter, not a time, since issue 21)."""
     job = parse_record(await redis.get(f"{info.key}:job"))
     if job is None or not info.holders:
         return info
-    token = job.get("token")
-    if isinstance(token, int) and token > 0:
-        seconds, micros = await redis.time()
-        held_for: float | None = seconds + micros / 1e6 - token / 1e6
-    elif isinstance(job.get("since"), (int, float)):
-        held_for = time.time() - float(job["since"])
-    else:
-        held_for = None
+    since = job.get("since")
+    held_for = time.time() - float(since) if isinstance(since, (int, float)) else None
     holders = info.holders
     if held_for is not None and len(holders) == 1:
         holders = (replace(holders[0], held_for=round(max(0.0, held_for), 3)),)
@@ -392,14 +393,14 @@ def _lease_ends(reply: Any, now_ms: float) -> dict[str, float]:
     return {_text(m): round(max(0.0, (float(score) - now_ms) / 1000), 3) for m, score in reply}
 
 
-#: replies each kind's reads take after the common three (HGETALL, PTTL, NUMSUB)
+#: replies each kind's reads take after the common three (HGETALL or GET, PTTL, NUMSUB)
 _EXTRA = {"lock": 1, "fair": 1, "rw": 2, "semaphore": 4, "redlock": 0}
 
 
 def _queue_reads(pipe: Any, kind: str, key: str, sharded: bool) -> None:
     """Queue on *pipe* the reads of one object (parsed by :func:`_parse`)."""
-    if kind == "redlock":
-        pipe.get(key)  # the holder's token
+    if kind in ("lock", "redlock"):
+        pipe.get(key)  # the lock's whole state (a string); a Redlock holder's token
     else:
         pipe.hgetall(key)  # a key of another type answers an error, read as no holders
     pipe.pttl(key)
@@ -436,14 +437,18 @@ async def read_objects(
         at = 1
         for kind, name in batch:
             count = 3 + _EXTRA[kind]
-            infos.append(
-                _parse(kind, name, lock_key(prefix, kind, name), replies[at : at + count], now_ms)
+            info = _parse(
+                kind, name, lock_key(prefix, kind, name), replies[at : at + count], now_ms
             )
             at += count
+            if info is not None:
+                infos.append(info)
     return infos
 
 
-def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) -> LockInfo:
+def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) -> LockInfo | None:
+    """The object read by :func:`_queue_reads`; None for a plain lock's free state (no
+    object: the fence and the released tokens kept after the last release)."""
     raw, pttl, numsub, *extra = replies
     fields = {_text(k): _text(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
     ttl = _ttl(pttl)
@@ -454,14 +459,16 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
         return LockInfo(
             holders=() if token is None else (Holder(token, 1, lease_left=ttl),), **common
         )
-    if kind in ("lock", "fair"):
+    if kind == "lock":
+        # registrations still live on the server's clock
+        live = sorted(m for m, left in _lease_ends(extra[0], now_ms).items() if left > 0)
+        common["listening"] = tuple(Who(manager) for manager in live)
+        return _parse_lock(raw, common)
+    if kind == "fair":
         holders = tuple(
             Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
         )
-        waiting = _members(extra[0]) if kind == "fair" else ()
-        if kind == "lock":  # registrations still live on the server's clock
-            live = sorted(m for m, left in _lease_ends(extra[0], now_ms).items() if left > 0)
-            common["listening"] = tuple(Who(manager) for manager in live)
+        waiting = _members(extra[0])
         return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
     if kind == "rw":
         writer = fields.get("writer")
@@ -496,3 +503,24 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
         held=_int(fields.get(_SEM_TOTAL, "0")),
         **common,
     )
+
+
+def _parse_lock(raw: Any, common: dict[str, Any]) -> LockInfo | None:
+    """A plain lock's state string (``aiolock/_kinds/lock/state.lua``): held,
+    ``<field>|<count>|<token>|<epoch>|<flag>``; free, ``|<epoch>|<last>`` (None: no
+    object). A value aiolock did not write (or a key of another type, an error reply) is
+    shown without holders, as the other kinds' foreign keys are."""
+    if raw is None:  # gone between SCAN and GET
+        return None
+    if isinstance(raw, Exception):
+        return LockInfo(**common)
+    parts = _text(raw).split("|")
+    if len(parts) == 3 and not parts[0] and parts[1].isdigit() and parts[2].isdigit():
+        return None  # free
+    if len(parts) != 5 or not parts[0] or not all(p.isdigit() for p in parts[1:4]):
+        return LockInfo(**common)
+    holder = Holder(parts[0], int(parts[1]), lease_left=common["ttl"])
+    # every token from the epoch up to the holder's ended by a release: the last one
+    # released is the holder's minus one, unless the holder's started the epoch
+    token, epoch = int(parts[2]), int(parts[3])
+    return LockInfo(holders=(holder,), fence=token - 1 if token > epoch else None, **common)

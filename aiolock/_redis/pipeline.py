@@ -55,7 +55,8 @@ class _Request:
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def error(self, exc: rex.RedisError) -> LockError:
-        return _chained(translate(exc, self.what, self.key, changes=self.script is not None), exc)
+        writes = self.script is not None and self.script.writes
+        return _chained(translate(exc, self.what, self.key, changes=writes), exc)
 
 
 class Pipelining:
@@ -196,11 +197,13 @@ class Pipelining:
         try:
             (reply,) = await self._exchange([command], [script])
         except rex.RedisError as exc:
-            raise translate(exc, what, key, changes=script is not None) from exc
+            raise translate(exc, what, key, changes=script is not None and script.writes) from exc
         except TimeoutError as exc:
             raise self._timed_out(what) from exc
         if isinstance(reply, rex.RedisError):
-            raise translate(reply, what, key, changes=script is not None) from reply
+            raise translate(
+                reply, what, key, changes=script is not None and script.writes
+            ) from reply
         return reply
 
     async def _acknowledged(

@@ -28,10 +28,12 @@ def _read(path: str) -> str:
 class Script:
     """A script of the package, by its path without ``.lua`` (``"_kinds/lock/acquire"``)."""
 
-    __slots__ = ("name", "sha", "source")
+    __slots__ = ("name", "sha", "source", "writes")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, writes: bool = True) -> None:
         self.name = name
+        #: False for a script that only reads: its errors then say nothing of undoing
+        self.writes = writes
         self.source = _INCLUDE.sub(lambda m: _read(f"{m[1]}.lua"), _read(f"{name}.lua"))
         self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
@@ -44,11 +46,11 @@ class Script:
 REQUIRED_COMMANDS: tuple[str, ...] = (
     # sent by the client
     "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
-    "exists", "hget", "hexists", "pttl",
+    "exists", "hget", "hexists", "pttl", "get",
     # sent by the manager for its identity record (aiolock._redis.identity)
     "set", "del",
     # called from the scripts
-    "type", "exists", "get", "set", "hget", "hset", "hexists", "hincrby",
+    "type", "exists", "get", "mget", "set", "hget", "hset", "hexists", "hincrby",
     "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",
     # called from the scripts of the semaphore and the read-write lock
     "hdel", "hmget", "hlen", "zadd", "zrem", "zrange", "zrangebyscore", "zscore",

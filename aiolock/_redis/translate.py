@@ -119,7 +119,10 @@ def is_permanent(exc: BaseException) -> bool:
 
 
 def key_type_error(key: str, kind: object) -> LockKeyTypeError:
+    text = as_text(kind)
+    # a string is the lock's own type (issue 21): then it holds a value aiolock did not write
+    what = "a string that is not an aiolock lock" if text == "string" else f"a {text}"
     return LockKeyTypeError(
-        f"Redis key {key!r} holds a {as_text(kind)}, not an aiolock lock (a hash), so it "
+        f"Redis key {key!r} holds {what}, not a structure of this aiolock lock, so it "
         "cannot be used as a lock; pick another lock name or prefix, or delete that key."
     )

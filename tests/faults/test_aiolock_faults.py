@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing import RedisServer
 
+from ._support import eventually
 from .proxy import FaultProxy
 from .servers import AclRedisServer, TlsRedisServer
 
@@ -47,7 +48,11 @@ async def _release_fails_then_reacquire(
                 async with locks.lock("x", timeout=5) as again:
                     second = again.fencing_token
                     exists_now = bool(await direct.exists(f"{prefix}:lock:{{x}}"))
-                    await asyncio.sleep(3.0)  # the background release retry runs
+                    # the background release retry runs (waited for, not slept on)
+                    await eventually(
+                        lambda: locks.statistics().pending_cleanups == 0,
+                        what="the background release retry",
+                    )
                     exists_later = bool(await direct.exists(f"{prefix}:lock:{{x}}"))
             await client.aclose()
     finally:

@@ -21,7 +21,7 @@ import aiolock
 from aiolock.testing import RedisServer
 
 from ._storm import StormReport, alive_since, storm
-from ._support import LONG, Child, bounded, children, eventually, unique_prefix
+from ._support import LONG, Child, bounded, children, eventually, lock_held, unique_prefix
 from .proxy import FaultProxy
 
 NAMES = [f"storm-{i}" for i in range(4)]
@@ -55,7 +55,7 @@ async def _assert_nothing_held(url: str, prefix: str) -> None:
     try:
         for name in NAMES:
             key = f"{prefix}:lock:{{{name}}}"
-            assert await check.exists(key) == 0, f"{key} still held: {await check.hgetall(key)}"
+            assert not await lock_held(check, key), f"{key} still held: {await check.get(key)!r}"
     finally:
         await check.aclose()
 

@@ -229,14 +229,26 @@ class LockMachine(RuleBasedStateMachine):
 
     async def _lasting_keys(self) -> int:
         """Keys in the database, less the short-lived ones that expire on their own
-        (release tombstones, fence state, managers' identity records, which expire when
-        the loop stands still between steps for a lease): those change without any I/O
-        of ours."""
+        (release tombstones, fence state, a lock's free state and its listeners,
+        managers' identity records, which expire when the loop stands still between
+        steps for a lease):
+        those change without any I/O of ours."""
         count = 0
         async for key in self.admin.scan_iter(count=1000):
             text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
-            count += not (":rel:" in text or text.endswith(":fence") or ":mgr:{" in text)
+            if ":rel:" in text or text.endswith((":fence", ":listeners")) or ":mgr:{" in text:
+                continue  # (a lock's listeners expire 10 s after the last waiter's refresh)
+            if ":lock:{" in text and text.endswith("}") and await self._free(text):
+                continue  # the lock's free state (issue 21): its fence, kept fence_ttl
+            count += 1
         return count
+
+    async def _free(self, key: str) -> bool:
+        """Whether the lock's state at *key* is free (``|<epoch>|<last>``), or gone."""
+        if await self.admin.type(key) not in (b"string", "string"):
+            return not await self.admin.exists(key)
+        value: Any = await self.admin.get(key)
+        return value is None or value.startswith(b"|")
 
     def call(self, actor: str, job: Callable[[], Awaitable[Any]]) -> Outcome:
         TALLY["calls"] += 1
@@ -672,7 +684,8 @@ class LockMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._replaceable()))
     @rule(data=st.data())
     def replace_key(self, data: st.DataObject) -> None:
-        """Put a value of another type where a free lock's hash would be, or take it away."""
+        """Put a value aiolock did not write where a free lock's state would be, or take
+        it away."""
         name = data.draw(st.sampled_from(self._replaceable()))
         if name in self.corrupt:
             self.run(self.admin.delete(self.key(name)))
@@ -790,13 +803,16 @@ class LockMachine(RuleBasedStateMachine):
                 continue
             held = self.holds.get(name)
             if held is None:
-                assert kind == "none", f"{name!r} is free in the model, Redis has a {kind}"
+                # no state, or a free one (issue 21: kept for the fence and resends)
+                free = self.run(self._free(key))
+                assert free, f"{name!r} is free in the model, Redis has a {kind}"
                 continue
-            fields = self.run(self.admin.hgetall(key))
-            assert len(fields) == 1, (name, fields, held)
-            ((field, count),) = fields.items()
+            assert kind == "string", (name, kind, held)
+            state: Any = self.run(self.admin.get(key))
+            # the lock's state: owner field|count|token|epoch|waiter flag
+            field, count, *_ = state.decode().split("|")
             owner = self.owner_ids[held.actor]
-            assert field.decode().startswith(owner + ":"), (name, field, owner)
+            assert field.startswith(owner + ":"), (name, field, owner)
             assert int(count) == held.count, (name, count, held)
         for index, manager in enumerate(self.managers):
             if index in self.closed:

@@ -24,7 +24,7 @@ import aiolock
 from aiolock._engine.hub import Waiter
 from aiolock.testing import RedisServer
 
-from ._support import eventually
+from ._support import eventually, lock_held
 from .proxy import FaultProxy
 
 NAMES = 10
@@ -41,9 +41,12 @@ async def direct(fault_redis_server: RedisServer) -> AsyncIterator[Redis]:
 
 
 async def _held_locks(admin: Redis, prefix: str) -> list[bytes]:
-    """The lock keys (``P:lock:{name}``) under *prefix*, not the tombstones or fence keys."""
+    """The lock keys (``P:lock:{name}``) under *prefix* that are held: not the void
+    markers, nor a free state (issue 21: ``|<epoch>|<last token>``, kept after a release)."""
     return [
-        key async for key in admin.scan_iter(f"{prefix}:lock:*", count=1000) if key.endswith(b"}")
+        key
+        async for key in admin.scan_iter(f"{prefix}:lock:*", count=1000)
+        if key.endswith(b"}") and await lock_held(admin, key.decode())
     ]
 
 

@@ -24,7 +24,10 @@ from ._support import (
     unique_prefix,
 )
 
-LEASE = 1.0
+#: The children's lease: renewed every LEASE / 3 while they run. 2 s, not 1: a child on a
+#: loaded machine renews late now and then, and a renewal later than 2 / 3 of a lease
+#: would let the test in while the child still runs.
+LEASE = 2.0
 
 
 async def test_holder_killed_with_sigkill_frees_the_lock_within_its_lease(redis_url: str) -> None:
@@ -62,7 +65,9 @@ async def test_holder_killed_with_sigkill_frees_the_lock_within_its_lease(redis_
     finally:
         await client.aclose()
     print(f"\nlock taken {waited:.2f} s after SIGKILL (lease {LEASE} s)")
-    assert waited < LEASE + 1.5, f"the waiter got the lock {waited:.2f} s after the kill"
+    # within the child's lease (room for a loaded machine), not the waiter's 30 s wait
+    # for a lease it does not know
+    assert waited < LEASE + 3.0, f"the waiter got the lock {waited:.2f} s after the kill"
 
 
 async def test_paused_holder_is_fenced_off_and_told_it_lost_the_lock(redis_url: str) -> None:
@@ -133,7 +138,7 @@ async def test_paused_holder_is_fenced_off_and_told_it_lost_the_lock(redis_url: 
         await client.aclose()
         await admin.aclose()
     print(f"\nlock taken {took:.2f} s after SIGSTOP (lease {LEASE} s); child: {child.lines[-3:]}")
-    assert took < LEASE + 2.0, f"the lock was taken {took:.2f} s after the pause"
+    assert took < LEASE + 3.0, f"the lock was taken {took:.2f} s after the pause"
     assert stale == f"WROTE {n} 0", f"the stale write was accepted: {child.lines}"
     assert "lost" in lost, lost
     ours = [i for i, (writer, _, _) in enumerate(log) if writer == "test"]

@@ -25,7 +25,7 @@ from redis.backoff import ConstantBackoff, NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
-from ._support import bounded, eventually, unique_prefix
+from ._support import bounded, eventually, lock_held, unique_prefix
 from .proxy import FaultProxy
 
 LEASE = 30.0  # long: an orphaned hold would visibly outlive every bound below
@@ -120,7 +120,7 @@ async def test_command_timeout_below_latency_is_a_connection_error(
 
 
 async def _free(redis: Redis, key: str) -> bool:
-    return int(await redis.exists(key)) == 0
+    return not await lock_held(redis, key)  # the lock's state stays when free (issue 21)
 
 
 # -- ambiguous acquire -------------------------------------------------------------------
@@ -167,7 +167,7 @@ async def test_ambiguous_acquire_leaves_no_orphan(
 
 
 async def _held(redis: Redis, key: str) -> bool:
-    return int(await redis.exists(key)) == 1
+    return await lock_held(redis, key)
 
 
 async def test_pending_cleanups_counts_a_job_while_it_is_retried(fault_proxy: FaultProxy) -> None:

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
-from ._support import bounded, eventually, unique_prefix
+from ._support import bounded, eventually, lock_held, unique_prefix
 from .proxy import FaultProxy
 
 LEASE = 30.0  # long: nothing in these tests may end by running out its lease
@@ -53,7 +53,7 @@ def _no_retry(url: str, **kwargs: object) -> Redis:
 
 
 async def _exists(redis: Redis, key: str) -> bool:
-    return int(await redis.exists(key)) == 1
+    return await lock_held(redis, key)  # the lock's state stays when free (issue 21)
 
 
 async def _free(redis: Redis, key: str) -> bool:
@@ -297,7 +297,9 @@ async def test_waiter_rides_out_a_short_outage(
 
             async def wait_for_it() -> None:
                 lock = locks.lock("w")
-                await lock.acquire(timeout=10)
+                # (20 s, not the report's 10: room for a loaded machine; the defect
+                # failed at the outage's first moment, whatever the timeout)
+                await lock.acquire(timeout=20)
                 assert lock.fencing_token is not None
                 got.append(lock.fencing_token)
                 await lock.release()
@@ -311,14 +313,19 @@ async def test_waiter_rides_out_a_short_outage(
             await eventually(queued, what="the waiter to queue")
             fault_proxy.refuse(True)  # Redis unreachable for a second
             fault_proxy.drop_all()
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the outage itself, not a wait for an event
+            accepted = fault_proxy.stats.connections_accepted
             fault_proxy.refuse(False)
-            await asyncio.sleep(0.2)
+            # Redis is back: the release comes once the manager has reconnected.
+            await eventually(
+                lambda: fault_proxy.stats.connections_accepted > accepted,
+                what="the manager to reconnect after the outage",
+            )
             await held.release()
             try:
-                await bounded(waiter, 12, "the waiter")
+                await bounded(waiter, 30, "the waiter")
             except aiolock.LockError as exc:
-                pytest.fail(f"the waiter (timeout=10) failed on a 1 s outage: {exc!r}")
+                pytest.fail(f"the waiter (timeout=20) failed on a 1 s outage: {exc!r}")
             assert len(got) == 1
             assert locks.statistics().connection_errors >= 1
     finally:
@@ -341,9 +348,17 @@ async def test_killed_kept_connections_are_replaced(own_server: RedisServer) -> 
             await admin.ping()
             # Our own server: only this test's connections; SKIPME yes (the default)
             # spares the admin's own.
+            mine = int(await admin.client_id())
             killed = int(await admin.client_kill_filter(_type="normal", skipme=True))
             assert killed >= 3, killed
-            await asyncio.sleep(0.2)  # the closes reach the client
+
+            async def closed() -> bool:
+                # The server closed them before it answered (the client's loop reads
+                # their end of stream while it waits for that answer).
+                listed = await admin.client_list(_type="normal")
+                return all(int(c["id"]) == mine for c in listed)
+
+            await eventually(closed, what="the killed connections to be closed")
             try:
                 await bounded(lock.acquire(), 10, "the acquire")
             except aiolock.LockConnectionError as exc:
@@ -367,14 +382,20 @@ async def test_fixed_lease_hold_whose_key_vanished_is_lost_early(direct: Redis) 
     check it within a third of its lease and cancel the body with LockLostError."""
     prefix = unique_prefix("reg-d11")
     deleted_at = 0.0
+    # A 6 s lease (the report's was 3 s): checked every 2 s, the loss is noticed within
+    # 2 s; at the lease's end it would take 6. The bound between leaves 2 s of room for a
+    # loaded machine.
+    fixed = 6.0
     async with aiolock.LockManager(direct, prefix=prefix, lease=LEASE) as locks:
-        lock = locks.lock("fixed", timeout=5, lease=3.0)
+        lock = locks.lock("fixed", timeout=5, lease=fixed)
         with pytest.raises(aiolock.LockLostError):
             async with lock:
                 assert int(await direct.delete(lock.key)) == 1
                 deleted_at = time.monotonic()
-                await asyncio.sleep(10)
+                await asyncio.sleep(30)
         noticed = time.monotonic() - deleted_at
         print(f"\nfixed-lease hold lost {noticed:.2f} s after its key was deleted")
-        assert noticed < 2.0, f"the loss was noticed {noticed:.2f} s after the DEL (lease 3 s)"
+        assert noticed < fixed * 2 / 3, (
+            f"the loss was noticed {noticed:.2f} s after the DEL (lease {fixed} s)"
+        )
         assert locks.statistics().held == 0

@@ -44,19 +44,22 @@ async def test_tls_locks_and_socket_timeout(tls_redis: TlsRedisServer) -> None:
             message, took = await _through_blackhole(client, proxy)
             assert "Timeout reading" in message, message
             # 0.4 s, not a hang; the upper bound leaves a loaded machine its seconds
-            assert 0.35 < took < 3.0
+            assert 0.35 < took < 3.0, f"the 0.4 s socket_timeout fired after {took:.2f} s"
         finally:
             await client.aclose()
             await redis.aclose()
 
 
 async def test_command_timeout_through_a_blackhole(fault_proxy: FaultProxy) -> None:
-    redis = Redis.from_url(fault_proxy.url)  # socket_timeout: redis-py's default, 5 s
+    # A socket_timeout far above the bound below (redis-py's default is 5 s): only the
+    # command_timeout can end the round trip in time, on a loaded machine too.
+    redis = Redis.from_url(fault_proxy.url, socket_timeout=30)
     client = Client(redis, command_timeout=0.3)
     try:
         message, took = await _through_blackhole(client, fault_proxy)
         assert "command_timeout" in message, message
-        assert 0.25 < took < 3.0  # 0.3 s, not redis-py's 5 s socket_timeout nor a hang
+        # 0.3 s, not the 30 s socket_timeout nor a hang
+        assert 0.25 < took < 3.0, f"the 0.3 s command_timeout fired after {took:.2f} s"
     finally:
         await client.aclose()
         await redis.aclose()

@@ -30,8 +30,8 @@
 -- void_attempt(key, ttl_ms)
 --     set the void marker `key` of an attempt
 -- release_count(lock, field, count, tomb, successor, released, handed)
---     the first step of releasing a hold kept as a count in a hash field (the lock's and
---     Redisson's layouts): a reply when the release ends here ({-1, type} for a key of
+--     the first step of releasing a hold kept as a count in a hash field (Redisson's
+--     layout; the lock's until issue 21): a reply when the release ends here ({-1, type} for a key of
 --     another type, resend_reply's answer when the hold is gone, {1, left} for a nested
 --     release, which writes the count left), or nil when this is the final release
 

@@ -55,8 +55,8 @@ RELEASE = Script("_kinds/fair/release")
 UNDO = Script("_kinds/fair/undo")
 REFRESH = Script("_kinds/fair/refresh")
 FORCE_RELEASE = Script("_kinds/fair/force_release")
-RENEW = Script("_kinds/lock/renew")  # the hash is the lock's: same renewal
-EXTEND_BY = Script("_kinds/lock/extend_by")
+RENEW = Script("_kinds/fair/renew")
+EXTEND_BY = Script("_kinds/fair/extend_by")
 
 #: Seconds a waiter's place lasts in Redis unless its process refreshes it; also the
 #: pickup lease of a grant, so a dead waiter holds the queue up for this long at most.

@@ -1,55 +1,76 @@
 -- aiolock lock: acquire a reentrant lock, or re-enter one the owner already holds.
 --
--- KEYS[1]  lock hash: {owner field -> hold count}; one owner at a time
--- KEYS[2]  fence key: the last fencing token released (see fence.lua)
--- KEYS[3]  void marker of this attempt: present if an undo got there first
+-- KEYS[1]  lock state: one string (see state.lua); held: owner, count, token, epoch, flag
+-- KEYS[2]  void marker of this attempt: present if an undo got there first
 -- ARGV[1]  owner field (unique per acquisition)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  hold count the client believes it has (0 for a new acquisition)
+-- ARGV[4]  the attempting manager's id (the waiter flag, if the lock is busy)
 --
--- Returns, on the common path, the new fencing token alone (an integer: acquired anew;
--- one reply element less to build costs the server more than the rest of the branch),
+-- Returns, on the common path, the new fencing token alone (an integer: acquired anew),
 -- else {code, value}:
 --   { 1, token}  acquired anew (a resent attempt); token is the new fencing token
 --   { 2, count}  re-entered; count is the new hold count
 --   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none)
 --   { 3, 0    }  voided: an undo reached Redis before this attempt did; nothing done
---   {-1, type }  KEYS[1] holds a value of another Redis type; nothing done
+--   {-1, type }  KEYS[1] holds a value of another Redis type (or a string aiolock did not
+--                write: 'string'); nothing done
 --
 -- A resent command (the client retries after a dropped connection) finds the hold
 -- count already at ARGV[3] + 1 and answers as the first run did instead of counting
 -- twice; a resent new acquisition gets a fresh token, larger than the first run's.
---@include _kinds/_lua/fence
+--@include _kinds/lock/state
 
--- The common case first, in one read: the lock is free and the attempt not voided.
-if redis.call('exists', KEYS[1], KEYS[3]) == 0 then
-  local token = fence(KEYS[2])
-  redis.call('hset', KEYS[1], ARGV[1], 1)
-  redis.call('pexpire', KEYS[1], ARGV[2])
+local got = redis.call('mget', KEYS[1], KEYS[2])
+if got[2] then
+  return {3, 0}
+end
+local state = got[1]
+-- The common cases first: no state (a new epoch at the server's clock), or a free one
+-- (the next token of its epoch). MGET answers nil for a key of another type: SET NX
+-- then refuses to write over it.
+if not state then
+  local now = redis.call('time')
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local text = format_token(token)
+  if not redis.call('set', KEYS[1], ARGV[1] .. '|1|' .. text .. '|' .. text .. '|',
+      'nx', 'px', ARGV[2]) then
+    return {-1, redis.call('type', KEYS[1]).ok}
+  end
   return token
 end
--- Then the contended case, in as few commands: held by another owner.
-local held = redis.pcall('hget', KEYS[1], ARGV[1])
-if type(held) == 'table' then
-  return {-1, redis.call('type', KEYS[1]).ok}  -- the key holds another type
+if string.byte(state, 1) == 124 then  -- '|<epoch>|<last>': free
+  local bar = string.find(state, '|', 2, true)
+  local token = bar and tonumber(string.sub(state, bar + 1))
+  if not token then
+    return NOT_OURS
+  end
+  token = token + 1
+  redis.call('set', KEYS[1],
+    ARGV[1] .. '|1|' .. format_token(token) .. string.sub(state, 1, bar), 'px', ARGV[2])
+  return token
 end
-if not held then
-  -- Not ours. PTTL -2 means no lock key: then the first EXISTS counted the void marker.
+local field, count, token, epoch, flag = parse(state)
+if not field then
+  return NOT_OURS
+end
+if field ~= ARGV[1] then
+  -- Held by another owner: say that someone waits (unless said already), so that the
+  -- final release publishes.
   local ttl = redis.call('pttl', KEYS[1])
-  if ttl == -2 then
-    return {3, 0}
+  if flag ~= ARGV[4] and flag ~= '*' then
+    local marked = held_state(field, count, token, epoch, flag == '' and ARGV[4] or '*')
+    redis.call('set', KEYS[1], marked, 'keepttl')
   end
   return {0, ttl}
 end
-if redis.call('exists', KEYS[3]) == 1 then
-  return {3, 0}  -- a voided re-entry
-end
-local count = tonumber(held)
 if count ~= tonumber(ARGV[3]) + 1 then
-  count = redis.call('hincrby', KEYS[1], ARGV[1], 1)
+  count = count + 1
+elseif count == 1 then
+  token = token + 1  -- a resent new acquisition: a fresh token, larger than the first's
 end
-redis.call('pexpire', KEYS[1], ARGV[2])
+redis.call('set', KEYS[1], held_state(field, count, token, epoch, flag), 'px', ARGV[2])
 if count == 1 then
-  return {1, fence(KEYS[2])}
+  return {1, token}
 end
 return {2, count}

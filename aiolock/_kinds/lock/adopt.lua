@@ -1,6 +1,6 @@
 -- aiolock lock: adopt a detached hold: the adopting task's field takes its place.
 --
--- KEYS[1]  lock hash: {owner field -> hold count}
+-- KEYS[1]  lock state (see state.lua)
 -- ARGV[1]  the field to take over (a detached field; see detach.lua)
 -- ARGV[2]  the adopting owner's new field (unique per acquisition)
 -- ARGV[3]  the adopter's lease in milliseconds, or '0' to leave the lease as it is
@@ -15,23 +15,35 @@
 -- resend (the client retries after a dropped connection) finds ARGV[2] already there
 -- and answers as the first run did. The client also runs it with the two fields swapped
 -- and lease '0' to give a detached hold back after an adoption cancelled in flight.
+--@include _kinds/lock/state
 
-local held = redis.pcall('hexists', KEYS[1], ARGV[2])
-if type(held) == 'table' and held.err then
-  return {-1, redis.call('type', KEYS[1]).ok}
+local state, bad = read_state(KEYS[1])
+if bad then
+  return bad
 end
-if held == 1 then
+if not state then
+  return {0, -2}
+end
+local field, _, token, epoch, flag = parse(state)
+if not field then
+  return NOT_OURS
+end
+if field == ARGV[2] then
   if ARGV[3] ~= '0' then
     redis.call('pexpire', KEYS[1], ARGV[3])
   end
   return {1, 0}
 end
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+if field ~= ARGV[1] then
+  if field == '' then
+    return {0, -2}
+  end
   return {0, redis.call('pttl', KEYS[1])}
 end
-redis.call('hset', KEYS[1], ARGV[2], 1)
-redis.call('hdel', KEYS[1], ARGV[1])
+local value = held_state(ARGV[2], 1, token, epoch, flag)
 if ARGV[3] ~= '0' then
-  redis.call('pexpire', KEYS[1], ARGV[3])
+  redis.call('set', KEYS[1], value, 'px', ARGV[3])
+else
+  redis.call('set', KEYS[1], value, 'keepttl')
 end
 return {1, 0}

@@ -1,6 +1,6 @@
 -- aiolock lock: detach a hold from its owner task, for another task or process to adopt.
 --
--- KEYS[1]  lock hash: {owner field -> hold count}
+-- KEYS[1]  lock state (see state.lua)
 -- ARGV[1]  owner field of the hold being detached
 -- ARGV[2]  detached field: 'detached:<128 random bits, hex>', unique per detach
 -- ARGV[3]  how long the detached lock stays held unless adopted, in milliseconds
@@ -12,20 +12,26 @@
 --
 -- The client's hold count rules (an unconfirmed nested release may have left Redis's
 -- higher): the client detaches only a hold it counts once, so the detached field holds
--- one. Idempotent: a resend finds ARGV[1] gone and ARGV[2] present, and answers as the
--- first run did.
+-- one. The token, epoch and waiter flag stay. Idempotent: a resend finds ARGV[1] gone
+-- and ARGV[2] present, and answers as the first run did.
+--@include _kinds/lock/state
 
-local held = redis.pcall('hexists', KEYS[1], ARGV[1])
-if type(held) == 'table' and held.err then
-  return {-1, redis.call('type', KEYS[1]).ok}
+local state, bad = read_state(KEYS[1])
+if bad then
+  return bad
 end
-if held == 0 then
-  if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    return {1, 0}
-  end
+if not state then
   return {0, 0}
 end
-redis.call('hset', KEYS[1], ARGV[2], 1)
-redis.call('hdel', KEYS[1], ARGV[1])
-redis.call('pexpire', KEYS[1], ARGV[3])
+local field, _, token, epoch, flag = parse(state)
+if not field then
+  return NOT_OURS
+end
+if field == ARGV[2] then
+  return {1, 0}
+end
+if field ~= ARGV[1] then
+  return {0, 0}
+end
+redis.call('set', KEYS[1], held_state(ARGV[2], 1, token, epoch, flag), 'px', ARGV[3])
 return {1, 0}

@@ -1,7 +1,6 @@
--- aiolock lock: add time to one hold's remaining lease in one step
--- (extend(additional=...); also the fair lock's and the 'redisson' wire's, same hash).
+-- aiolock lock: add time to one hold's remaining lease in one step (extend(additional=...)).
 --
--- KEYS[1]   lock hash: {owner field -> hold count}
+-- KEYS[1]   lock state (see state.lua)
 -- ARGV[1]   owner field that should hold KEYS[1]
 -- ARGV[2]   milliseconds to add to the lease left (a positive integer)
 --
@@ -10,7 +9,9 @@
 -- Reading PTTL and setting it in one script is what makes it an addition: read and set
 -- from the client, the lease could end, or be set by another call, in between.
 
-if redis.pcall('hexists', KEYS[1], ARGV[1]) ~= 1 then
+local state = redis.pcall('get', KEYS[1])
+local head = ARGV[1] .. '|'
+if type(state) ~= 'string' or string.sub(state, 1, #head) ~= head then
   return 0
 end
 local left = redis.call('pttl', KEYS[1])

@@ -1,21 +1,34 @@
--- aiolock lock: delete a lock whoever holds it, and wake a waiter (an administrator's tool).
+-- aiolock lock: end a hold whoever holds it, and wake a waiter (an administrator's tool).
 --
--- KEYS[1]  lock hash: {owner field -> hold count}
+-- KEYS[1]  lock state (see state.lua)
 -- ARGV[1]  release channel
 -- ARGV[2]  message to publish (the manager's id)
+-- ARGV[3]  how long the free state is kept, in ms ('-1' forever)
 --
 -- Returns {code, value}:
---   { 1, 0   }  the lock was held and is now deleted
+--   { 1, 0   }  the lock was held and is now free
 --   { 0, 0   }  nobody held it
 --   {-1, type}  KEYS[1] holds a value of another Redis type; it is left alone
+--
+-- The free state it leaves starts a new epoch above every token given so far, so the
+-- next holder's token is larger, and a resent release of the ended hold (or of any
+-- earlier one) answers "not held".
+--@include _kinds/lock/state
 
-local kind = redis.call('type', KEYS[1]).ok
-if kind == 'none' then
+local state, bad = read_state(KEYS[1])
+if bad then
+  return bad
+end
+if not state then
   return {0, 0}
 end
-if kind ~= 'hash' then
-  return {-1, kind}
+local field, _, token = parse(state)
+if not field then
+  return NOT_OURS
 end
-redis.call('del', KEYS[1])
+if field == '' then
+  return {0, 0}
+end
+keep(KEYS[1], '|' .. format_token(token + 1) .. '|' .. format_token(token), ARGV[3])
 redis.call('publish', ARGV[1], ARGV[2])
 return {1, 0}

@@ -16,12 +16,12 @@ from aiolock._engine.handle import _DEFAULT, Handle, lost_error, not_owned_error
 from aiolock._errors import LockError, WireFormatError
 from aiolock._keys import LockKeys, check_lease
 from aiolock._kinds.lock.handoff import HandoffToken, adopt, detach, handoff_kind
+from aiolock._kinds.lock.kind import ReentrantLockKind
 from aiolock._redis.client import as_int
 
 if TYPE_CHECKING:
     from aiolock._engine.guard import ManagerLike
     from aiolock._engine.kind import Hold, LockKind
-    from aiolock._kinds.lock.kind import ReentrantLockKind
 
 __all__ = ["FairLock", "Lock"]
 
@@ -217,8 +217,8 @@ class Lock(Handle[LockKeys, "Lock"]):
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        client = self._manager._open_engine().client
-        return as_int(await client.call("EXISTS", self._keys.lock, key=self._keys.lock)) == 1
+        self._manager._open_engine()
+        return await self._kind.locked(self._keys)
 
     async def owned(self) -> bool:
         """Whether the current task holds the lock (asks Redis)."""
@@ -240,8 +240,11 @@ class Lock(Handle[LockKeys, "Lock"]):
 
     async def ttl(self) -> float | None:
         """Seconds left on the lock's lease; None if nobody holds it, inf if it never expires."""
-        client = self._manager._open_engine().client
-        ms = as_int(await client.call("PTTL", self._keys.lock, key=self._keys.lock))
+        engine = self._manager._open_engine()
+        if isinstance(self._kind, ReentrantLockKind):  # a string that outlives its holds
+            ms = await self._kind.lease_left(self._keys)
+        else:
+            ms = as_int(await engine.client.call("PTTL", self._keys.lock, key=self._keys.lock))
         if ms == -2:
             return None
         return math.inf if ms < 0 else ms / 1000

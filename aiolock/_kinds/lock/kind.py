@@ -1,17 +1,23 @@
-"""The reentrant lock kind: a hash of owner field to hold count, one owner at a time.
+"""The reentrant lock kind: the whole state of a name in one string, one owner at a time.
 
-The lock's structure ``P:lock:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is a
-hash with one field per acquisition, ``<manager id>:<task serial>:<acquisition number>``,
-whose value is the hold count: re-entering increments it, and a late or resent command
-about an earlier hold can never touch a later one. A final release publishes the
-releasing manager's id on ``P:lock:{N}:released`` unless it hands the lock over.
-A hold detached for another task or process to adopt (:mod:`aiolock._kinds.lock.handoff`) is the
-field ``detached:<128 random bits, hex>`` until it is adopted or its lease runs out.
+The lock's structure ``P:lock:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is
+one string (issue 21; ``state.lua`` has the layout): while held, the owner field
+``<manager id>:<task serial>:<acquisition number>`` (unique per acquisition, so a late or
+resent command about an earlier hold can never touch a later one), the hold count, the
+fencing token, the epoch and the waiter flag, with the lease as its expiry; while free,
+the epoch and the last token, kept ``max(fence_ttl, 10 s)``. A resent release is answered
+from the epoch (the inverted tombstone), not from a key per release. A final release
+publishes the releasing manager's id on ``P:lock:{N}:released`` only if a waiter was seen
+(the flag), and never when it hands the lock over. A hold detached for another task or
+process to adopt (:mod:`aiolock._kinds.lock.handoff`) has the owner field
+``detached:<128 random bits, hex>`` until it is adopted or its lease runs out.
 
 The reply codes of each script are named here, next to their decoding.
 """
 
 from __future__ import annotations
+
+import re
 
 from aiolock._engine.kind import (
     Attempt,
@@ -26,17 +32,20 @@ from aiolock._engine.kind import (
     wrong_type,
 )
 from aiolock._engine.runtime import Runtime
+from aiolock._errors import LockKeyTypeError
 from aiolock._keys import LockKeys, ms
 from aiolock._redis.client import as_int, key_type_error
 from aiolock._redis.scripts import Script
 
-__all__ = ["ReentrantLockKind"]
+__all__ = ["ReentrantLockKind", "parse_held"]
 
 ACQUIRE = Script("_kinds/lock/acquire")
 RELEASE = Script("_kinds/lock/release")
 RENEW = Script("_kinds/lock/renew")
 EXTEND_BY = Script("_kinds/lock/extend_by")
 UNDO = Script("_kinds/lock/undo")
+PROBE = Script("_kinds/lock/probe")
+LEASE_LEFT = Script("_kinds/lock/lease_left", writes=False)
 FORCE_RELEASE = Script("_kinds/lock/force_release")
 DETACH = Script("_kinds/lock/detach")
 ADOPT = Script("_kinds/lock/adopt")
@@ -56,13 +65,20 @@ class ReentrantLockKind(KindBase):
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self._client = runtime.client
+        #: how long a free state (the epoch and the last token) is kept: the fence state's
+        #: lifetime, and at least the 10 s a resent release is answered for
+        self._keep_ms = (
+            "-1"
+            if runtime.fence_ms == "-1"
+            else str(max(int(runtime.fence_ms), runtime.tombstone_ms))
+        )
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = attempt.keys
         reply = await self._client.run(
             ACQUIRE,
-            (keys.lock, keys.fence, attempt.void),
-            (attempt.field, ms(attempt.lease), attempt.before),
+            (keys.lock, attempt.void),
+            (attempt.field, ms(attempt.lease), attempt.before, self._rt.manager_id),
         )
         return decode_attempt(reply, wrong_type(keys.lock))
 
@@ -71,14 +87,46 @@ class ReentrantLockKind(KindBase):
         await self._client.run(LISTEN, (key,), (self._rt.manager_id, ms(ttl) if ttl > 0 else 0))
 
     async def still_held(self, keys: LockKeys) -> float | None:
-        # The lock hash exists exactly while someone holds it, and every release, undo
-        # and force release publishes on the channel: only an ended lease (or an outside
-        # deletion) frees it without a message, and then PTTL answers -2. While the key
-        # exists with a TTL, an attempt would answer Busy with this very PTTL (a waiter's
-        # field is new for each acquisition, so it is never in the hash): the probe
-        # skips only the attempt's work, never a grant.
-        pttl = as_int(await self._client.call("PTTL", keys.lock, key=keys.lock))
+        # The state is held exactly while someone holds it, and every release, undo and
+        # force release that frees it publishes if a waiter was seen (the flag the probe
+        # sets, as a busy attempt does): only an ended lease (or an outside deletion)
+        # frees it without a message, and then the probe answers -2. While a hold exists
+        # with a TTL, an attempt would answer Busy with this very PTTL (a waiter's field
+        # is new for each acquisition, so it is never the holder's): the probe skips only
+        # the attempt's work, never a grant. It also sets the waiter flag on the hold it
+        # finds, which may be a new holder's after a lease ran out (the flag went with the
+        # old hold): else that holder's release would not publish.
+        pttl = as_int(await self._client.run(PROBE, (keys.lock,), (self._rt.manager_id,)))
         return pttl / 1000 if pttl > 0 else None
+
+    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
+        state = await self.state(keys)
+        if hold is None or state is None or state[0] != hold.field:
+            return 0
+        return state[1]
+
+    async def locked(self, keys: LockKeys) -> bool:
+        """Whether anyone holds the lock: a held state, or a key aiolock did not write
+        (someone else's value, of any type, occupies the name)."""
+        try:
+            raw = await self._client.call("GET", keys.lock, key=keys.lock)
+        except LockKeyTypeError:
+            return True
+        return raw is not None and _FREE.fullmatch(_text(raw)) is None
+
+    async def lease_left(self, keys: LockKeys) -> int:
+        """The holder's lease left in ms (-1: no expiry; -2: nobody holds the lock)."""
+        return as_int(await self._client.run(LEASE_LEFT, (keys.lock,), ()))
+
+    async def state(self, keys: LockKeys) -> tuple[str, int] | None:
+        """``(owner field, hold count)`` of the current hold, or None if the lock is free;
+        a key of another type, or a string aiolock did not write, raises
+        :class:`~aiolock.LockKeyTypeError`."""
+        raw = await self._client.call("GET", keys.lock, key=keys.lock)
+        held = parse_held(raw)
+        if held is None and raw is not None and _FREE.fullmatch(_text(raw)) is None:
+            raise key_type_error(keys.lock, "string")  # a value aiolock did not write
+        return held
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -86,7 +134,14 @@ class ReentrantLockKind(KindBase):
         undone = await self._client.run(
             UNDO,
             (keys.lock, attempt.void),
-            (attempt.field, attempt.before, void_ms, keys.channel, self._rt.manager_id),
+            (
+                attempt.field,
+                attempt.before,
+                void_ms,
+                keys.channel,
+                self._rt.manager_id,
+                self._keep_ms,
+            ),
         )
         return as_int(undone) == 1
 
@@ -103,14 +158,13 @@ class ReentrantLockKind(KindBase):
         rt = self._rt
         reply = await self._client.run(
             RELEASE,
-            (keys.lock, keys.fence, keys.tombstone(release_id)),
+            (keys.lock,),
             (
                 hold.field,
                 count,
                 rt.manager_id,
                 hold.token,
-                rt.fence_ms,
-                rt.tombstone_ms,
+                self._keep_ms,
                 successor.field if successor else "",
                 ms(successor.lease) if successor else 0,
                 1 if hand_over_freely else 0,
@@ -121,7 +175,7 @@ class ReentrantLockKind(KindBase):
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(
-            FORCE_RELEASE, (keys.lock,), (keys.channel, self._rt.manager_id)
+            FORCE_RELEASE, (keys.lock,), (keys.channel, self._rt.manager_id, self._keep_ms)
         )
         if as_int(code) == -1:
             raise key_type_error(keys.lock, value)
@@ -148,3 +202,24 @@ class ReentrantLockKind(KindBase):
         if as_int(code) == -1:
             raise key_type_error(keys.lock, value)
         return as_int(code) == 1, as_int(value)
+
+
+#: a free state: ``|<epoch>|<last token>``
+_FREE = re.compile(r"\|\d+\|\d+")
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def parse_held(raw: object) -> tuple[str, int] | None:
+    """``(owner field, hold count)`` of a lock state as GET answers it (``state.lua``), or
+    None for a free state, no state, or a value aiolock did not write."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    if not isinstance(raw, str) or not raw or raw[0] == "|":
+        return None
+    parts = raw.split("|")
+    if len(parts) != 5 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])

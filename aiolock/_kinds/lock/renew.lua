@@ -1,6 +1,6 @@
 -- aiolock lock: renew or check many holds in one round trip (also used by extend).
 --
--- KEYS[i]      lock hash i: {owner field -> hold count}
+-- KEYS[i]      lock state i (see state.lua)
 -- ARGV[2i-1]   owner field that should hold KEYS[i]
 -- ARGV[2i]     new lease in milliseconds, or '0' to check the hold without extending it
 --              (fixed-lease holds: the watchdog only makes sure Redis still has them)
@@ -12,7 +12,9 @@
 
 local held = {}
 for i = 1, #KEYS do
-  if redis.pcall('hexists', KEYS[i], ARGV[2 * i - 1]) == 1 then
+  local state = redis.pcall('get', KEYS[i])
+  local head = ARGV[2 * i - 1] .. '|'
+  if type(state) == 'string' and string.sub(state, 1, #head) == head then
     if ARGV[2 * i] ~= '0' then
       redis.call('pexpire', KEYS[i], ARGV[2 * i])
     end

@@ -1,28 +1,35 @@
--- aiolock lock: undo an acquire attempt whose outcome is unknown (cancelled or failed
+-- aiolock lock: undo an acquire attempt whose outcome is unknown (its caller was cancelled
 -- in flight).
 --
--- KEYS[1]  lock hash: {owner field -> hold count}
--- KEYS[2]  void marker of the attempt (the acquire script's KEYS[3])
+-- KEYS[1]  lock state (see state.lua)
+-- KEYS[2]  void marker of the attempt (the acquire script's KEYS[2])
 -- ARGV[1]  owner field
 -- ARGV[2]  hold count the owner had before the attempt
 -- ARGV[3]  lifetime of the void marker in milliseconds
 -- ARGV[4]  release channel
 -- ARGV[5]  message to publish (the manager's id)
+-- ARGV[6]  how long a free state is kept, in ms ('-1' forever)
 --
--- Returns 1 if the attempt had run and was undone (a new hold is released, a re-entry
--- uncounted), 0 if it had not run yet: the void marker then makes sure it never does.
---@include _kinds/_lua/tombstone
+-- Returns 1 if the attempt had run and was undone (a new hold is released: its token
+-- joins the epoch's released range; a re-entry uncounted), 0 if it had not run yet: the
+-- void marker then makes sure it never does.
+--@include _kinds/lock/state
 
 local before = tonumber(ARGV[2])
-local count = redis.pcall('hget', KEYS[1], ARGV[1])
-if type(count) ~= 'table' and tonumber(count or 0) == before + 1 then
-  if before == 0 then
-    redis.call('del', KEYS[1])
-    redis.call('publish', ARGV[4], ARGV[5])
-  else
-    redis.call('hset', KEYS[1], ARGV[1], before)
+local state = redis.pcall('get', KEYS[1])
+if type(state) == 'string' then
+  local field, count, token, epoch, flag = parse(state)
+  if field and field == ARGV[1] and count == before + 1 then
+    if before == 0 then
+      keep(KEYS[1], '|' .. format_token(epoch) .. '|' .. format_token(token), ARGV[6])
+      if flag ~= '' then
+        redis.call('publish', ARGV[4], ARGV[5])
+      end
+    else
+      redis.call('set', KEYS[1], held_state(field, before, token, epoch, flag), 'keepttl')
+    end
+    return 1
   end
-  return 1
 end
-void_attempt(KEYS[2], ARGV[3])
+redis.call('set', KEYS[2], '1', 'px', ARGV[3])
 return 0

@@ -215,11 +215,8 @@ class MultiLock(Handle[list[LockKeys], "MultiLock"]):
 
     async def locked(self) -> dict[str, bool]:
         """``{name: whether anyone holds it}``, per Redis."""
-        client = self._manager._open_engine().client
-        return {
-            keys.name: bool(await client.call("EXISTS", keys.lock, key=keys.lock))
-            for keys in self._keys
-        }
+        self._manager._open_engine()
+        return {keys.name: await self._kind.locked(keys) for keys in self._keys}
 
     # -- async with (Handle's __aenter__ and __aexit__) ----------------------------------
 

@@ -64,8 +64,8 @@ UNDO = Script("_kinds/redisson/undo")
 FORCE_RELEASE = Script("_kinds/redisson/force_release")
 #: Redisson's watchdog renews exactly this way (HEXISTS the field, then PEXPIRE), so the
 #: lock's own batched renewal script serves unchanged.
-RENEW = Script("_kinds/lock/renew")
-EXTEND_BY = Script("_kinds/lock/extend_by")
+RENEW = Script("_kinds/redisson/renew")
+EXTEND_BY = Script("_kinds/redisson/extend_by")
 
 #: Redisson's ``LockPubSub.UNLOCK_MESSAGE``: the message its waiters wake on.
 UNLOCK_MESSAGE = "0"

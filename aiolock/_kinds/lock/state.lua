@@ -1,0 +1,69 @@
+-- aiolock lock prelude: the lock's whole per-name state in ONE string key (issue 21),
+-- spliced in where a lock script says `--@include _kinds/lock/state`.
+--
+--   held  '<field>|<count>|<token>|<epoch>|<flag>'  PX = the holder's lease
+--   free  '|<epoch>|<last>'                         PX = keep ms (or no expiry)
+--
+-- field: the holder's owner field (never contains '|', never empty); count: its hold
+-- count; token: its fencing token; flag: '' (no waiter seen), a manager id (only that
+-- manager's tasks were found waiting), or '*' (waiters of several managers). A busy
+-- attempt sets the flag; a final release publishes only if it is set, and the flag goes
+-- with the hold (a grant from a free state starts without one).
+--
+-- The inverted tombstone: every hold whose token lies in [epoch, token) (held) or in
+-- [epoch, last] (free) ended by a release. A lease that runs out deletes the whole
+-- state, and a force release writes a free state whose epoch is above every token given
+-- so far: both start a new epoch. So a resent release (its reply lost) answers
+-- "released" if its token is in that range, and "not held" otherwise, with no key per
+-- release. Tokens count on (last + 1) while the state lives; with no state, the next
+-- token is the server's clock in microseconds (TIME), which starts a new epoch.
+--
+-- parse(state) -> field, count, token, epoch, flag  (field '' for a free state, whose
+--     `token` is then its last token; count 0). Numbers are Lua numbers. nil for a value
+--     aiolock did not write (someone else's string): the scripts then answer NOT_OURS,
+--     the reply of a key of another type.
+-- keep(key, value, keep_ms): store a free state for keep_ms ('-1': without expiry).
+-- format_token(n): the decimal text of a token (exact up to 2^53).
+
+local NOT_OURS = {-1, 'string'}
+
+local function parse(state)
+  if string.byte(state, 1) == 124 then  -- '|': free
+    local epoch, last = string.match(state, '^|(%d+)|(%d+)$')
+    if not epoch then
+      return nil
+    end
+    return '', 0, tonumber(last), tonumber(epoch), ''
+  end
+  local field, count, token, epoch, flag = string.match(state, '^([^|]+)|(%d+)|(%d+)|(%d+)|(.*)$')
+  if not field then
+    return nil
+  end
+  return field, tonumber(count), tonumber(token), tonumber(epoch), flag
+end
+
+local function format_token(n)
+  return string.format('%d', n)
+end
+
+local function held_state(field, count, token, epoch, flag)
+  return field .. '|' .. count .. '|' .. format_token(token) .. '|' .. format_token(epoch)
+    .. '|' .. flag
+end
+
+local function keep(key, value, keep_ms)
+  if keep_ms == '-1' then
+    redis.call('set', key, value)
+  else
+    redis.call('set', key, value, 'px', keep_ms)
+  end
+end
+
+-- Read KEYS[1] as a string; a key of another type gives the {-1, type} reply (second value).
+local function read_state(key)
+  local state = redis.pcall('get', key)
+  if type(state) == 'table' and state.err then
+    return nil, {-1, redis.call('type', key).ok}
+  end
+  return state, nil
+end

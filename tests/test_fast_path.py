@@ -1,0 +1,245 @@
+"""The engine's fast path (issue 21): which acquisitions and releases take it, and that
+every case it must not handle falls back to the engine's full path.
+
+The fast path counts what it does (``Engine.fast_acquired`` / ``fast_released``); the
+engine counts every new hold (``acquired``). A case that must fall back is shown by the
+fast counters standing still while the engine's count moves. (The Redis Cluster and
+replica cases are in ``test_cluster.py`` and ``test_replicas.py``, next to their servers.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock._engine.engine import Engine
+from aiolock._engine.kind import Attempt, Busy, Granted
+from aiolock._errors import LockConnectionError
+
+from .helpers import eventually, within
+
+
+def engine_of(locks: aiolock.LockManager) -> Engine:
+    engine = locks._engine
+    assert engine is not None
+    return engine
+
+
+def counts(locks: aiolock.LockManager) -> tuple[int, int, int]:
+    """(fast acquisitions, fast releases, all new holds of the 'lock' kind)."""
+    engine = engine_of(locks)
+    return engine.fast_acquired, engine.fast_released, engine.acquired["lock"]
+
+
+async def test_an_uncontended_cycle_takes_the_fast_path(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("free")
+    async with lock:
+        assert await lock.owned()
+    assert counts(locks) == (1, 1, 1)
+    assert await lock.try_acquire()  # one attempt (timeout=0) too
+    await lock.release()
+    await lock.acquire(timeout=5)
+    assert lock.fencing_token is not None
+    await lock.release()
+    assert counts(locks) == (3, 3, 3)
+    assert not await lock.locked()
+    assert locks.statistics().hub.queues == 0  # the fast path left no queue behind
+
+
+async def test_contention_falls_back_to_the_engine(
+    locks: aiolock.LockManager, redis: Redis, prefix: str
+) -> None:
+    async def wait_for_it() -> tuple[int, int, int]:
+        lock = locks.lock("busy")
+        await lock.acquire(timeout=10)
+        got = counts(locks)
+        await lock.release()
+        return got
+
+    async with aiolock.LockManager(redis, prefix=prefix) as other:
+        await other.lock("busy").acquire()
+        assert not await locks.lock("busy").try_acquire()  # Busy: a timeout, no hold
+        assert counts(locks) == (0, 0, 0)
+        waiter = asyncio.create_task(wait_for_it())
+        await eventually(lambda: locks.statistics().hub.waiters == 1, what="the waiter")
+        await other.lock("busy").release()
+        # Its fast attempt found the lock busy: the engine's wait took it from there.
+        assert await within(waiter, what="the waiter to acquire") == (0, 0, 1)
+    assert not await locks.lock("busy").locked()
+
+
+async def test_local_waiters_are_handed_the_lock_by_the_engine(
+    locks: aiolock.LockManager,
+) -> None:
+    lock = locks.lock("local")
+    entered = [asyncio.Event() for _ in range(3)]
+    leave = [asyncio.Event() for _ in range(3)]
+
+    async def user(i: int) -> None:
+        async with lock:
+            entered[i].set()
+            await leave[i].wait()
+
+    tasks = [asyncio.create_task(user(0))]
+    await within(entered[0].wait(), what="the holder")
+    assert counts(locks) == (1, 0, 1)
+    tasks.append(asyncio.create_task(user(1)))  # fast attempt, Busy: waits as the head
+    await eventually(lambda: locks.statistics().hub.waiters == 1, what="the waiter")
+    tasks.append(asyncio.create_task(user(2)))  # a queue exists: the engine's wait
+    await eventually(lambda: locks.statistics().hub.waiters == 2, what="the second waiter")
+    leave[0].set()
+    await within(entered[1].wait(), what="the first hand-over")
+    assert counts(locks) == (1, 0, 2)  # the engine's release handed it over
+    leave[1].set()
+    await within(entered[2].wait(), what="the second hand-over")
+    assert counts(locks) == (1, 0, 3)
+    leave[2].set()
+    await within(asyncio.gather(*tasks), what="the users")
+    assert engine_of(locks).fast_acquired == 1
+    assert not await lock.locked()
+
+
+async def test_a_reentry_and_a_nested_release_take_the_engine(
+    locks: aiolock.LockManager,
+) -> None:
+    lock = locks.lock("nested")
+    async with lock:
+        async with lock:
+            assert await lock.hold_count() == 2
+        assert counts(locks) == (1, 0, 1)  # re-entry and the nested release: the engine
+        assert await lock.hold_count() == 1
+    assert counts(locks) == (1, 1, 1)  # the final release, with nobody waiting: fast
+
+
+async def test_observers_turn_the_fast_path_off(locks: aiolock.LockManager) -> None:
+    seen: list[str] = []
+
+    class Seen(aiolock.Observer):
+        def acquired(self, kind: str, name: str, waited: float, token: int | None) -> None:
+            seen.append(f"acquired {name}")
+
+        def released(self, kind: str, name: str, held: float, token: int | None) -> None:
+            seen.append(f"released {name}")
+
+    observer = Seen()
+    locks.add_observer(observer)
+    async with locks.lock("seen"):
+        pass
+    assert seen == ["acquired seen", "released seen"]
+    assert counts(locks) == (0, 0, 1)
+    locks.remove_observer(observer)
+    async with locks.lock("seen"):
+        pass
+    assert counts(locks) == (1, 1, 2)
+
+
+async def test_kinds_with_claims_take_the_engine(locks: aiolock.LockManager) -> None:
+    async with locks.fair_lock("fair"):
+        pass
+    async with locks.semaphore("sem", 2):
+        pass
+    rw = locks.rw_lock("rw")
+    async with rw.write():
+        pass
+    engine = engine_of(locks)
+    assert engine.fast_acquired == 0
+    async with rw.read():  # the read side has no claims: it may take it
+        pass
+    assert engine.fast_acquired == 1
+
+
+async def test_a_manager_that_stopped_acquiring_refuses_through_the_engine(
+    locks: aiolock.LockManager,
+) -> None:
+    lock = locks.lock("stopping")
+    await lock.acquire()
+    locks.stop_acquiring()
+    with pytest.raises(aiolock.ManagerNotOpenError):
+        await locks.lock("other").acquire(timeout=1)
+    await lock.release()  # the hub is closed: the engine's release
+    assert counts(locks) == (1, 0, 1)
+    assert not await lock.locked()
+
+
+@pytest.mark.parametrize("timeout", [None, 0])
+async def test_a_cancel_during_the_fast_attempt_still_undoes_it(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch, timeout: float | None
+) -> None:
+    """The script ran and granted the lock, but the reply never reached the task: the
+    undo reverts it, exactly as for the engine's own attempts."""
+    lock = locks.lock("cancelled")
+    kind = lock._kind
+    sent = asyncio.Event()
+    undone: list[Attempt] = []
+    real_attempt, real_undo = kind.attempt, kind.undo
+
+    async def attempt(attempt: Attempt) -> Granted | Busy:
+        outcome = await real_attempt(attempt)  # granted in Redis...
+        sent.set()
+        await asyncio.Event().wait()  # ...and the reply stuck until the cancel comes
+        return outcome
+
+    async def undo(attempt: Attempt) -> bool:
+        undone.append(attempt)
+        return await real_undo(attempt)
+
+    monkeypatch.setattr(kind, "attempt", attempt)
+    monkeypatch.setattr(kind, "undo", undo)
+    task = asyncio.create_task(lock.acquire(timeout=timeout))
+    await within(sent.wait(), what="the attempt to run")
+    assert await lock.locked()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(undone) == 1
+    assert not await lock.locked()  # undone: nobody holds it
+    assert counts(locks) == (0, 0, 0)
+    assert locks.statistics().held == 0
+    assert locks.statistics().hub.queues == 0  # the wait's exit left the queue
+
+
+async def test_a_connection_error_in_the_fast_attempt_is_undone_and_ridden_out(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = locks.lock("flaky")
+    kind = lock._kind
+    undone: list[Attempt] = []
+    real_attempt, real_undo = kind.attempt, kind.undo
+    failures = [LockConnectionError("the reply was lost")]
+
+    async def attempt(attempt: Attempt) -> Granted | Busy:
+        outcome = await real_attempt(attempt)
+        if failures:
+            raise failures.pop()
+        return outcome
+
+    async def undo(attempt: Attempt) -> bool:
+        undone.append(attempt)
+        return await real_undo(attempt)
+
+    monkeypatch.setattr(kind, "attempt", attempt)
+    monkeypatch.setattr(kind, "undo", undo)
+    await lock.acquire(timeout=10)  # (bounded by its own timeout; wait_for's task would own it)
+    assert len(undone) == 1  # the first attempt's grant was reverted
+    assert await lock.hold_count() == 1
+    assert engine_of(locks).connection_errors == 1
+    assert counts(locks) == (0, 0, 1)  # acquired by the engine's retry
+    await lock.release()
+    assert not await lock.locked()
+
+
+async def test_call_order_is_kept_with_the_fast_path(locks: aiolock.LockManager) -> None:
+    """Tasks that ask while a fast attempt is in flight queue behind it, in call order."""
+    order: list[int] = []
+
+    async def user(i: int) -> None:
+        async with locks.lock("order"):
+            order.append(i)
+            await asyncio.sleep(0)
+
+    await within(asyncio.gather(*(user(i) for i in range(8))), what="the users")
+    assert order == list(range(8))
+    assert engine_of(locks).fast_acquired == 1

@@ -1,0 +1,289 @@
+"""The lock's scripts against a model of its guarantees (issue 21's one-key state).
+
+Hypothesis drives random sequences of acquire, re-entry, release, resent commands, undo
+(before and after the attempt ran), hand-over, lease expiry and force release against
+the real scripts (``aiolock/_kinds/lock/*.lua``) on a real server, and checks every reply
+and the state left against a model that knows only the guarantees:
+
+* mutual exclusion: a new acquisition is granted exactly when the model has no live hold;
+* fencing tokens rise strictly with every grant (a hand-over and a resent new
+  acquisition included), across lost leases and force releases;
+* a resent release answers as the first run did: "released" while no lease ran out and
+  no force release came since (the inverted tombstone's epoch), else "not held"; the
+  release of a hold that was lost never answers "released";
+* a nested release or a re-entry sent twice counts once;
+* an undo that reaches Redis before its attempt voids it (the late attempt does nothing),
+  and an undo after it reverts it;
+* a final release publishes exactly when another manager's attempt found the hold busy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from aiolock._redis.scripts import Script
+
+LEASE_MS = 30_000
+KEEP_MS = "60000"
+VOID_MS = 60_000
+MANAGERS = ("m1", "m2", "m3")
+
+SOURCES = {
+    op: Script(f"_kinds/lock/{op}").source for op in ("acquire", "release", "undo", "force_release")
+}
+
+
+class LockScripts(RuleBasedStateMachine):
+    """One lock name per run; the model's state beside the server's."""
+
+    client: Any  # redis.Redis (bytes replies)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = f"model-{uuid.uuid4().hex}:lock:{{x}}"
+        self.channel = f"{self.key}:released"
+        self.scripts: dict[str, Any] = {
+            op: self.client.register_script(src) for op, src in SOURCES.items()
+        }
+        self.numbers = itertools.count(1)
+        #: the live hold per the model: field, count, token, manager; None: free
+        self.holder: dict[str, Any] | None = None
+        #: the largest token granted so far
+        self.issued = 0
+        #: epoch number: a lost lease or a force release starts a new one
+        self.epoch = 0
+        #: holds whose final release was confirmed: field -> (token, manager, epoch)
+        self.released: dict[str, tuple[int, str, int]] = {}
+        #: holds that ended without a release: field -> (token, manager)
+        self.lost: dict[str, tuple[int, str]] = {}
+        #: another manager's attempt found the current hold busy
+        self.flagged = False
+        self.subscriber = self.client.pubsub()
+
+    @initialize()
+    def listen(self) -> None:
+        # one listener on the channel: a published release is heard by exactly one client
+        self.subscriber.subscribe(self.channel)
+        deadline = time.monotonic() + 10
+        while self.client.pubsub_numsub(self.channel)[0][1] < 1:
+            assert time.monotonic() < deadline, "the subscription was not confirmed"
+            self.subscriber.get_message(timeout=0.01)
+
+    def teardown(self) -> None:
+        self.subscriber.close()
+        self.client.delete(self.key)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def _field(self, manager: str) -> str:
+        return f"{manager}:{next(self.numbers)}"
+
+    def _attempt(self) -> str:
+        """A new attempt's void marker (one per attempt, as the engine's attempt ids)."""
+        return f"{self.key}:void:a{next(self.numbers)}"
+
+    def _acquire(self, field: str, before: int, manager: str, void: str = "") -> Any:
+        return self.scripts["acquire"](
+            keys=[self.key, void or self._attempt()], args=[field, LEASE_MS, before, manager]
+        )
+
+    def _release(
+        self, field: str, count: int, manager: str, token: int, successor: str = ""
+    ) -> Any:
+        args: list[Any] = [field, count, manager, token, KEEP_MS, successor, LEASE_MS, 1, 0]
+        return self.scripts["release"](keys=[self.key], args=args)
+
+    def _undo(self, field: str, before: int, manager: str, void: str) -> Any:
+        args: list[Any] = [field, before, VOID_MS, self.channel, manager, KEEP_MS]
+        return self.scripts["undo"](keys=[self.key, void], args=args)
+
+    def _granted(self, token: int) -> None:
+        assert token > self.issued, f"token {token} not above {self.issued}"
+        self.issued = token
+
+    def _grant_new(self, field: str, manager: str, token: int) -> None:
+        self._granted(token)
+        self.holder = {"field": field, "count": 1, "token": token, "manager": manager}
+        self.flagged = False
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @rule(manager=st.sampled_from(MANAGERS), resend=st.booleans())
+    def acquire(self, manager: str, resend: bool) -> None:
+        field, void = self._field(manager), self._attempt()
+        reply = self._acquire(field, 0, manager, void)
+        if self.holder is None:
+            assert isinstance(reply, int), reply
+            self._grant_new(field, manager, reply)
+            if resend:  # the reply was lost: the resend gets a fresh, larger token
+                again = self._acquire(field, 0, manager, void)
+                assert again[0] == 1, again
+                self._granted(again[1])
+                assert self.holder is not None
+                self.holder["token"] = again[1]
+        else:
+            assert reply[0] == 0 and reply[1] > 0, reply  # busy, with the holder's lease
+            # the waiter flag: set by any busy attempt (the holder's own manager's too)
+            self.flagged = True
+
+    @precondition(lambda self: self.holder is not None)
+    @rule(resend=st.booleans())
+    def reenter(self, resend: bool) -> None:
+        assert self.holder is not None
+        holder, void = self.holder, self._attempt()
+        for _ in range(2 if resend else 1):
+            reply = self._acquire(holder["field"], holder["count"], holder["manager"], void)
+            assert reply == [2, holder["count"] + 1], reply
+        holder["count"] += 1
+
+    @precondition(lambda self: self.holder is not None)
+    @rule(resend=st.booleans())
+    def release(self, resend: bool) -> None:
+        assert self.holder is not None
+        h = self.holder
+        reply = self._release(h["field"], h["count"], h["manager"], h["token"])
+        if h["count"] > 1:
+            assert reply == [1, h["count"] - 1], reply
+            if resend:
+                again = self._release(h["field"], h["count"], h["manager"], h["token"])
+                assert again == [1, h["count"] - 1], again
+            h["count"] -= 1
+            return
+        assert isinstance(reply, int), reply
+        assert reply == (1 if self.flagged else 0), (reply, self.flagged)
+        self.released[h["field"]] = (h["token"], h["manager"], self.epoch)
+        self.holder = None
+        self.flagged = False
+        if resend:
+            self._check_resend(h["field"])
+
+    @precondition(lambda self: self.holder is not None and self.holder["count"] == 1)
+    @rule(manager=st.sampled_from(MANAGERS))
+    def hand_over(self, manager: str) -> None:
+        assert self.holder is not None
+        h = self.holder
+        successor = self._field(manager)
+        reply = self._release(h["field"], 1, h["manager"], h["token"], successor)
+        assert reply[0] == 4 and reply[1] == h["token"] + 1, reply
+        self._granted(reply[1])
+        self.released[h["field"]] = (h["token"], h["manager"], self.epoch)
+        flagged = self.flagged  # the waiter flag goes with the hold to the successor
+        self.holder = {"field": successor, "count": 1, "token": reply[1], "manager": manager}
+        self.flagged = flagged
+        # a resend of the release that handed over, naming its successor, says so
+        again = self._release(h["field"], 1, h["manager"], h["token"], successor)
+        assert again == [4, reply[1]], again
+
+    def _check_resend(self, field: str) -> None:
+        if field in self.released:
+            token, manager, epoch = self.released[field]
+            reply = self._release(field, 1, manager, token)
+            assert reply == ([2, 0] if epoch == self.epoch else [0, 0]), (reply, epoch)
+        else:
+            token, manager = self.lost[field]
+            reply = self._release(field, 1, manager, token)
+            assert reply == [0, 0], reply  # a lost hold is never "released"
+
+    @precondition(lambda self: bool(self.released or self.lost))
+    @rule(data=st.data())
+    def resend_release(self, data: st.DataObject) -> None:
+        field = data.draw(st.sampled_from(sorted([*self.released, *self.lost])))
+        self._check_resend(field)
+
+    @rule()
+    def lease_runs_out(self) -> None:
+        if not self.client.exists(self.key):
+            return
+        self.client.pexpire(self.key, 1)
+        deadline = time.monotonic() + 10
+        while self.client.exists(self.key):  # an access after the ms expires it
+            assert time.monotonic() < deadline, "the key did not expire"
+            time.sleep(0.002)
+        if self.holder is not None:
+            self.lost[self.holder["field"]] = (self.holder["token"], self.holder["manager"])
+            self.holder = None
+        self.epoch += 1  # the whole state is gone: tokens and released range with it
+        self.flagged = False
+
+    @rule()
+    def force_release(self) -> None:
+        reply = self.scripts["force_release"](
+            keys=[self.key], args=[self.channel, "admin", KEEP_MS]
+        )
+        if self.holder is None:
+            assert reply == [0, 0], reply
+            return
+        assert reply == [1, 0], reply
+        self.lost[self.holder["field"]] = (self.holder["token"], self.holder["manager"])
+        self.holder = None
+        self.epoch += 1
+        self.flagged = False
+
+    @rule(manager=st.sampled_from(MANAGERS), reentry=st.booleans())
+    def undo_before_the_attempt_runs(self, manager: str, reentry: bool) -> None:
+        before = self.client.get(self.key)
+        if reentry and self.holder is not None:
+            field, count, manager = (
+                self.holder["field"],
+                self.holder["count"],
+                self.holder["manager"],
+            )
+        else:
+            field, count = self._field(manager), 0
+        void = self._attempt()
+        assert self._undo(field, count, manager, void) == 0
+        late = self._acquire(field, count, manager, void)  # it arrives after its undo
+        assert late == [3, 0], late
+        assert self.client.get(self.key) == before  # it did nothing
+
+    @rule(manager=st.sampled_from(MANAGERS))
+    def undo_after_the_attempt_ran(self, manager: str) -> None:
+        if self.holder is not None:  # a re-entry that ran, then undone
+            h, void = self.holder, self._attempt()
+            reply = self._acquire(h["field"], h["count"], h["manager"], void)
+            assert reply == [2, h["count"] + 1], reply
+            assert self._undo(h["field"], h["count"], h["manager"], void) == 1
+            return
+        field, void = self._field(manager), self._attempt()
+        token = self._acquire(field, 0, manager, void)
+        assert isinstance(token, int), token
+        self._granted(token)
+        assert self._undo(field, 0, manager, void) == 1  # the new hold is given back
+        self.flagged = False
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def state_matches_the_model(self) -> None:
+        raw = self.client.get(self.key)
+        if self.holder is None:
+            assert raw is None or raw.startswith(b"|"), raw
+            return
+        h = self.holder
+        assert raw is not None
+        head = f"{h['field']}|{h['count']}|{h['token']}|".encode()
+        assert raw.startswith(head), (raw, head)
+        assert (not raw.endswith(b"|")) == self.flagged, raw  # the waiter flag
+
+
+@pytest.mark.timeout(600)
+def test_the_lock_scripts_keep_their_guarantees(sync_redis: redis.Redis) -> None:
+    LockScripts.client = sync_redis
+    run = LockScripts.TestCase
+    run.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+    run().runTest()
