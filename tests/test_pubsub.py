@@ -173,3 +173,71 @@ async def test_a_subscription_pass_looks_only_at_the_channels_that_changed(
         assert sorted(done) == list(range(n))
         await holder_side.redis.aclose()
         await locks.redis.aclose()
+
+
+class _CountingQueues(dict):  # type: ignore[type-arg]
+    """The hub's queues, counting the walks over all of them."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().values()
+
+
+async def test_statistics_do_not_walk_the_waited_on_names(redis_url: str, prefix: str) -> None:
+    """Issue 24: ``statistics()`` summed over every queue three times, so a caller that
+    polls it (a dashboard, the scale benchmark's wait for N subscriptions) paid O(N) per
+    look. The hub keeps the counts as queues change: asking walks no queue, and the
+    counts match a recount through joins, confirmations, wakes and leaves."""
+    n = 50
+    async with (
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as holder_side,
+        aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix) as locks,
+    ):
+        hub = locks._engine.hub  # type: ignore[union-attr]
+        hub._queues = _CountingQueues(hub._queues)
+
+        def recount() -> tuple[int, int, int]:
+            queues = list(dict.values(hub._queues))
+            return (
+                sum(1 for q in queues if q.waiters),
+                sum(len(q.waiters) for q in queues),
+                sum(1 for q in queues if q.confirmed),
+            )
+
+        def counted() -> tuple[int, int, int]:
+            hub_stats = locks.statistics().hub
+            return hub_stats.queues, hub_stats.waiters, hub_stats.subscriptions
+
+        held = [holder_side.lock(f"stat-{i}") for i in range(n)]
+        for lock in held:
+            await lock.acquire()
+
+        async def waiter(i: int) -> None:
+            async with locks.lock(f"stat-{i % n}", timeout=60):
+                pass
+
+        # two waiters on each name: a head and one behind it
+        tasks = [asyncio.create_task(waiter(i)) for i in range(2 * n)]
+        try:
+            await eventually(lambda: counted() == (n, 2 * n, n), timeout=30, what="subscribed")
+            assert counted() == recount()
+            walks = _CountingQueues.walks
+            for _ in range(100):
+                locks.statistics()
+            assert _CountingQueues.walks == walks
+            for lock in held[: n // 2]:
+                await lock.release()
+            await eventually(
+                lambda: counted() == (n - n // 2, n, n - n // 2), timeout=30, what="half done"
+            )
+            assert counted() == recount()
+        finally:
+            for lock in held[n // 2 :]:
+                await lock.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        await eventually(lambda: counted() == (0, 0, 0), timeout=30, what="all unsubscribed")
+        assert counted() == recount()
+        await holder_side.redis.aclose()
+        await locks.redis.aclose()

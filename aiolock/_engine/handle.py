@@ -83,7 +83,7 @@ class Handle(Generic[K, E]):
     handle's defaults) and :meth:`_entered` (what the block's ``as`` receives).
     """
 
-    __slots__ = ("_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
+    __slots__ = ("_body_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
 
     def __init__(
         self,
@@ -99,9 +99,19 @@ class Handle(Generic[K, E]):
         self._keys = keys
         self._timeout = timeout
         self._lease = lease
-        self._guard = BodyGuard()
+        self._body_guard: BodyGuard | None = None
         #: the factory's replicas= (see aiolock._redis.replicas), set by the manager
         self._replicas: HandlePolicy = INHERIT
+
+    @property
+    def _guard(self) -> BodyGuard:
+        """The handle's body guard, made when a block first enters: a handle whose task
+        still waits carries none, two objects fewer per waiter for the cyclic GC to walk
+        (issue 24)."""
+        guard = self._body_guard
+        if guard is None:
+            guard = self._body_guard = BodyGuard()
+        return guard
 
     def _take(
         self,

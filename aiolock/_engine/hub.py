@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -184,7 +183,11 @@ class ChannelQueue:
         self.queued = queued
         #: messages do not say who released (a foreign wire format): see _dispatch
         self.anonymous = anonymous
-        self.waiters: deque[Waiter] = deque()
+        #: a list, not a deque: most queues hold one waiter, and an empty deque with its
+        #: first block takes about 600 B against a list's 88 (issue 24: per-name memory
+        #: at 50,000 waited-on names); the head's removal moves the rest, a few
+        #: microseconds even for thousands of waiters on one name
+        self.waiters: list[Waiter] = []
         #: a queued kind's waiters by field, for the release messages that name them
         self.fields: dict[str, Waiter] = {}
         #: a waiter found the lock busy: the queue needs the release channel
@@ -250,6 +253,11 @@ class WaiterHub(SubscriptionEvents):
         #: (kept apart from the queues, which come and go between hand-overs)
         self._streaks: dict[str, int] = {}
         self._messages = 0
+        #: what statistics() reports, kept as the queues change so that asking costs
+        #: O(1), not a walk over every waited-on name (issue 24)
+        self._waiting = 0
+        self._busy = 0  # queues with a waiter
+        self._confirmed = 0  # queues whose subscription is confirmed
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -276,7 +284,10 @@ class WaiterHub(SubscriptionEvents):
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = Waiter(queue, owner, lease, field)
+        if not queue.waiters:
+            self._busy += 1
         queue.waiters.append(waiter)
+        self._waiting += 1
         if queued and field is not None:
             queue.fields[field] = waiter
         return waiter
@@ -351,6 +362,9 @@ class WaiterHub(SubscriptionEvents):
             queue.waiters.remove(waiter)
         except ValueError:
             return  # already gone (the hub was closed)
+        self._waiting -= 1
+        if not queue.waiters:
+            self._busy -= 1
         if waiter.field is not None and queue.fields.get(waiter.field) is waiter:
             del queue.fields[waiter.field]
         if queue.queued and was_first and not queue.confirmed and queue.waiters:
@@ -374,7 +388,7 @@ class WaiterHub(SubscriptionEvents):
             elif self._queues.get(queue.channel) is queue:
                 # Never subscribed (the common, uncontended case): forget it now, without
                 # waking the source on every acquisition.
-                del self._queues[queue.channel]
+                self._forget(queue)
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
@@ -434,9 +448,9 @@ class WaiterHub(SubscriptionEvents):
 
     def statistics(self) -> HubStatistics:
         return HubStatistics(
-            queues=sum(1 for q in self._queues.values() if q.waiters),
-            waiters=sum(len(q.waiters) for q in self._queues.values()),
-            subscriptions=sum(1 for q in self._queues.values() if q.confirmed),
+            queues=self._busy,
+            waiters=self._waiting,
+            subscriptions=self._confirmed,
             messages=self._messages,
             reconnects=self.source.tally.reconnects,
         )
@@ -473,25 +487,34 @@ class WaiterHub(SubscriptionEvents):
             # First confirmation: the head may now retry without missing a release.
             # A repeated one follows a reconnect made inside redis-py, during which
             # releases may have been missed: either way, wake the head.
-            queue.confirmed = True
+            self._confirm(queue, True)
             queue.wake_head()
 
     def on_unconfirmed(self, channel: str) -> None:
         queue = self._queues.get(channel)
         if queue is not None:
-            queue.confirmed = False
+            self._confirm(queue, False)
 
     def on_dropped(self, channel: str) -> None:
         """Forget the queue of *channel* if nobody uses it any more (nor the server)."""
         queue = self._queues.get(channel)
         if queue is not None and not queue.waiters:
-            del self._queues[channel]
+            self._forget(queue)
+
+    def _confirm(self, queue: ChannelQueue, confirmed: bool) -> None:
+        if queue.confirmed != confirmed:
+            queue.confirmed = confirmed
+            self._confirmed += 1 if confirmed else -1
+
+    def _forget(self, queue: ChannelQueue) -> None:
+        self._confirm(queue, False)
+        del self._queues[queue.channel]
 
     def on_lost(self, channels: Collection[str]) -> None:
         for channel in channels:
             queue = self._queues.get(channel)
             if queue is not None:
-                queue.confirmed = False
+                self._confirm(queue, False)
                 # A release may have been missed; heads fall back to TTL waits (a queued
                 # kind's queue: the first waiter, see wake_head)
                 queue.wake_head()

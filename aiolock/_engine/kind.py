@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 from aiolock._errors import LockError, LockTimeoutError
 from aiolock._keys import ms
 from aiolock._redis.reply import as_int
+from aiolock._redis.translate import key_type_error
 
 if TYPE_CHECKING:
     from aiolock._keys import LockKeys
@@ -61,6 +62,7 @@ __all__ = [
     "busy_for",
     "decode_attempt",
     "decode_release",
+    "wrong_type",
 ]
 
 
@@ -222,6 +224,16 @@ _RELEASE_CODES = {
 
 #: Makes the error for a ``{-1, ...}`` reply: a key of the structure holds another type.
 BadKey = Callable[[Sequence[Any]], Exception]
+
+
+def wrong_type(key: str) -> BadKey:
+    """The :data:`BadKey` of a structure kept under *key*.
+
+    Call it after the script's reply came, not before the await: a lambda in the
+    awaiting coroutine that captured the key would give its frame a cell for its whole
+    life, one more object for the cyclic GC per attempt in flight (issue 24).
+    """
+    return lambda bad: key_type_error(key, bad[1])
 
 
 def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
@@ -415,10 +427,11 @@ class KindBase:
     queued = False
     registers_listeners = False
     claim_ttl = 10.0
-    #: 500 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.7 ms of Redis
-    #: time per call (benchmarks/NOTES.md, issue 24); kinds with more work per hold
-    #: set a smaller batch
-    renew_batch = 500
+    #: 300 holds of one key each (HEXISTS or GET, then PEXPIRE): 0.4-0.5 ms of Redis
+    #: time per call on an idle server, and under a millisecond with room on a loaded
+    #: one (500 took 1.0-1.5 ms there: benchmarks/NOTES.md, issue 24); kinds with more
+    #: work per hold set a smaller batch
+    renew_batch = 300
     fencing_unavailable = ""
     anonymous_messages = False
     #: the script that renews holds (lease in ms) or only checks them (0), many per call:

@@ -6,7 +6,7 @@ no longer has (force-released by another client, evicted, lost in a failover) re
 its owner within a third of its lease, not only at its end. Holds are sent in batches
 of one lock kind; on Redis Cluster (``group_by_slot``) also of one slot, since a script
 may only touch keys of one slot there. A single server takes any mix, and 10,000 holds
-spread over as many slots then still take 20 round trips, not 10,000.
+spread over as many slots then still take 34 round trips (lock holds), not 10,000.
 
 A batch is as large as its kind's :attr:`~aiolock._engine.kind.LockKind.renew_batch`: each kind
 names the number of holds whose renewal stays under a millisecond of Redis time (a

@@ -43,9 +43,12 @@ local function prune(H, E, now)
 end
 
 -- Let the limit key L live at least `ttl` ms more; never shortens it, and gives a limit
--- stored without expiry (by set_limit while idle, or by an older version) one.
+-- stored without expiry (by set_limit while idle, or by an older version) one. One
+-- command when L has a TTL shorter than `ttl` (the usual case: a renewal pushes it
+-- back): PEXPIRE GT treats a key without TTL as never expiring, so only then (0 and a
+-- PTTL of -1) does it take a second command; a missing L (PTTL -2) is left missing.
 local function keep_limit(L, ttl)
-  if ttl > 0 and redis.call('pttl', L) < ttl then
+  if ttl > 0 and redis.call('pexpire', L, ttl, 'GT') == 0 and redis.call('pttl', L) == -1 then
     redis.call('pexpire', L, ttl)
   end
 end

@@ -29,6 +29,7 @@ from aiolock._engine.kind import (
     Successor,
     decode_attempt,
     decode_release,
+    wrong_type,
 )
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockKeyTypeError
@@ -79,7 +80,7 @@ class ReentrantLockKind(KindBase):
             (keys.lock, attempt.void),
             (attempt.field, ms(attempt.lease), attempt.before, self._rt.manager_id),
         )
-        return decode_attempt(reply, lambda bad: key_type_error(keys.lock, bad[1]))
+        return decode_attempt(reply, wrong_type(keys.lock))
 
     async def register_listener(self, keys: LockKeys, ttl: float) -> None:
         key = keys.part("listeners")
@@ -170,7 +171,7 @@ class ReentrantLockKind(KindBase):
                 1 if listening else 0,
             ),
         )
-        return decode_release(reply, lambda bad: key_type_error(keys.lock, bad[1]))
+        return decode_release(reply, wrong_type(keys.lock))
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(

@@ -121,10 +121,11 @@ class SemaphoreKind(KindBase):
     name = "semaphore"
     renew_script = RENEW
     extend_by_script = EXTEND_BY
-    #: ZSCORE, ZADD and two PEXPIREs per permit of its own semaphore: about 3x a
-    #: lock's Redis time per hold, so 150 a call stay under a millisecond (benchmarks/NOTES.md,
+    #: ZSCORE, ZADD and three PEXPIREs (holders, expiries, limit) per permit of its own
+    #: semaphore: about 3x a lock's Redis time per hold, so 100 a call stay under a
+    #: millisecond on a loaded server (150 took 1.0-1.6 ms there: benchmarks/NOTES.md,
     #: issue 24)
-    renew_batch = 150
+    renew_batch = 100
     shared = True
     claims = True
     claim_ttl = 10.0

@@ -11,22 +11,27 @@
 -- or a key replaced by another type). An ended lease is never revived: another client
 -- may have counted those permits as free.
 --
--- Cost (issue 24): the watchdog sends up to a hundred or more permits per call, so the
--- work per renewed permit is ZSCORE and ZADD, and per semaphore of the batch one PEXPIRE
--- ... GT of H, plus one of E and the limit key's when it took. The scripts change H and
--- E together (a field is in both or in neither), so H's field needs no HEXISTS of its
--- own while H is intact: PEXPIRE GT takes only on an existing key with a TTL, and H
--- always has one. When it does not take (H gone or replaced by a value without TTL,
--- another holder's lease ends later, or an extend shortened this one), each permit's
--- field is looked up in H and the keys' lifetime is set from the latest lease in E, as
--- before.
+-- Cost (issue 24): the watchdog sends a hundred or more permits per call, often one per
+-- semaphore, so the work per renewed permit is ZSCORE and ZADD, and per semaphore of the
+-- batch (the first of its permits, and any later one with a longer lease) one
+-- PEXPIRE ... GT of H, then one PEXPIRE of E and one PEXPIRE ... GT of the limit key
+-- (keep_limit) when it took: five commands for a semaphore with one permit, no table
+-- per permit. The scripts change H and E together (a field is in both or in neither),
+-- so H's field needs no HEXISTS of its own while H is intact: PEXPIRE GT takes only on
+-- an existing key with a TTL, and H always has one. When it does not take (H gone or
+-- replaced by a value without TTL, another holder's lease ends later, or an extend
+-- shortened this one), each permit's field of that H is looked up in H and the keys'
+-- lifetime is set from the latest lease in E at the end, as before.
 --@include _kinds/_lua/permits
 
 local now = math.floor(now_us() / 1000)
 local held = {}
-local touched = {}  -- H -> {E, the longest lease set this call, permit indexes, L}
+-- H -> the longest lease its PEXPIRE GT took with in this call, or false: it did not
+-- take for H's first permit here (H is checked per permit, and settled at the end)
+local set = {}
+local settle = nil  -- H -> {E, L} of the holders settled at the end
 for i = 1, #KEYS / 3 do
-  local H, E, L = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local H, E = KEYS[3 * i - 2], KEYS[3 * i - 1]
   local field, lease = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
   local expiry = redis.pcall('zscore', E, field)
   held[i] = 0
@@ -38,28 +43,33 @@ for i = 1, #KEYS / 3 do
     else
       redis.call('zadd', E, now + lease, field)
       held[i] = 1
-      local seen = touched[H]
-      if seen == nil then
-        touched[H] = {E, lease, {i}, L}
-      else
-        seen[2] = math.max(seen[2], lease)
-        seen[3][#seen[3] + 1] = i
+      local took = set[H]
+      if took == nil or (took and lease > took) then
+        if redis.call('pexpire', H, lease, 'GT') == 1 then
+          set[H] = lease
+          redis.call('pexpire', E, lease)
+          keep_limit(KEYS[3 * i], lease)
+        elseif took == nil then
+          -- (after a take in this call, a refused longer lease cannot happen: the
+          -- server's clock stands still within a script)
+          took = false
+          set[H] = false
+          if settle == nil then
+            settle = {}
+          end
+          settle[H] = {E, KEYS[3 * i]}
+        end
+      end
+      if took == false and redis.pcall('hexists', H, field) ~= 1 then
+        held[i] = 0
       end
     end
   end
 end
-for H, seen in pairs(touched) do
-  if redis.call('pexpire', H, seen[2], 'GT') == 1 then
-    redis.call('pexpire', seen[1], seen[2])
-    keep_limit(seen[4], seen[2])
-  else
-    for _, i in ipairs(seen[3]) do
-      if redis.pcall('hexists', H, ARGV[2 * i - 1]) ~= 1 then
-        held[i] = 0
-      end
-    end
+if settle ~= nil then
+  for H, keys in pairs(settle) do
     if redis.call('type', H).ok == 'hash' then
-      expire_holders(H, seen[1], now, seen[4])
+      expire_holders(H, keys[1], now, keys[2])
     end
   end
 end

@@ -61,9 +61,9 @@ class TimestampLockKind(StringKindBase):
     name = "timestamp lock"
     renew_script = RENEW
     #: two GETs and two writes per hold (the lock's value and its holder record): about
-    #: 3x a lock's Redis time per hold, so 150 a call stay under a millisecond
-    #: (benchmarks/NOTES.md, issue 24)
-    renew_batch = 150
+    #: 3x a lock's Redis time per hold, so 100 a call stay under a millisecond on a
+    #: loaded server (benchmarks/NOTES.md, issue 24)
+    renew_batch = 100
     fencing_unavailable = (
         "locks of the 'timestamp' wire format have no fencing token: the legacy "
         "SETNX/GETSET protocol stores only an expiry time, and legacy clients would not "
