@@ -11,9 +11,10 @@ stopped by pid) serves every phase; the server is flushed between sizes. For eac
   task per name (``async with manager.lock(name)``). Setup CPU per waiter is this
   process's ``time.process_time`` from starting the tasks until the hub counts N waiters
   and N confirmed subscriptions; memory per waiter the RSS growth over the same span.
-  Then, over two lease periods (the holder renewing), the waiters' probes: Redis
-  ``INFO commandstats`` calls of ``EVALSHA`` (attempts; the holder's renewal calls, which
-  it reports, are taken off) and ``PTTL`` (looks), per second. Then the holder releases
+  Then, over two lease periods (the holder renewing), the waiters' probes per second,
+  counted by script in this process (attempts: the lock's acquire script; looks: its
+  probe script, a PTTL before issue 21), apart from the listener registrations that
+  ``aiolock show`` reads (counted by themselves). Then the holder releases
   all N at once; CPU per wake is this process's CPU from that order until every waiter
   has held and released, divided by N; release-all is the wall time until every waiter
   has held.
@@ -66,7 +67,7 @@ HOLDS_LEASE = 600.0
 RENEW_ROUNDS = 3
 PEER_POOL = 64
 #: why the probe rate is not N / (10 x lease): benchmarks/NOTES.md, issue 24, item 2
-PROBE_NOTE = "documented: a PTTL look per lease end, NOTES.md issue 24 item 2"
+PROBE_NOTE = "documented: one look (the probe script) per lease end, NOTES.md issue 24 item 2"
 #: seconds over which the peer rows measure the cost of waiting
 PEER_WAIT = 2.0
 
@@ -225,12 +226,44 @@ async def _commandstats(admin: redis.asyncio.Redis) -> tuple[dict[str, int], dic
     )
 
 
+class ScriptCounts:
+    """Counts this process's script calls by script name, at the client's one entry point
+    for scripts (INFO commandstats counts every EVALSHA alike: attempts, probes and
+    listener registrations could not be told apart there)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self._original: Any = None
+
+    def __enter__(self) -> ScriptCounts:
+        from aiolock._redis.pipeline import Pipelining
+
+        self._original = original = Pipelining.run
+        calls = self.calls
+
+        def run(client: Any, script: Any, keys: Any, args: Any) -> Any:
+            calls[script.name] = calls.get(script.name, 0) + 1
+            return original(client, script, keys, args)
+
+        Pipelining.run = run  # type: ignore[method-assign, assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from aiolock._redis.pipeline import Pipelining
+
+        Pipelining.run = self._original  # type: ignore[method-assign]
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.calls)
+
+
 async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: float) -> Result:
     limit = 60 + n / 100  # seconds per step: generous, bounded
     holder = await Holder.start("aiolock", url, n, lease, limit)
     manager = await LockManager.from_url(url, prefix=PREFIX).open()
     held = 0
     tasks: list[asyncio.Task[None]] = []
+    counts = ScriptCounts().__enter__()
     try:
 
         async def waiter(name: str) -> None:
@@ -249,16 +282,18 @@ async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: f
         rss1 = metrics.rss_bytes()
         # Probes over two of the holder's lease periods.
         await asyncio.sleep(lease)  # every head has made its first look or attempt
-        trips0, (calls0, _, _) = await holder.renewal_round_trips(), await _commandstats(admin)
+        calls0 = counts.snapshot()
         w0 = time.monotonic()
         await asyncio.sleep(2 * lease)
-        calls1, _, _ = await _commandstats(admin)
+        calls1 = counts.snapshot()
         window = time.monotonic() - w0
-        trips1 = await holder.renewal_round_trips()
-        # The holder's renewal count is read just outside the window: a call or two of
-        # skew, so the difference is kept at 0 or more.
-        attempts = max(0, calls1.get("evalsha", 0) - calls0.get("evalsha", 0) - (trips1 - trips0))
-        looks = calls1.get("pttl", 0) - calls0.get("pttl", 0)
+
+        def delta(script: str) -> int:
+            return calls1.get(script, 0) - calls0.get(script, 0)
+
+        attempts = delta("_kinds/lock/acquire")
+        looks = delta("_kinds/lock/probe")
+        registrations = delta("_kinds/lock/listen")
         # Release all; wait until every waiter has held and released.
         early = held  # waiters that held before the release (a lease that ran out): 0
         cpu0, t0 = time.process_time(), time.monotonic()
@@ -280,6 +315,7 @@ async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: f
             "attempts_per_s": attempts / window,
             "looks_per_s": looks / window,
             "probes_per_s": (attempts + looks) / window,
+            "listener_registrations_per_s": registrations / window,
             "probe_target_per_s": n / (10 * lease),
             "held_before_release": early,
         }
@@ -289,6 +325,7 @@ async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: f
         await asyncio.gather(*tasks, return_exceptions=True)
         await manager.aclose()
         await holder.stop()
+        counts.__exit__()
 
 
 async def waiters_redis_py(url: str, admin: redis.asyncio.Redis, n: int, wait: float) -> Result:
@@ -527,7 +564,7 @@ def targets(rows: list[Result]) -> list[Result]:
                 w["all_held_us_per_waiter"] <= 100)  # fmt: skip
             add(f"probes at {n:,} <= N / (10 x lease) = {w['probe_target_per_s']:,.0f}/s",
                 f"{w['probes_per_s']:,.0f}/s ({max(0, w['attempts_per_s']):,.0f} attempts, "
-                f"{w['looks_per_s']:,.0f} PTTL looks)",
+                f"{w['looks_per_s']:,.0f} looks)",
                 w["probes_per_s"] <= w["probe_target_per_s"], PROBE_NOTE)  # fmt: skip
         h = row.get("holds")
         if h:
@@ -554,7 +591,7 @@ def render(result: Result) -> str:
         "docstring for what each figure is.",
         "",
         "| N | setup CPU us/waiter | RSS B/waiter | CPU us/wake | release-all s "
-        "| us x N | attempts/s | PTTL looks/s | target probes/s |",
+        "| us x N | attempts/s | looks/s | target probes/s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
