@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from aiolock._engine.kind import Hold, LockKind
     from aiolock._keys import LockKeys
 
-__all__ = ["_DEFAULT", "Handle", "lost_error", "not_owned_error", "resolve"]
+__all__ = ["_DEFAULT", "Handle", "extend_seconds", "lost_error", "not_owned_error", "resolve"]
 
 
 class _Default:
@@ -53,6 +53,21 @@ def resolve(
     if lease is _DEFAULT:
         return wait, default_lease
     return wait, None if lease is None else check_lease(lease)
+
+
+def extend_seconds(lease: float | None, additional: float | None) -> float:
+    """The checked seconds of an ``extend(lease)`` or ``extend(additional=...)`` call
+    (locks and permits alike): exactly one of the two, a valid number of seconds."""
+    if (lease is None) == (additional is None):
+        raise TypeError(
+            "extend() takes either lease (the time left to set) or additional= (the "
+            f"time to add to what is left), exactly one; got lease={lease!r}, "
+            f"additional={additional!r}"
+        )
+    if additional is None:
+        assert lease is not None
+        return check_lease(lease, "lease")
+    return check_lease(additional, "additional")
 
 
 def lost_error(what: str, reasons: str, tail: str = "") -> LockLostError:

@@ -12,7 +12,14 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from aiolock._engine.handle import _DEFAULT, Handle, lost_error, not_owned_error, resolve
+from aiolock._engine.handle import (
+    _DEFAULT,
+    Handle,
+    extend_seconds,
+    lost_error,
+    not_owned_error,
+    resolve,
+)
 from aiolock._errors import LockError, WireFormatError
 from aiolock._keys import LockKeys, check_lease
 from aiolock._kinds.lock.handoff import HandoffToken, adopt, detach, handoff_kind
@@ -130,16 +137,7 @@ class Lock(Handle[LockKeys, "Lock"]):
         """Set the remaining lease of the current task's fixed-lease hold to *lease* s, or
         add *additional* s to what is left of it (one atomic step on the server, like
         redis-py's ``extend(additional_time)``); give exactly one of the two."""
-        if (lease is None) == (additional is None):
-            raise TypeError(
-                "extend() takes either lease (the time left to set) or additional= (the "
-                f"time to add to what is left), exactly one; got lease={lease!r}, "
-                f"additional={additional!r}"
-            )
-        seconds = check_lease(
-            lease if additional is None else additional,
-            "lease" if additional is None else "additional",
-        )
+        seconds = extend_seconds(lease, additional)
         engine = self._manager._open_engine()
         hold = self._owned_hold()
         if hold.renew:

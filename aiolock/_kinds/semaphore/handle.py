@@ -12,7 +12,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from aiolock._engine.engine import ORPHAN
-from aiolock._engine.handle import _DEFAULT, Handle, resolve
+from aiolock._engine.handle import _DEFAULT, Handle, extend_seconds, resolve
 from aiolock._errors import (
     LockError,
     LockLostError,
@@ -20,7 +20,6 @@ from aiolock._errors import (
     LockTimeoutError,
     WireFormatError,
 )
-from aiolock._keys import check_lease
 from aiolock._kinds.semaphore.kind import SemaphoreKeys, SemaphoreKind, check_limit, check_permits
 
 if TYPE_CHECKING:
@@ -114,16 +113,7 @@ class Permit:
         """Set the remaining lease of a permit acquired with a fixed ``lease=`` to *lease*
         s, or add *additional* s to what is left of it (one atomic step on the server, as
         :meth:`aiolock.Lock.extend`); give exactly one of the two."""
-        if (lease is None) == (additional is None):
-            raise TypeError(
-                "extend() takes either lease (the time left to set) or additional= (the "
-                f"time to add to what is left), exactly one; got lease={lease!r}, "
-                f"additional={additional!r}"
-            )
-        seconds = check_lease(
-            lease if additional is None else additional,
-            "lease" if additional is None else "additional",
-        )
+        seconds = extend_seconds(lease, additional)
         engine = self._manager._open_engine()
         hold = self._hold
         if hold.lost:
