@@ -75,9 +75,9 @@ class ScriptCycles:
         self._run = run
         self._keys = KeySpace(PREFIX, MANAGER_ID)
         self._number = 0
-        # what a manager with the default fence_ttl sends (aiolock._engine.runtime.Runtime)
-        self.fence_ms = "60000"
-        self.tombstone_ms = 10_000
+        # how long a free state is kept, as a manager with the default fence_ttl sends it
+        # (the longer of fence_ttl and the tombstone lifetime: aiolock._kinds.lock.kind)
+        self.keep_ms = "60000"
 
     async def cycle(self, name: str) -> None:
         keys = self._keys.keys(name)
@@ -85,20 +85,15 @@ class ScriptCycles:
         field = f"{MANAGER_ID}:{self._number}"
         void = keys.void(f"{MANAGER_ID}:{self._number}")
         granted = decode_attempt(
-            await self._run(ACQUIRE, (keys.lock, keys.fence, void), (field, LEASE_MS, 0)), _bad
+            await self._run(ACQUIRE, (keys.lock, void), (field, LEASE_MS, 0, MANAGER_ID)), _bad
         )
         if not isinstance(granted, Granted):
             raise RuntimeError(f"{name} was busy: names are distinct, nothing else holds it")
-        self._number += 1
-        release_id = f"{MANAGER_ID}:{self._number}"
-        # the field, hold count, manager id, token, fence and tombstone lifetimes, then no
-        # successor (its field and lease), hand over freely, nobody listening
-        args = (field, 1, MANAGER_ID, granted.token, self.fence_ms, self.tombstone_ms)
+        # the field, hold count, manager id, token, how long the free state is kept, then
+        # no successor (its field and lease), hand over freely, nobody listening
+        args = (field, 1, MANAGER_ID, granted.token, self.keep_ms)
         released = decode_release(
-            await self._run(
-                RELEASE, (keys.lock, keys.fence, keys.tombstone(release_id)), (*args, "", 0, 1, 0)
-            ),
-            _bad,
+            await self._run(RELEASE, (keys.lock,), (*args, "", 0, 1, 0)), _bad
         )
         if released.status is not ReleaseStatus.RELEASED:
             raise RuntimeError(f"{name} was not released: {released}")

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import hiredis
 from redis.asyncio import Connection, ConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 
 
 class RoundTrips:
@@ -117,3 +118,15 @@ def closed_port(host: str = "127.0.0.1") -> Iterator[int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         yield int(sock.getsockname()[1])
+
+
+async def lock_held(redis: Redis | RedisCluster, key: str) -> bool:
+    """Whether the lock state at *key* (aiolock's own wire format) is held: since issue 21
+    it is one string that stays after the last release (``|<epoch>|<last token>``, free)
+    for the fence and resent releases; a key of another type counts as held."""
+    if not await redis.exists(key):
+        return False
+    if await redis.type(key) not in (b"string", "string"):
+        return True
+    value: Any = await redis.get(key)
+    return value is not None and not value.startswith(b"|")

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.contrib.fastapi import get_lock_manager, lock_lifespan, locked_streaming_response
 
+from .helpers import lock_held
 from .web_servers import uvicorn_serving
 
 CHUNK = b"x" * 65536  # large: the body soon waits for the client to read (back-pressure)
@@ -72,7 +73,7 @@ async def test_a_client_leaving_a_locked_stream_behind_a_middleware_frees_the_lo
                 await read_one_chunk_and_leave(f"{base}/export")
                 assert entered.is_set()
                 started = time.monotonic()
-                while await admin.exists(key):  # freed while the server runs (lease 30 s)
+                while await lock_held(admin, key):  # freed while the server runs (lease 30 s)
                     assert time.monotonic() - started < 10, "the lock stayed held"
                     await asyncio.sleep(0.01)
     logged = "\n".join(
@@ -127,12 +128,12 @@ async def test_locked_streaming_response_holds_the_lock_for_the_stream_and_frees
                 assert busy.status_code == 423  # refused before anything was sent
                 await streaming.aclose()  # the client leaves mid-stream
             started = time.monotonic()
-            while await admin.exists(key):  # the client left: freed while the server runs
+            while await lock_held(admin, key):  # the client left: freed while the server runs
                 assert time.monotonic() - started < 10, "the lock stayed held"
                 await asyncio.sleep(0.01)
             whole = await client.get("/export", params={"chunks": 3})
             assert whole.status_code == 200 and len(whole.content) == 3 * len(CHUNK)
-            assert not await admin.exists(key)
+            assert not await lock_held(admin, key)
             manager: aiolock.LockManager = app.state.aiolock
             assert manager.statistics().released_on_task_exit == 0
     assert len(sent) < 10_000  # the stream stopped when its client left

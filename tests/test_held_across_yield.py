@@ -23,6 +23,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing import RedisServer
 
+from .helpers import lock_held
+
 #: Long enough that an expiry can never be what frees a lock in these tests.
 LEASE = 30.0
 
@@ -47,7 +49,7 @@ def cancelling() -> int:
 async def gone(redis: Redis, key: str, within: float = 10.0) -> float:
     """Seconds until *key* is gone from Redis (fails after *within*)."""
     started = time.monotonic()
-    while await redis.exists(key):
+    while await lock_held(redis, key):
         assert time.monotonic() - started < within, f"{key} still held after {within} s"
         await asyncio.sleep(0.01)
     return time.monotonic() - started

@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
-from .helpers import eventually
+from .helpers import eventually, lock_held
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -280,7 +280,7 @@ async def test_a_killed_leader_is_replaced_within_the_lease(
         assert {pid for _, _, pid in runs_of} == {first.pid, second.pid}
         assert overlaps(runs_of) == []
         key = aiolock.LockManager(admin, prefix=prefix).lock("scheduler").key
-        assert not await admin.exists(key)
+        assert not await lock_held(admin, key)
     finally:
         for child in children:
             _kill(child)

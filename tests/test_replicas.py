@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing import RedisServer
 
-from .helpers import eventually
+from .helpers import eventually, lock_held
 
 NODE_ARGS = ["--repl-diskless-sync-delay", "0"]
 
@@ -139,7 +139,7 @@ async def test_min_replicas_to_write_refusal_is_named(
         async with _manager(pair, prefix) as locks:
             with pytest.raises(aiolock.LockBackendError, match="min-replicas-to-write"):
                 await locks.lock("a").acquire(timeout=1)
-        assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
+        assert not await lock_held(primary, f"{prefix}:lock:{{a}}")
     finally:
         await primary.config_set("min-replicas-to-write", 0)
 
@@ -157,7 +157,7 @@ async def test_a_replica_that_does_not_acknowledge_undoes_the_acquisition(
         assert 0.25 <= took < 3.0, f"the 0.3 s replica_timeout ended after {took:.2f} s"
         assert "replica_timeout" in str(e.value) and "on_replica_shortfall" in str(e.value)
         # Undone: nobody holds it, and another manager takes it at once.
-        assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
+        assert not await lock_held(primary, f"{prefix}:lock:{{a}}")
         async with _manager(pair, prefix) as other, other.lock("a", timeout=0):
             pass
         # With the replica back, acquisitions are acknowledged again.
@@ -204,7 +204,7 @@ async def test_wait_refused_says_how_to_turn_it_off(
             with pytest.raises(aiolock.ReplicaAckError, match="refused WAIT") as caught:
                 await locks.lock("a").acquire()
             assert "without replicas=" in str(caught.value)
-            assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
+            assert not await lock_held(primary, f"{prefix}:lock:{{a}}")
     finally:
         await primary.acl_deluser(user)
 
@@ -230,7 +230,7 @@ async def test_a_cancelled_acquire_blocked_in_wait_is_undone(
             task = asyncio.create_task(locks.lock("a").acquire())
 
             async def granted() -> bool:
-                return bool(await primary.exists(f"{prefix}:lock:{{a}}"))
+                return await lock_held(primary, f"{prefix}:lock:{{a}}")
 
             await eventually(granted, what="the script to run")  # and WAIT blocks
             assert not task.done()
@@ -239,10 +239,10 @@ async def test_a_cancelled_acquire_blocked_in_wait_is_undone(
                 await task
             # The undo went out on another connection while WAIT still blocks its own.
             for _ in range(150):
-                if not await primary.exists(f"{prefix}:lock:{{a}}"):
+                if not await lock_held(primary, f"{prefix}:lock:{{a}}"):
                     break
                 await asyncio.sleep(0.02)
-            assert await primary.exists(f"{prefix}:lock:{{a}}") == 0
+            assert not await lock_held(primary, f"{prefix}:lock:{{a}}")
         assert locks.statistics().held == 0
 
 
@@ -333,7 +333,7 @@ async def test_wait_unknown_to_the_server_says_how_to_turn_it_off(prefix: str) -
                 await locks.lock("a").acquire()
             assert "unknown command" in str(caught.value)
             assert "replicas=0" in str(caught.value)
-            assert await locks.redis.exists(f"{prefix}:lock:{{a}}") == 0
+            assert not await lock_held(locks.redis, f"{prefix}:lock:{{a}}")
             assert locks.statistics().held == 0
 
 

@@ -230,15 +230,3 @@ async def children(*made: Child) -> AsyncIterator[tuple[Child, ...]]:
     finally:
         for child in made:
             await child.stop()
-
-
-async def lock_held(redis: Redis, key: str) -> bool:
-    """Whether the lock state at *key* (aiolock's own wire format) is held: since issue 21
-    it is one string that stays after the last release (``|<epoch>|<last token>``, free)
-    for the fence and resent releases; a key of another type counts as held."""
-    if not await redis.exists(key):
-        return False
-    if await redis.type(key) not in (b"string", "string"):
-        return True
-    value: Any = await redis.get(key)
-    return value is not None and not value.startswith(b"|")

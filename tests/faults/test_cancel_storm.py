@@ -20,8 +20,9 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
+from ..helpers import lock_held
 from ._storm import StormReport, alive_since, storm
-from ._support import LONG, Child, bounded, children, eventually, lock_held, unique_prefix
+from ._support import LONG, Child, bounded, children, eventually, unique_prefix
 from .proxy import FaultProxy
 
 NAMES = [f"storm-{i}" for i in range(4)]

@@ -24,7 +24,8 @@ import aiolock
 from aiolock._engine.hub import Waiter
 from aiolock.testing import RedisServer
 
-from ._support import eventually, lock_held
+from ..helpers import lock_held
+from ._support import eventually
 from .proxy import FaultProxy
 
 NAMES = 10

@@ -27,7 +27,8 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock.testing import RedisServer
 
-from ._support import bounded, eventually, lock_held, unique_prefix
+from ..helpers import lock_held
+from ._support import bounded, eventually, unique_prefix
 from .proxy import FaultProxy
 
 LEASE = 30.0  # long: nothing in these tests may end by running out its lease
