@@ -12,6 +12,7 @@ running lock scripts on the demoted primary, which still answers as a primary fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock._errors import LockBackendError
@@ -89,8 +91,10 @@ async def test_a_client_made_by_master_for_is_followed_and_swept(
             replica_port = next(n.port for n in group.nodes if n.port != group.primary_port())
             stray = await redis.connection_pool.get_connection()
             await stray.disconnect()
-            await stray.connect_to(("127.0.0.1", replica_port))
-            assert stray.is_connected
+            # The manager's sweep may close it while it is still connecting (seen on a
+            # loaded CI machine, issue 25): the very outcome under test.
+            with contextlib.suppress(RedisConnectionError):
+                await stray.connect_to(("127.0.0.1", replica_port))
             await _eventually(lambda: not stray.is_connected, 5, "the stray connection closed")
             assert locks.statistics().failovers == 0
             async with locks.lock("a", timeout=1):
