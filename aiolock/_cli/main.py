@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -347,8 +348,21 @@ async def _watch(target: Target, args: argparse.Namespace) -> int:
         source = ShardedWatch(target, args.prefix)
     deadline = None if args.duration is None else time.monotonic() + args.duration
     seen = 0
+    # Ctrl-C stops the loop by a flag it checks between reads (each at most 1 s), not only
+    # by cancelling the task: redis-py's get_message() can swallow a cancellation that
+    # lands inside its read, and the watch then ran on after SIGINT (seen on loaded CI
+    # runs). Where the loop cannot take signals (Windows), KeyboardInterrupt still ends it.
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+        handled = True
+    except (NotImplementedError, RuntimeError):
+        handled = False
     try:
         while args.count is None or seen < args.count:
+            if interrupted.is_set():
+                return EXIT_INTERRUPTED
             wait = 1.0
             if deadline is not None:
                 wait = deadline - time.monotonic()
@@ -370,8 +384,10 @@ async def _watch(target: Target, args: argparse.Namespace) -> int:
                 what = _event_text(event)
                 print(f"{stamp}  {label:<9}  {event['name']}  {what}", flush=True)
     finally:
+        if handled:
+            loop.remove_signal_handler(signal.SIGINT)
         await source.aclose()
-    return 0
+    return EXIT_INTERRUPTED if interrupted.is_set() else 0
 
 
 class _PatternWatch:

@@ -206,7 +206,9 @@ async def test_user_retries_a_release_whose_reply_was_lost(
     other_client = Redis.from_url(fault_redis_server.url)
     try:
         async with (
-            aiolock.LockManager(client, prefix=prefix, lease=LEASE, command_timeout=0.5) as locks,
+            # command_timeout: how long the blackholed release waits for its reply; 2 s, not
+            # 0.5: through the proxy on a loaded CI machine the healed repeat once took longer
+            aiolock.LockManager(client, prefix=prefix, lease=LEASE, command_timeout=2.0) as locks,
             aiolock.LockManager(other_client, prefix=prefix, lease=LEASE) as others,
         ):
             await _warm_up(locks)
