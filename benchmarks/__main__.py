@@ -227,12 +227,12 @@ def prepare_baseline(
     if BASELINE not in libs or not any(w in BASELINE_WORKLOADS for w in selected):
         return None, ""
     if rev.lower() == "none":
-        note = "baseline skipped: --baseline none"
+        note = "Baseline skipped: --baseline none"
     else:
         got = stack.enter_context(extracted(ROOT, rev))
         if isinstance(got, Baseline):
             log(f"baseline {BASELINE}: {got.label()}, in {got.root}")
-            return got, f"{BASELINE} = aiolock at {got.label()}"
+            return got, f"Baseline: {BASELINE} = aiolock at {got.label()}"
         note = got
     log(note)
     return None, note

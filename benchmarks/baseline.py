@@ -68,19 +68,19 @@ def extracted(repo: Path, rev: str) -> Iterator[Baseline | str]:
     try:
         found = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except (LookupError, OSError, subprocess.TimeoutExpired) as exc:
-        yield f"baseline {rev} skipped: {exc}"
+        yield f"Baseline {rev} skipped: {exc}"
         return
     if found.returncode != 0:
         yield (
-            f"baseline {rev} skipped: not a commit of {repo} (not a git checkout, e.g. a "
-            "source tarball, or a shallow clone without it)"
+            f"Baseline {rev} skipped: git does not know it in {repo} (not a git checkout, "
+            "e.g. a source tarball, or a clone without that commit)"
         )
         return
     commit = found.stdout.decode().strip()
     archive = _git(repo, "archive", "--format=tar", commit, "aiolock")
     if archive.returncode != 0:
         reason = archive.stderr.decode(errors="replace").strip()
-        yield f"baseline {rev} skipped: git archive failed: {reason}"
+        yield f"Baseline {rev} skipped: git archive failed: {reason}"
         return
     root = Path(tempfile.mkdtemp(prefix="aiolock-baseline-"))
     try:
@@ -91,7 +91,7 @@ def extracted(repo: Path, rev: str) -> Iterator[Baseline | str]:
             else:  # pragma: no cover - Pythons before the filters (3.10.11 and older)
                 tar.extractall(root)  # our own repository's archive
         if not (root / "aiolock" / "__init__.py").is_file():
-            yield f"baseline {rev} skipped: it has no aiolock/__init__.py"
+            yield f"Baseline {rev} skipped: it has no aiolock/__init__.py"
             return
         yield Baseline(rev, commit, root.resolve())
     finally:

@@ -852,7 +852,7 @@ def markdown(
         f"{meta['loadavg_before'][0]} / {meta['loadavg_after'][0]} (other work on the machine "
         "adds noise; repeats are interleaved across libraries).",
         "",
-        *([f"Baseline: {meta['baseline']}.", ""] if meta.get("baseline") else []),
+        *([f"{meta['baseline']}.", ""] if meta.get("baseline") else []),
         "| library | version |",
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in meta["versions"].items()),

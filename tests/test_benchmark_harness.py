@@ -69,7 +69,7 @@ def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
     assert any("3.2x redis-py's Lock" in text for _, text in issue21)
     # The baseline ran W1, W2 and W2mp only, on the extracted revision's package.
     if not _has_commit(BASELINE_REV):
-        assert f"baseline {BASELINE_REV} skipped" in report
+        assert f"Baseline {BASELINE_REV} skipped" in report
         return
     for workload in ("w1", "w2", "w2mp"):
         entry = data["summary"][workload][BASELINE]
@@ -122,7 +122,7 @@ def test_baseline_is_extracted_once_and_removed(tmp_path: Path) -> None:
         assert refusal({}, got)
     assert not got.root.exists()
     with extracted(ROOT, "0" * 40) as missing:
-        assert isinstance(missing, str) and "skipped" in missing
+        assert isinstance(missing, str) and "skipped: git does not know it" in missing
     with extracted(tmp_path, "HEAD") as outside:  # not a git checkout
         assert isinstance(outside, str) and "skipped" in outside
 
