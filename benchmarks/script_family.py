@@ -19,7 +19,9 @@ benchmark's private server:
 Server time is the ``INFO commandstats`` ``usec`` delta of EVALSHA (and EVAL, which the
 client would use only to load a script) over *cycles* cycles after 50 warm-up cycles,
 per cycle; the script calls per cycle are counted too (2 when the client sent only the
-acquire and the release). Kinds are interleaved over the repeats; medians.
+acquire and the release), and the commands the scripts ran with ``redis.call`` (by name,
+from the same stats, in the last repeat: Redis counts those under their own names).
+Kinds are interleaved over the repeats; medians.
 """
 
 from __future__ import annotations
@@ -82,15 +84,40 @@ def _cycles(manager: LockManager) -> dict[str, Cycle]:
     return cycles
 
 
-def _scripts(client: redis.Redis) -> tuple[float, int]:
-    """(usec, calls) of the script commands so far."""
+_SENT = ("evalsha", "eval")
+
+
+def _stats(client: redis.Redis) -> dict[str, tuple[int, float]]:
+    """(calls, usec) by command name so far."""
     stats: dict[str, Any] = client.info("commandstats")
-    found = [stats.get(f"cmdstat_{name}", {}) for name in ("evalsha", "eval")]
-    return float(sum(s.get("usec", 0) for s in found)), int(sum(s.get("calls", 0) for s in found))
+    return {
+        name.removeprefix("cmdstat_"): (int(s.get("calls", 0)), float(s.get("usec", 0)))
+        for name, s in stats.items()
+    }
 
 
-async def _measure(url: str, cycles: int, repeats: int) -> dict[str, list[tuple[float, float]]]:
-    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
+def _sample(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]], n: int
+) -> dict[str, Any]:
+    """Per cycle: script usec and calls, and what the scripts ran (redis.call by name)."""
+    delta = {
+        name: (calls - before.get(name, (0, 0.0))[0], usec - before.get(name, (0, 0.0))[1])
+        for name, (calls, usec) in after.items()
+    }
+    inner = {
+        name: calls / n
+        for name, (calls, _) in sorted(delta.items())
+        if calls and name not in (*_SENT, "info")
+    }
+    return {
+        "usec": sum(delta.get(name, (0, 0.0))[1] for name in _SENT) / n,
+        "calls": sum(delta.get(name, (0, 0.0))[0] for name in _SENT) / n,
+        "inner": inner,
+    }
+
+
+async def _measure(url: str, cycles: int, repeats: int) -> dict[str, list[dict[str, Any]]]:
+    samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     stats = redis.Redis.from_url(url)
     client = Redis.from_url(url)
     try:
@@ -100,13 +127,10 @@ async def _measure(url: str, cycles: int, repeats: int) -> dict[str, list[tuple[
                 for kind, cycle in by_kind.items():
                     for _ in range(WARM_UP):
                         await cycle()
-                    usec, calls = _scripts(stats)
+                    before = _stats(stats)
                     for _ in range(cycles):
                         await cycle()
-                    after_usec, after_calls = _scripts(stats)
-                    samples[kind].append(
-                        ((after_usec - usec) / cycles, (after_calls - calls) / cycles)
-                    )
+                    samples[kind].append(_sample(before, _stats(stats), cycles))
     finally:
         await client.aclose()
         stats.close()
@@ -114,19 +138,23 @@ async def _measure(url: str, cycles: int, repeats: int) -> dict[str, list[tuple[
 
 
 def run(url: str, cycles: int, repeats: int) -> list[dict[str, Any]]:
-    """One row per kind: server us per cycle (median), its range, script calls per
-    cycle, and the ratio to the lock's row of the same run."""
+    """One row per kind: server us per cycle (median), its range, script calls and the
+    commands the scripts ran (``redis.call``) per cycle, and the ratio to the lock's row
+    of the same run."""
     samples = asyncio.run(_measure(url, cycles, repeats))
-    lock = statistics.median(us for us, _ in samples[LOCK])
+    lock = statistics.median(s["usec"] for s in samples[LOCK])
     rows = []
     for kind, values in samples.items():
-        us = statistics.median(u for u, _ in values)
+        us = statistics.median(s["usec"] for s in values)
+        inner = values[-1]["inner"]
         rows.append(
             {
                 "kind": kind,
                 "server_us_per_cycle": us,
-                "range": [min(u for u, _ in values), max(u for u, _ in values)],
-                "script_calls_per_cycle": statistics.median(c for _, c in values),
+                "range": [min(s["usec"] for s in values), max(s["usec"] for s in values)],
+                "script_calls_per_cycle": statistics.median(s["calls"] for s in values),
+                "redis_calls_per_cycle": sum(inner.values()),
+                "redis_calls_by_name": inner,
                 "vs_lock": us / lock,
             }
         )

@@ -21,6 +21,10 @@ measurement:
   reply or any other reply is counted; a row with any is failed (the report says so and
   ``python -m benchmarks.script_floor`` exits 1).
 
+The frozen pair leaves a tombstone key per release (kept 10 s), so the keyspace grows by
+a key per cycle during its run (the shipped pair's does not): compare runs made with the
+same number of cycles.
+
 Pairs are interleaved over the repeats; each figure is the median. The client is one
 Python process that only feeds bytes to a parser, on the same machine: on 2 cores it
 shares them with the server, so the server CPU per cycle is shown beside the wall clock.

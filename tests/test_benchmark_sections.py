@@ -52,6 +52,9 @@ def test_script_floor_runs_every_pair_and_writes_its_section(tmp_path: Path) -> 
     assert family[script_family.LOCK]["vs_lock"] == 1.0
     # the client sent the acquire and the release, nothing else (a renewal could add one)
     assert all(2 <= row["script_calls_per_cycle"] < 2.5 for row in family.values())
+    # what the scripts ran, by name (Redis counts each redis.call under its own name)
+    assert all(row["redis_calls_per_cycle"] > 0 for row in family.values())
+    assert "evalsha" not in family[script_family.LOCK]["redis_calls_by_name"]
     piped = {row["pair"]: row for row in result["pipelined"]}
     assert list(piped) == list(script_floor.PIPED)
     assert all(row["error_replies"] == row["wrong_replies"] == 0 for row in piped.values())
