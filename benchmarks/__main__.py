@@ -4,13 +4,16 @@ Starts a private redis-server on a free loopback port (:class:`aiolock.testing.R
 runs every selected workload for every selected library in a fresh worker process
 (``python -m benchmarks.worker``), flushing the server between runs, and writes
 ``RESULTS.md``, ``results.json`` and PNG plots to ``--out`` (default
-``benchmarks/results``). Exits 1 if an aiolock or floor run failed (peers' failures are
+``benchmarks/results``). ``--baseline REV`` (default: main before issue 21; ``none`` to
+skip) adds ``aiolock-pre21``, that revision's ``aiolock/`` run by the same adapter, to W1,
+W2 and W2mp. Exits 1 if an aiolock, baseline or floor run failed (peers' failures are
 recorded as results), 2 on bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -26,8 +29,18 @@ import redis
 
 from aiolock.testing import RedisServer, find_redis_server
 from benchmarks import report
-from benchmarks.adapters import ADAPTERS
-from benchmarks.config import FLOOR, GROUPS, PROFILES, REPEATS, RUN_TIMEOUT, WORKLOADS
+from benchmarks.adapters import ADAPTERS, BASELINE
+from benchmarks.baseline import Baseline, extracted, refusal
+from benchmarks.config import (
+    BASELINE_REV,
+    BASELINE_WORKLOADS,
+    FLOOR,
+    GROUPS,
+    PROFILES,
+    REPEATS,
+    RUN_TIMEOUT,
+    WORKLOADS,
+)
 from benchmarks.metrics import ADMIN_NAME
 from benchmarks.worker import RESULT_PREFIX
 
@@ -37,6 +50,7 @@ KEY_METRIC = {
     "w0": "cycles_per_s",
     "w1": "cycles_per_s",
     "w2": "cycles_per_s",
+    "w2mp": "cycles_per_s",
     "w3": "acquisitions_per_s",
     "w3mp": "acquisitions_per_s",
     "w4": "all_served_s",
@@ -71,12 +85,26 @@ def parse_list(
     return [v for v in allowed if v in chosen]
 
 
-def run_worker(lib: str, workload: str, url: str, params: dict[str, Any], timeout: float) -> Any:
+def run_worker(
+    lib: str,
+    workload: str,
+    url: str,
+    params: dict[str, Any],
+    timeout: float,
+    baseline: Baseline | None = None,
+) -> Any:
     """One fresh worker process; returns its parsed result (``ok``/``metrics``/``error``).
 
     The worker runs from the repository root, so ``-m`` imports this checkout's
-    ``aiolock`` and ``benchmarks`` packages.
+    ``aiolock`` and ``benchmarks`` packages; the baseline library's from the extracted
+    revision's directory, with that first on ``PYTHONPATH`` (a result that imported
+    another ``aiolock`` is refused).
     """
+    cwd, env = ROOT, None
+    if lib == BASELINE:
+        if baseline is None:
+            return {"ok": False, "error": "no baseline revision was extracted"}
+        cwd, env = baseline.worker_env(ROOT)
     cmd = [
         sys.executable,
         "-m",
@@ -90,13 +118,17 @@ def run_worker(lib: str, workload: str, url: str, params: dict[str, Any], timeou
     ]
     try:
         proc = subprocess.run(
-            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+            cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"worker timed out after {timeout:.0f} s (killed)"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
+            result = json.loads(line[len(RESULT_PREFIX) :])
+            why = refusal(result, baseline) if baseline and lib == BASELINE else None
+            if why and result.get("ok"):
+                return {**result, "ok": False, "error": f"baseline result refused: {why}"}
+            return result
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return {
         "ok": False,
@@ -140,9 +172,12 @@ def combine(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def versions(libs: list[str]) -> dict[str, str]:
+def versions(libs: list[str], baseline: Baseline | None) -> dict[str, str]:
     out = {"redis (redis-py)": ADAPTERS["redis-py"].version()}
     for lib in libs:
+        if lib == BASELINE and baseline is not None:
+            out[lib] = baseline.label()
+            continue
         try:
             out[lib] = ADAPTERS[lib].version()
         except Exception as exc:  # a library that does not even import
@@ -162,19 +197,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--repeats", type=int, help="override repeats per workload")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE_REV,
+        metavar="REV",
+        help=f"git revision whose aiolock/ runs as {BASELINE} in "
+        f"{', '.join(BASELINE_WORKLOADS)} (default: {BASELINE_REV[:12]}, main before "
+        "issue 21); 'none' to skip",
+    )
     args = parser.parse_args(argv)
 
-    profile = "quick" if args.quick else "full"
     try:
         libs = parse_list(args.libs, list(ADAPTERS), "libraries")
         selected = parse_list(args.workloads, list(WORKLOADS), "workloads", GROUPS)
     except ValueError as exc:
         parser.error(str(exc))  # exits 2
+    # The baseline's extracted copy lives until every run is over.
+    with contextlib.ExitStack() as stack:
+        baseline, note = prepare_baseline(stack, args.baseline, libs, selected)
+        if baseline is None:
+            libs = [lib for lib in libs if lib != BASELINE]
+        return run_suite(args, argv, libs, selected, baseline, note)
+
+
+def prepare_baseline(
+    stack: contextlib.ExitStack, rev: str, libs: list[str], selected: list[str]
+) -> tuple[Baseline | None, str]:
+    """The extracted baseline when the run needs one, and what the report says of it."""
+    if BASELINE not in libs or not any(w in BASELINE_WORKLOADS for w in selected):
+        return None, ""
+    if rev.lower() == "none":
+        note = "Baseline skipped: --baseline none"
+    else:
+        got = stack.enter_context(extracted(ROOT, rev))
+        if isinstance(got, Baseline):
+            log(f"baseline {BASELINE}: {got.label()}, in {got.root}")
+            return got, f"Baseline: {BASELINE} = aiolock at {got.label()}"
+        note = got
+    log(note)
+    return None, note
+
+
+def run_suite(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    libs: list[str],
+    selected: list[str],
+    baseline: Baseline | None,
+    baseline_note: str,
+) -> int:
+    """Run every selected (workload, library) pair, write the reports, return the status."""
+    profile = "quick" if args.quick else "full"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     load_before = os.getloadavg()
-
     runs: list[dict[str, Any]] = []
     summary: dict[str, dict[str, Any]] = {}
     with RedisServer() as server:
@@ -185,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             repeats = args.repeats or REPEATS[profile].get(workload, 1)
             summary[workload] = {}
             targets = [FLOOR] if workload == "w0" else libs
+            if workload not in BASELINE_WORKLOADS:
+                targets = [lib for lib in targets if lib != BASELINE]
             by_lib: dict[str, list[dict[str, Any]]] = {lib: [] for lib in targets}
             # Repeats are interleaved (lib A, B, C, A, B, C, ...) so that drifting load on
             # the machine affects every library alike.
@@ -192,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                 for lib in targets:
                     admin.flushall()
                     t0 = time.monotonic()
-                    result = run_worker(lib, workload, server.url, params, RUN_TIMEOUT[profile])
+                    result = run_worker(
+                        lib, workload, server.url, params, RUN_TIMEOUT[profile], baseline
+                    )
                     leftover = wait_for_clients_gone(admin)
                     record = {
                         "lib": lib,
@@ -219,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "redis_server": server_version,
         "redis_server_binary": find_redis_server(),
-        "versions": versions(libs),
+        "versions": versions(libs, baseline),
+        "baseline": baseline_note,
         "params": {w: PROFILES[profile][w] for w in selected},
         "total_seconds": time.monotonic() - started,
         "loadavg_before": [round(x, 2) for x in load_before],
@@ -227,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report.write_all(out, meta, summary, runs, plots=not args.no_plots)
     log(f"wrote {out / 'RESULTS.md'} in {meta['total_seconds']:.1f} s")
-    broken = [r for r in runs if not r.get("ok") and r["lib"] in ("aiolock", FLOOR)]
+    broken = [r for r in runs if not r.get("ok") and r["lib"] in ("aiolock", BASELINE, FLOOR)]
     return 1 if broken else 0
 
 

@@ -147,6 +147,19 @@ class AiolockAdapter(LockAdapter):
         return v
 
 
+class AiolockBaselineAdapter(AiolockAdapter):
+    """The same adapter on another revision of aiolock (``--baseline REV``): the
+    orchestrator runs its workers with that revision's ``aiolock/`` package, extracted
+    by ``git archive``, first on ``sys.path``."""
+
+    name = "aiolock-pre21"
+    note = (
+        "aiolock as it was before issue 21 (main at the `--baseline` revision, its "
+        "`aiolock/` package extracted with `git archive`; the worker checks it imported that "
+        "copy), driven exactly as aiolock; W1, W2 and W2mp only."
+    )
+
+
 # -- redis-py --------------------------------------------------------------------------
 
 
@@ -321,10 +334,14 @@ ADAPTERS: dict[str, type[LockAdapter]] = {
     cls.name: cls
     for cls in (
         AiolockAdapter,
+        AiolockBaselineAdapter,
         RedisPyAdapter,
         PythonRedisLockAdapter,
         PotteryAdapter,
         AioredlockAdapter,
     )
 }
-PEERS = [n for n in ADAPTERS if n != "aiolock"]
+#: The library ``--baseline`` adds: aiolock at an older revision.
+BASELINE = AiolockBaselineAdapter.name
+#: The other libraries (the baseline is aiolock itself, not a peer).
+PEERS = [n for n in ADAPTERS if n not in ("aiolock", BASELINE)]

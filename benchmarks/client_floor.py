@@ -25,8 +25,9 @@ process and interleaved over ``--repeats`` rounds of ``--seconds`` each:
 
 Every client is made by ``Redis()`` defaults where it uses redis-py. Each row gives cycles
 per second and the client process's CPU per cycle (``time.process_time``), medians over the
-repeats. Writes ``<out>/client_floor.json`` and a section of ``<out>/RESULTS.md`` between
-the ``client-floor`` markers.
+repeats, and issue 21's target 2 as a row: the LockManager's client CPU per cycle <= 2.0x
+the minimal batching client's (met / not met). Writes ``<out>/client_floor.json`` and a
+section of ``<out>/RESULTS.md`` between the ``client-floor`` markers.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ from benchmarks.sections import write_section
 PREFIX = "clientfloor"
 LEASE_MS = 30_000
 MANAGER_ID = "0123456789abcdef0123456789abcdef"
-ROWS = ("minimal batching client", "aiolock's Client", "aiolock's LockManager", "redis-py's Lock")
+MANAGER = "aiolock's LockManager"
+ROWS = ("minimal batching client", "aiolock's Client", MANAGER, "redis-py's Lock")
+#: issue 21's target 2 (its client-CPU half; W2 cycles/s vs main is the main harness's)
+TARGET = "aiolock's LockManager: client CPU per W2 cycle <= 2.0x the minimal batching client"
 
 #: one cycle of one task: acquire then release *name*
 Cycle = Callable[[str], Awaitable[None]]
@@ -180,7 +184,7 @@ async def _row(name: str, host: str, port: int, tasks: int, seconds: float) -> t
         finally:
             await client.aclose()
             await redis.aclose()
-    if name == "aiolock's LockManager":
+    if name == MANAGER:
         redis = Redis(host=host, port=port)
         try:
             async with LockManager(redis, prefix=PREFIX, lease=LEASE_MS / 1000) as manager:
@@ -232,7 +236,15 @@ def run(seconds: float, repeats: int, tasks: int) -> dict[str, Any]:
                 "rate_vs_redis_py": rate / peer_rate,
             }
         )
-    return {"tasks": tasks, "seconds": seconds, "repeats": repeats, "rows": rows}
+    manager = statistics.median(c for _, c in samples[MANAGER]) / floor_cpu
+    targets = [{"target": TARGET, "measured": manager, "limit": 2.0, "met": manager <= 2.0}]
+    return {
+        "tasks": tasks,
+        "seconds": seconds,
+        "repeats": repeats,
+        "rows": rows,
+        "targets": targets,
+    }
 
 
 def render(result: dict[str, Any]) -> str:
@@ -258,7 +270,13 @@ def render(result: dict[str, Any]) -> str:
         "Each row adds layers to the one above it (see the module docstring): the minimal "
         "client sends the same scripts with the same arguments, so the gaps are what "
         "aiolock's command layer and engine cost in the client process per cycle.",
+        "",
+        "| target (issue 21) | measured | |",
+        "|---|---|---|",
     ]
+    for target in result["targets"]:
+        verdict = "met" if target["met"] else "**not met**"
+        lines.append(f"| {target['target']} | {target['measured']:.2f}x | {verdict} |")
     return "\n".join(lines)
 
 

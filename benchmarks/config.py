@@ -9,6 +9,7 @@ WORKLOADS: dict[str, str] = {
     "w0": "W0 floor: raw redis.asyncio, two EVALSHA of a trivial script per cycle, one task",
     "w1": "W1 uncontended: one task, acquire+release cycles on one name",
     "w2": "W2 concurrency: 64 tasks on distinct names",
+    "w2mp": "W2 concurrency: 4 processes x 64 tasks, each task on its own name",
     "w3": "W3 contention: 16 tasks on one name, one process",
     "w3mp": "W3 contention: 4 processes x 4 tasks on one name",
     "w4": "W4 many waiters: one holder keeps the lock while 500 tasks wait",
@@ -20,6 +21,11 @@ WORKLOADS: dict[str, str] = {
 #: Workloads run once per library (W0 is library-independent and runs once, as "floor").
 LIB_WORKLOADS = [w for w in WORKLOADS if w != "w0"]
 FLOOR = "floor"
+#: The workloads the baseline library (aiolock at an older revision, ``--baseline``) runs.
+BASELINE_WORKLOADS = ("w1", "w2", "w2mp")
+#: The revision ``--baseline`` extracts by default: main just before issue 21 (the scripts
+#: with a key per piece of state, no fast path in the engine).
+BASELINE_REV = "4e256a95aa8b236cb334d46c0112924f3ccb60ea"
 #: Names for groups of workloads on the command line (``--workloads cost``).
 GROUPS: dict[str, list[str]] = {"cost": ["c1", "c2", "c3"]}
 
@@ -33,6 +39,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "w0": {"cycles": 3000, "seconds": 0.5},
         "w1": {"cycles": 3000, "seconds": 0.5},
         "w2": {"tasks": 64, "seconds": 0.5},
+        "w2mp": {"procs": 4, "tasks": 64, "seconds": 0.5},
         "w3": {"tasks": 16, "seconds": 0.6},
         "w3mp": {"procs": 4, "tasks": 4, "seconds": 0.6},
         "w4": {"waiters": 500, "hold": 1.0, "settle": 0.2, "serve_timeout": 3.0},
@@ -49,6 +56,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "w0": {"cycles": 20000, "seconds": 8.0},
         "w1": {"cycles": 20000, "seconds": 8.0},
         "w2": {"tasks": 64, "seconds": 4.0},
+        "w2mp": {"procs": 4, "tasks": 64, "seconds": 4.0},
         "w3": {"tasks": 16, "seconds": 4.0},
         "w3mp": {"procs": 4, "tasks": 4, "seconds": 4.0},
         "w4": {"waiters": 500, "hold": 3.0, "settle": 0.3, "serve_timeout": 20.0},
@@ -61,7 +69,7 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 #: How often each workload is repeated (fresh process each time); the report shows medians.
 REPEATS: dict[str, dict[str, int]] = {
     "quick": {},
-    "full": {"w0": 3, "w1": 3, "w2": 3, "w3": 3, "w3mp": 3, "c1": 3, "c2": 3},
+    "full": {"w0": 3, "w1": 3, "w2": 3, "w2mp": 3, "w3": 3, "w3mp": 3, "c1": 3, "c2": 3},
 }
 #: Wall-clock limit for one worker process, in seconds.
 RUN_TIMEOUT = {"quick": 60.0, "full": 240.0}

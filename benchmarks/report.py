@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.adapters import ADAPTERS, PEERS
+from benchmarks.adapters import ADAPTERS, BASELINE, PEERS
 from benchmarks.config import FLOOR, WORKLOADS
 from benchmarks.sections import kept_sections
 
@@ -182,6 +182,19 @@ def sections(summary: Summary) -> list[str]:
             col("all cmds/cycle", "all_commands_per_op", 2),
             col("conns", "connections"),
             col("client CPU s", "cpu_s", 2),
+        ],
+        "w2mp": [
+            col("cycles/s", "cycles_per_s"),
+            vs_aiolock(summary, "w2mp", "cycles_per_s"),
+            spread(summary, "w2mp"),
+            col("tasks", "tasks"),
+            col("min cycles/task", "min_task_cycles"),
+            col("min cycles/process", "min_process_cycles"),
+            col("round trips/cycle", "round_trips_per_op", 2),
+            col("all cmds/cycle", "all_commands_per_op", 2),
+            col("server CPU us/cycle", "server_cpu_us_per_op", 1),
+            col("conns", "connections"),
+            col("client CPU s (all processes)", "cpu_s", 2),
         ],
         "w3": [
             col("acq/s", "acquisitions_per_s"),
@@ -497,6 +510,7 @@ def targets(summary: Summary) -> list[Target]:
                 _status(None if w1 is None or floor is None else w1 >= floor),
             )
         )
+        out += issue21_w1(summary, w1, floor)
     if "w2" in summary:
         w2 = a("w2", "cycles_per_s")
         peer, best = _best_peer(summary, "w2", "cycles_per_s")
@@ -509,6 +523,9 @@ def targets(summary: Summary) -> list[Target]:
                 _status(ok),
             )
         )
+        out.append(at_least(summary, "W2 (issue 21)", "w2", BASELINE, 1.25))
+    if "w2mp" in summary:
+        out.append(at_least(summary, "W2mp (issue 21)", "w2mp", COST_BASE, 3.2))
     for w, label in (("w3", "one process"), ("w3mp", "4 processes")):
         if w not in summary:
             continue
@@ -619,6 +636,40 @@ def targets(summary: Summary) -> list[Target]:
     return out
 
 
+#: How the issue 21 rows name the libraries they compare with.
+BY_NAME = {COST_BASE: "redis-py's Lock", BASELINE: f"aiolock before issue 21 ({BASELINE})"}
+
+
+def at_least(summary: Summary, label: str, workload: str, other: str, factor: float) -> Target:
+    """aiolock's cycles/s >= *factor* x *other*'s, measured in the same run."""
+    mine = metric(summary, workload, AIOLOCK, "cycles_per_s")
+    theirs = metric(summary, workload, other, "cycles_per_s")
+    times = f"{factor:.1f}x" if factor == int(factor) else f"{factor:g}x"  # 1.0x, 1.25x
+    if other not in summary.get(workload, {}):
+        measured = f"{num(mine)}; {other} not run"
+    else:
+        measured = f"{num(mine)} vs {other} {num(theirs)} = {ratio(mine, theirs)}"
+    return Target(
+        label,
+        f">= {times} {BY_NAME.get(other, other)} cycles/s, same run",
+        measured,
+        _status(None if mine is None or not theirs else mine >= factor * theirs),
+    )
+
+
+def issue21_w1(summary: Summary, w1: Any, floor: Any) -> list[Target]:
+    """Issue 21's target 3: W1 at least redis-py's Lock and 0.95x the two-EVALSHA floor."""
+    return [
+        at_least(summary, "W1 (issue 21)", "w1", COST_BASE, 1.0),
+        Target(
+            "W1 (issue 21)",
+            ">= 0.95x W0 floor (two EVALSHA) cycles/s, same run",
+            f"{num(w1)} vs floor {num(floor)} = {ratio(w1, floor)}",
+            _status(None if w1 is None or not floor else w1 >= 0.95 * floor),
+        ),
+    ]
+
+
 def cost_targets(summary: Summary) -> list[Target]:
     out: list[Target] = []
     for workload, key, label, limit, what in (
@@ -710,6 +761,7 @@ def make_plots(out: Path, summary: Summary) -> list[str]:
         for w, k in (
             ("w1", "cycles_per_s"),
             ("w2", "cycles_per_s"),
+            ("w2mp", "cycles_per_s"),
             ("w3", "acquisitions_per_s"),
             ("w3mp", "acquisitions_per_s"),
         )
@@ -745,7 +797,10 @@ METHOD = """\
 
 * One private `redis-server` on a free loopback port (`aiolock.testing.RedisServer`),
   no persistence; `FLUSHALL` before every run. Every (library, workload) pair runs in a
-  fresh `python -m benchmarks.worker` process; `w3mp` starts 4 more worker processes.
+  fresh `python -m benchmarks.worker` process; `w2mp` and `w3mp` start 4 more worker
+  processes. The baseline (`aiolock-pre21`, `--baseline REV`) is that revision's
+  `aiolock/` package, extracted once per run with `git archive`, found first on the
+  workers' `sys.path`; a result whose processes imported another `aiolock` is refused.
 * **Round trips** = socket writes the library makes, counted by wrapping the client
   connection's send path (`send_packed_command` for redis-py asyncio and sync;
   `RedisConnection.execute` for aioredis 1.x). A pipeline flush counts once.
@@ -797,6 +852,7 @@ def markdown(
         f"{meta['loadavg_before'][0]} / {meta['loadavg_after'][0]} (other work on the machine "
         "adds noise; repeats are interleaved across libraries).",
         "",
+        *([f"{meta['baseline']}.", ""] if meta.get("baseline") else []),
         "| library | version |",
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in meta["versions"].items()),
@@ -813,10 +869,10 @@ def markdown(
         lines += [notes.read_text("utf-8").strip(), ""]
     if meta["profile"] == "quick":
         lines += [
-            "Quick profile: short runs, W4 holds 1 s and waits at most 3 s for the "
-            "waiters, W5 holds 1,000 locks (not 10,000) with a 2 s lease, C1 runs 300 "
-            "cycles, C2 0.5 s and C3 200 names, so these numbers check the harness; use "
-            "the full run for comparisons.",
+            "Quick profile: short runs (W1-W3 0.5 s, one repeat), W4 holds 1 s and waits "
+            "at most 3 s for the waiters, W5 holds 1,000 locks (not 10,000) with a 6 s "
+            "lease, C1 runs 2,000 cycles or 1 s, C2 0.5 s and C3 200 names, so these "
+            "numbers check the harness; use the full run for comparisons.",
             "",
         ]
     lines += [

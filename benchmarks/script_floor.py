@@ -1,6 +1,7 @@
 """What each guarantee of a lock costs Redis: server time per uncontended cycle, one run.
 
-``python -m benchmarks.script_floor [--cycles N] [--repeats R] [--out DIR]``
+``python -m benchmarks.script_floor [--cycles N] [--repeats R] [--pipe-cycles K]
+[--out DIR]``
 
 Issue 7 asks for aiolock's Redis script time per uncontended acquire+release cycle to be at
 most 2x redis-py's Lock (benchmark C1). This measures where that limit lies. One private
@@ -12,8 +13,8 @@ EVALSHA includes what it runs):
 
 * **redis-py's Lock**: ``SET key token NX PX`` and redis-py's own release script (taken from
   ``redis.lock.Lock.LUA_RELEASE_SCRIPT`` at run time); the reference of the target;
-* **two empty scripts** (``return 1``) sent with aiolock's key and argument counts (3 keys
-  and 3 arguments to acquire, 3 keys and 10 arguments to release): what calling two
+* **two empty scripts** (``return 1``) sent with the shipped lock's keys and arguments (2
+  keys and 4 arguments to acquire, 1 key and 9 arguments to release): what calling two
   scripts with that much input costs before they do anything;
 * **scripted mutual exclusion**: the redis-py lock moved into two scripts (SET NX PX; GET,
   compare, DEL), with the lock's key and argument shape trimmed to what it needs;
@@ -30,8 +31,23 @@ EVALSHA includes what it runs):
   MGETs the state and the void marker and SETs it; release GETs and SETs it).
 
 Each row's server us/cycle is the median over the repeats; "/ redis-py" is that divided by
-redis-py's median of the same run. Writes ``<out>/script_floor.json`` and a section of
-``<out>/RESULTS.md`` between the ``script-floor`` markers.
+redis-py's median of the same run. Then, in the same run:
+
+* **the lock family** (:mod:`benchmarks.script_family`): server time per uncontended cycle
+  of the lock, the fair lock, the read-write lock (a write hold, a read hold) and the
+  semaphore (one permit), each driven through real handles of one ``LockManager`` so that
+  the scripts get the arguments the client really sends; ratio to the lock's row;
+* **fully pipelined** (:mod:`benchmarks.script_pipe`, skipped with ``--pipe-cycles 0``):
+  ``--pipe-cycles`` cycles of redis-py's Lock, the frozen pair and the shipped pair, each
+  with its real per-cycle arguments, written at once on one connection to a fresh server;
+  cycles per second (first byte to last reply), the server's CPU per cycle, and every
+  reply checked (a bad one fails the row and the run);
+* **issue 21's target rows** (targets 1 and 6): the shipped pair's script time <= 0.70x
+  the frozen pair's and <= 3.6x redis-py's, its pipelined cycles/s >= 1.5x the frozen
+  pair's, each family kind within 1.5x of the lock's; target, measured, met / not met.
+
+Writes ``<out>/script_floor.json`` and a section of ``<out>/RESULTS.md`` between the
+``script-floor`` markers. Exit status 1 when a pipelined run got a bad reply.
 """
 
 from __future__ import annotations
@@ -50,12 +66,16 @@ from redis.lock import Lock as RedisPyLock
 
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
+from benchmarks import script_family, script_pipe
 from benchmarks.sections import write_section
 
 OWNER = "0123456789abcdef0123456789abcdef:1"
 LEASE_MS = "10000"
+REDIS_PY = "redis-py's Lock"
 AIOLOCK = "aiolock's lock"
 AIOLOCK_V0 = "aiolock's lock before issue 21 (frozen)"
+#: the pairs also run fully pipelined (issue 21's target 1)
+PIPED = (REDIS_PY, AIOLOCK_V0, AIOLOCK)
 _FROZEN = Path(__file__).parent / "frozen"
 
 _SET_NX = "return redis.call('set', KEYS[1], ARGV[1], 'nx', 'px', ARGV[2]) and 1 or 0"
@@ -140,7 +160,7 @@ def pairs() -> list[Pair]:
         return ["sf:{lock}", f"sf:{{lock}}:rel:{OWNER}:{i}"], [f"{OWNER}:{i}", OWNER, "10000"]
 
     return [
-        Pair("redis-py's Lock", None, RedisPyLock.LUA_RELEASE_SCRIPT, _plain, _plain),
+        Pair(REDIS_PY, None, RedisPyLock.LUA_RELEASE_SCRIPT, _plain, _plain),
         Pair(
             "two empty scripts, aiolock's input",
             "return 1",
@@ -209,7 +229,8 @@ def measure(client: redis.Redis, pair: Pair, cycles: int) -> float:
     return (_server_us(client, names) - before) / cycles
 
 
-def run(cycles: int, repeats: int) -> dict[str, Any]:
+def run(cycles: int, repeats: int, pipe_cycles: int = 0) -> dict[str, Any]:
+    """The sequential rows, the family's, then (*pipe_cycles* > 0) the pipelined ones."""
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         try:
@@ -220,12 +241,16 @@ def run(cycles: int, repeats: int) -> dict[str, Any]:
                     samples[pair.name].append(measure(client, pair, cycles))
         finally:
             client.close()
+        family = script_family.run(server.url, cycles, repeats)
+    piped = [p for p in pairs() if p.name in PIPED]
+    pipelined = script_pipe.run(piped, AIOLOCK, pipe_cycles, repeats) if pipe_cycles else []
     medians = {name: statistics.median(v) for name, v in samples.items()}
-    reference = medians["redis-py's Lock"]
-    return {
+    reference = medians[REDIS_PY]
+    result: dict[str, Any] = {
         "server": version,
         "cycles": cycles,
         "repeats": repeats,
+        "pipe_cycles": pipe_cycles,
         "rows": [
             {
                 "pair": name,
@@ -235,7 +260,57 @@ def run(cycles: int, repeats: int) -> dict[str, Any]:
             }
             for name, v in samples.items()
         ],
+        "family": family,
+        "pipelined": pipelined,
     }
+    if pipelined:
+        frozen = next(r["cycles_per_s"] for r in pipelined if r["pair"] == AIOLOCK_V0)
+        frozen_cpu = next(
+            r["server_cpu_us_per_cycle"] for r in pipelined if r["pair"] == AIOLOCK_V0
+        )
+        for row in pipelined:
+            row["vs_frozen"] = row["cycles_per_s"] / frozen
+            # cycles per second of server CPU, over the frozen pair's
+            row["cpu_vs_frozen"] = frozen_cpu / row["server_cpu_us_per_cycle"]
+    result["targets"] = targets(result)
+    return result
+
+
+def _target(target: str, measured: float | None, limit: float, at_most: bool) -> dict[str, Any]:
+    met = None if measured is None else (measured <= limit if at_most else measured >= limit)
+    return {"target": target, "measured": measured, "limit": limit, "met": met}
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 21's rows (targets 1 and 6) from *result*; measured None: not run, or failed."""
+    us = {row["pair"]: row["server_us_per_cycle"] for row in result["rows"]}
+    rows = [
+        _target(
+            f"{AIOLOCK}: script time <= 0.70x {AIOLOCK_V0}",
+            us[AIOLOCK] / us[AIOLOCK_V0],
+            0.70,
+            True,
+        ),
+        _target(
+            f"{AIOLOCK}: script time <= 3.6x redis-py's Lock", us[AIOLOCK] / us[REDIS_PY], 3.6, True
+        ),
+    ]
+    piped = {row["pair"]: row for row in result["pipelined"]}
+    shipped = piped.get(AIOLOCK)
+    failed = any(row["error_replies"] or row["wrong_replies"] for row in piped.values())
+    rows.append(
+        _target(
+            f"{AIOLOCK}: cycles/s fully pipelined >= 1.5x {AIOLOCK_V0}",
+            None if shipped is None or failed else shipped["vs_frozen"],
+            1.5,
+            False,
+        )
+    )
+    for row in result["family"][1:]:
+        rows.append(
+            _target(f"{row['kind']}: script time <= 1.5x the lock's", row["vs_lock"], 1.5, True)
+        )
+    return rows
 
 
 def render(result: dict[str, Any]) -> str:
@@ -266,29 +341,100 @@ def render(result: dict[str, Any]) -> str:
         "",
         "Each `+` row adds one guarantee of aiolock's lock to the row above it. C1's target "
         "(<= 2x redis-py's Lock) leaves a script pair about one redis-py Lock cycle of room "
-        "beyond redis-py's own work. Issue 21's target: aiolock's lock <= 0.70x the frozen "
-        "row before it and <= 3.6x redis-py's Lock.",
+        "beyond redis-py's own work.",
+        "",
+        *_render_family(result),
+        *_render_pipelined(result),
+        *_render_targets(result),
     ]
     return "\n".join(lines)
+
+
+def _render_family(result: dict[str, Any]) -> list[str]:
+    lines = [
+        "#### The lock family: server time per uncontended cycle",
+        "",
+        f"Real handles of one `LockManager` (defaults), one task, {result['cycles']:,} "
+        "sequential cycles per kind, median of the interleaved repeats; server time is "
+        "INFO commandstats `usec` of EVALSHA (the scripts the client sent).",
+        "",
+        "| kind | server us/cycle | range | script calls/cycle | redis.call/cycle | / lock |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["family"]:
+        low, high = row["range"]
+        lines.append(
+            f"| {row['kind']} | {row['server_us_per_cycle']:.2f} | {low:.2f}-{high:.2f} "
+            f"| {row['script_calls_per_cycle']:g} | {row['redis_calls_per_cycle']:.1f} "
+            f"| {row['vs_lock']:.2f}x |"
+        )
+    return [*lines, ""]
+
+
+def _render_pipelined(result: dict[str, Any]) -> list[str]:
+    if not result["pipelined"]:
+        return []
+    lines = [
+        "#### Fully pipelined: cycles one Redis core serves",
+        "",
+        f"{result['pipe_cycles']:,} cycles (acquire then release, one name, each with its "
+        "real arguments) written at once on one connection to a fresh server; wall clock "
+        "from the first byte written to the last reply read; server CPU is INFO cpu over "
+        "the same span (the target is judged on wall clock; the client shares the machine, "
+        "so the server CPU column is the steadier one under load). Median of the "
+        "interleaved repeats; every reply checked.",
+        "",
+        "| script pair | cycles/s | range | / frozen pre-21 | server CPU us/cycle "
+        "| cycles per CPU s / frozen | RESP bytes/cycle | bad replies |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["pipelined"]:
+        low, high = row["range"]
+        bad = row["error_replies"] + row["wrong_replies"]
+        verdict = "0" if not bad else f"**FAILED**: {bad} ({row['first_bad']})"
+        lines.append(
+            f"| {row['pair']} | {row['cycles_per_s']:,.0f} | {low:,.0f}-{high:,.0f} "
+            f"| {row['vs_frozen']:.2f}x | {row['server_cpu_us_per_cycle']:.2f} "
+            f"| {row['cpu_vs_frozen']:.2f}x | {row['payload_bytes_per_cycle']:.0f} | {verdict} |"
+        )
+    return [*lines, ""]
+
+
+def _render_targets(result: dict[str, Any]) -> list[str]:
+    lines = ["#### Issue 21's targets 1 and 6", "", "| target | measured | |", "|---|---|---|"]
+    for row in result["targets"]:
+        if row["met"] is None:
+            measured, verdict = "-", "not run" if not result["pipelined"] else "**failed run**"
+        else:
+            measured = f"{row['measured']:.2f}x"
+            verdict = "met" if row["met"] else "**not met**"
+            if not row["met"] and "the lock's" in row["target"]:
+                verdict += " (see NOTES.md)"
+        lines.append(f"| {row['target']} | {measured} | {verdict} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pipe-cycles", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
-    if args.cycles < 1 or args.repeats < 1:
-        parser.error("--cycles and --repeats must be at least 1")
+    if args.cycles < 1 or args.repeats < 1 or args.pipe_cycles < 0:
+        parser.error("--cycles and --repeats must be at least 1, --pipe-cycles at least 0")
     started = time.monotonic()
-    result = run(args.cycles, args.repeats)
+    result = run(args.cycles, args.repeats, args.pipe_cycles)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "script_floor.json").write_text(json.dumps(result, indent=2) + "\n")
     text = render(result)
     write_section(args.out / "RESULTS.md", "script-floor", text)
     print(text)
     print(f"\n({time.monotonic() - started:.1f} s)")
-    return 0
+    failed = [r for r in result["pipelined"] if r["error_replies"] or r["wrong_replies"]]
+    for row in failed:
+        print(f"FAILED: {row['pair']} pipelined: bad replies, first {row['first_bad']}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

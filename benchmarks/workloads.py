@@ -278,26 +278,37 @@ async def c3_memory_left(adapter: LockAdapter, admin: Admin, params: Result) -> 
 # -- W2 concurrency --------------------------------------------------------------------
 
 
-async def w2_concurrency(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
-    tasks = int(params["tasks"])
-    seconds = float(params["seconds"])
+async def warm_names(adapter: LockAdapter, names: Sequence[str]) -> None:
+    """One cycle on each name, all at once: connections and scripts exist afterwards."""
 
-    async def warm(i: int) -> None:
-        await adapter.release(await adapter.acquire(f"w2:{i}", ACQUIRE_TIMEOUT))
+    async def warm(name: str) -> None:
+        await adapter.release(await adapter.acquire(name, ACQUIRE_TIMEOUT))
 
-    await asyncio.gather(*(warm(i) for i in range(tasks)))
-    counts = [0] * tasks
-    conns = asyncio.ensure_future(sample_connections(admin, seconds / 2))
-    start = await Window.take(admin)
-    deadline = start.wall + seconds
+    await asyncio.gather(*(warm(name) for name in names))
+
+
+async def cycle_names(adapter: LockAdapter, names: Sequence[str], deadline: float) -> list[int]:
+    """One task per name, acquire+release loops until *deadline*; cycles of each task."""
+    counts = [0] * len(names)
 
     async def worker(i: int) -> None:
-        name = f"w2:{i}"
+        name = names[i]
         while time.monotonic() < deadline:
             await adapter.release(await adapter.acquire(name, ACQUIRE_TIMEOUT))
             counts[i] += 1
 
-    await asyncio.gather(*(worker(i) for i in range(tasks)))
+    await asyncio.gather(*(worker(i) for i in range(len(names))))
+    return counts
+
+
+async def w2_concurrency(adapter: LockAdapter, admin: Admin, params: Result) -> Result:
+    tasks = int(params["tasks"])
+    seconds = float(params["seconds"])
+    names = [f"w2:{i}" for i in range(tasks)]
+    await warm_names(adapter, names)
+    conns = asyncio.ensure_future(sample_connections(admin, seconds / 2))
+    start = await Window.take(admin)
+    counts = await cycle_names(adapter, names, start.wall + seconds)
     end = await Window.take(admin)
     total = start.until(end)
     n = sum(counts)
@@ -619,6 +630,7 @@ LOCK_WORKLOADS = {
 CONCURRENCY = {
     "w1": 1,
     "w2": 64,
+    "w2mp": 64,
     "w3": 16,
     "w3mp": 4,
     "w4": 501,

@@ -9,23 +9,41 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.adapters import BASELINE
+from benchmarks.config import BASELINE_REV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _has_commit(rev: str) -> bool:
+    """Whether this checkout's git knows *rev* (not in a source tarball or a shallow clone)."""
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}^{{commit}}"],
+            capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+    except OSError:  # no git
+        return False
+    return found.returncode == 0
+
+
 @pytest.mark.slow
-# A whole quick run (every workload, two libraries, one process each): under a minute on an
-# idle machine, over 120 s once with CI's suites and other jobs loading both cores; its
-# own subprocess time limit (300 s) is the bound that matters (issue 25).
+# A whole quick run (every workload, two libraries and the baseline's three workloads, one
+# process each): about a minute on an idle machine, over 120 s once with CI's suites and
+# other jobs loading both cores; its own subprocess time limit (300 s) is the bound that
+# matters (issue 25).
 @pytest.mark.timeout(330)
 def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--libs", "aiolock,redis-py",
-         "--no-plots", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "--quick", "--libs",
+         f"aiolock,{BASELINE},redis-py", "--no-plots", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = (tmp_path / "RESULTS.md").read_text()
-    for heading in ("W0", "W1", "W2", "W3", "W4", "W5", "C1", "C2", "C3"):
+    for heading in ("W0", "W1", "W2", "W2 concurrency: 4 processes", "W3", "W4", "W5", "C1"):
+        assert heading in report
+    for heading in ("C2", "C3"):
         assert heading in report
     assert "Redis-side cost per operation" in report
     data = json.loads((tmp_path / "results.json").read_text())
@@ -39,6 +57,74 @@ def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
         assert c1["sent_us_per_op"] > 0 and c1["server_cpu_us_per_op"] > 0
         assert c2["acquisitions"] > 0 and c2["server_cpu_us_per_op"] > 0
         assert c3["names"] > 0 and c3["bytes_left_per_name"] >= 0
+    # Issue 21: W2 in 4 processes x 64 tasks, and the rows of its targets.
+    for lib in ("aiolock", "redis-py"):
+        w2mp = data["summary"]["w2mp"][lib]["metrics"]
+        assert (w2mp["procs"], w2mp["tasks"]) == (4, 256)
+        assert w2mp["cycles"] > 0 and w2mp["min_process_cycles"] > 0
+    rows = [(t["workload"], t["target"]) for t in data["targets"]]
+    issue21 = [row for row in rows if row[0].endswith("(issue 21)")]
+    assert [w for w, _ in issue21] == ["W1 (issue 21)", "W1 (issue 21)", "W2 (issue 21)",
+                                       "W2mp (issue 21)"], rows  # fmt: skip
+    assert any("3.2x redis-py's Lock" in text for _, text in issue21)
+    # The baseline ran W1, W2 and W2mp only, on the extracted revision's package.
+    if not _has_commit(BASELINE_REV):
+        assert f"Baseline {BASELINE_REV} skipped" in report
+        return
+    for workload in ("w1", "w2", "w2mp"):
+        entry = data["summary"][workload][BASELINE]
+        assert entry["ok"] and entry["metrics"]["cycles"] > 0, entry
+    for workload in set(data["summary"]) - {"w1", "w2", "w2mp"}:
+        assert BASELINE not in data["summary"][workload]
+    runs = [r for r in data["runs"] if r["lib"] == BASELINE]
+    assert len(runs) == 3
+    for run in runs:
+        files = [Path(f) for f in run["aiolock_files"]]
+        # the w2mp coordinator does not import aiolock: the parts' one file is reported
+        assert len(files) == 1 and files[0].parent.name == "aiolock", files
+        assert not files[0].is_relative_to(ROOT), files
+    aiolock_runs = [r for r in data["runs"] if r["lib"] == "aiolock" and r["ok"]]
+    for run in aiolock_runs:
+        assert run["aiolock_files"] == [str(ROOT / "aiolock" / "__init__.py")], run
+    assert "W2 (issue 21)" in report and data["meta"]["versions"][BASELINE].startswith(
+        BASELINE_REV[:12]
+    )
+
+
+def test_baseline_result_from_another_aiolock_is_refused(tmp_path: Path) -> None:
+    """Issue 21: a baseline worker that imported any aiolock but the extracted copy (this
+    checkout's, here: the directory given holds no package) is a failed run, not a row."""
+    from aiolock.testing import RedisServer
+    from benchmarks.__main__ import run_worker
+    from benchmarks.baseline import Baseline
+
+    fake = Baseline("HEAD", "0" * 40, tmp_path)
+    with RedisServer() as server:
+        result = run_worker(BASELINE, "w1", server.url, {"cycles": 20, "seconds": 0.2}, 120, fake)
+    assert not result["ok"]
+    assert result["error"].startswith("baseline result refused: the worker imported aiolock")
+    assert result["aiolock_files"] == [str(ROOT / "aiolock" / "__init__.py")]
+
+
+def test_baseline_is_extracted_once_and_removed(tmp_path: Path) -> None:
+    """``extracted`` gives the revision's own package in a directory it removes at the end,
+    and a reason, not an error, for a revision git does not have."""
+    from benchmarks.baseline import Baseline, extracted, refusal
+
+    if not _has_commit(BASELINE_REV):
+        pytest.skip("not a git checkout with the baseline revision")
+    with extracted(ROOT, BASELINE_REV) as got:
+        assert isinstance(got, Baseline), got
+        init = got.package / "__init__.py"
+        assert init.is_file() and not got.root.is_relative_to(ROOT)
+        assert refusal({"aiolock_files": [str(init)]}, got) is None
+        assert refusal({"aiolock_files": [str(init), str(ROOT / "aiolock/__init__.py")]}, got)
+        assert refusal({}, got)
+    assert not got.root.exists()
+    with extracted(ROOT, "0" * 40) as missing:
+        assert isinstance(missing, str) and "skipped: git does not know it" in missing
+    with extracted(tmp_path, "HEAD") as outside:  # not a git checkout
+        assert isinstance(outside, str) and "skipped" in outside
 
 
 async def test_c3_counts_only_its_own_names(monkeypatch: pytest.MonkeyPatch) -> None:

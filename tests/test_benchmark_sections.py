@@ -35,17 +35,96 @@ def test_the_committed_results_keep_every_marked_section() -> None:
 
 def test_script_floor_runs_every_pair_and_writes_its_section(tmp_path: Path) -> None:
     """A short run of the script-floor benchmark: every pair acquires and releases each
-    cycle (the benchmark raises otherwise), and the ratios are against redis-py's row."""
-    from benchmarks import script_floor
+    cycle (the benchmark raises otherwise), and the ratios are against redis-py's row;
+    the family's rows, the pipelined rows (every reply checked) and issue 21's target
+    rows are there (structure only: a run this short says nothing about the figures)."""
+    from benchmarks import script_family, script_floor
 
-    assert script_floor.main(["--cycles", "20", "--repeats", "1", "--out", str(tmp_path)]) == 0
-    rows = {
-        row["pair"]: row for row in json.loads((tmp_path / "script_floor.json").read_text())["rows"]
-    }
+    argv = ["--cycles", "20", "--repeats", "1", "--pipe-cycles", "20", "--out", str(tmp_path)]
+    assert script_floor.main(argv) == 0
+    result = json.loads((tmp_path / "script_floor.json").read_text())
+    rows = {row["pair"]: row for row in result["rows"]}
     assert list(rows) == [pair.name for pair in script_floor.pairs()]
     assert rows["redis-py's Lock"]["vs_redis_py"] == 1.0
     assert all(row["server_us_per_cycle"] > 0 for row in rows.values())
-    assert MARKERS["script-floor"][0] in (tmp_path / "RESULTS.md").read_text()
+    family = {row["kind"]: row for row in result["family"]}
+    assert list(family) == list(script_family.KINDS)
+    assert family[script_family.LOCK]["vs_lock"] == 1.0
+    # the client sent the acquire and the release, nothing else (a renewal could add one)
+    assert all(2 <= row["script_calls_per_cycle"] < 2.5 for row in family.values())
+    # what the scripts ran, by name (Redis counts each redis.call under its own name)
+    assert all(row["redis_calls_per_cycle"] > 0 for row in family.values())
+    assert "evalsha" not in family[script_family.LOCK]["redis_calls_by_name"]
+    piped = {row["pair"]: row for row in result["pipelined"]}
+    assert list(piped) == list(script_floor.PIPED)
+    assert all(row["error_replies"] == row["wrong_replies"] == 0 for row in piped.values())
+    assert piped[script_floor.AIOLOCK_V0]["vs_frozen"] == 1.0
+    targets = [row["target"] for row in result["targets"]]
+    assert len(targets) == 3 + len(script_family.KINDS) - 1
+    assert all(row["met"] in (True, False) for row in result["targets"])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert MARKERS["script-floor"][0] in text
+    for heading in ("The lock family", "Fully pipelined", "Issue 21's targets"):
+        assert heading in text
+    assert all(target in text for target in targets)
+
+
+def test_script_floor_targets_say_not_met_failed_and_see_notes() -> None:
+    """The target rows: a ratio over its limit is not met (a family kind's points to
+    NOTES.md), and a pipelined run with bad replies fails its row instead of judging it."""
+    from benchmarks import script_floor as sf
+
+    rows = [
+        {"pair": sf.REDIS_PY, "server_us_per_cycle": 5.0},
+        {"pair": sf.AIOLOCK_V0, "server_us_per_cycle": 50.0},
+        {"pair": sf.AIOLOCK, "server_us_per_cycle": 30.0},
+    ]
+    family = [
+        {"kind": "lock", "vs_lock": 1.0},
+        {"kind": "fair lock", "vs_lock": 1.4},
+        {"kind": "semaphore, one permit", "vs_lock": 2.0},
+    ]
+    piped = [
+        {"pair": sf.AIOLOCK_V0, "vs_frozen": 1.0, "error_replies": 0, "wrong_replies": 0},
+        {"pair": sf.AIOLOCK, "vs_frozen": 1.6, "error_replies": 0, "wrong_replies": 0},
+    ]
+    result = {"rows": rows, "family": family, "pipelined": piped}
+    met = [row["met"] for row in sf.targets(result)]
+    # 0.60x the frozen pair, 6.0x redis-py's, 1.6x pipelined, fair 1.4x, semaphore 2.0x
+    assert met == [True, False, True, True, False]
+    text = "\n".join(sf._render_targets({**result, "targets": sf.targets(result)}))
+    row = "| semaphore, one permit: script time <= 1.5x the lock's | 2.00x |"
+    assert f"{row} **not met** (see NOTES.md) |" in text
+    piped[1]["error_replies"] = 1
+    failed = sf.targets(result)[2]
+    assert failed["measured"] is None and failed["met"] is None
+    assert "**failed run**" in "\n".join(
+        sf._render_targets({**result, "targets": sf.targets(result)})
+    )
+
+
+def test_a_pipelined_run_counts_error_and_wrong_replies() -> None:
+    """Every pipelined reply is checked: an error reply and a release that did not
+    release are each counted, and the row names the first."""
+    from benchmarks import script_pipe
+    from benchmarks.script_floor import Pair
+
+    def release_input(i: int) -> tuple[list[str], list[str]]:
+        return ["sp:{lock}"], [str(i)]
+
+    pair = Pair(
+        "faulty",
+        "return 1",
+        # cycle 0: an error reply; cycle 1: 'not released'; the others (and the first
+        # cycle, -1, sent one command at a time) release
+        "if ARGV[1] == '0' then return redis.error_reply('boom') end\n"
+        "if ARGV[1] == '1' then return 0 end\nreturn 1",
+        lambda i: (["sp:{lock}"], [str(i)]),
+        release_input,
+    )
+    row = script_pipe.measure(pair, 5, counted=False)
+    assert (row["error_replies"], row["wrong_replies"]) == (1, 1)
+    assert row["first_bad"].startswith("cycle 0: ERR boom")
 
 
 def test_client_floor_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
@@ -62,7 +141,12 @@ def test_client_floor_runs_every_client_and_writes_its_section(tmp_path: Path) -
     assert rows["minimal batching client"]["cpu_vs_minimal"] == 1.0
     assert rows["redis-py's Lock"]["rate_vs_redis_py"] == 1.0
     assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
-    assert MARKERS["client-floor"][0] in (tmp_path / "RESULTS.md").read_text()
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert MARKERS["client-floor"][0] in text
+    # issue 21's target 2 (client CPU), judged on the LockManager's row
+    (target,) = result["targets"]
+    assert target["measured"] == rows["aiolock's LockManager"]["cpu_vs_minimal"]
+    assert f"| {client_floor.TARGET} |" in text
 
 
 def test_the_benchmarks_count_aiolocks_own_writes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,21 +88,32 @@ async def test_force_release_wakes_a_waiter_and_the_holder_learns(
             entered.set()
             await asyncio.sleep(10)
 
+    got, done = asyncio.Event(), asyncio.Event()
+
+    async def waiter() -> None:
+        await lock.acquire(timeout=20)
+        got.set()
+        # Keep the hold: a task that ends holding a lock has it released in the
+        # background, which would race the force-release below (issue 25).
+        await done.wait()
+
     task = asyncio.create_task(holder())
     await entered.wait()
-    waiter = asyncio.create_task(lock.acquire(timeout=20))
+    waiting = asyncio.create_task(waiter())
     await eventually(lambda: locks.statistics().hub.waiters == 1, what="the waiter")
     released_at = time.monotonic()
     assert await lock.force_release() is True
     with pytest.raises(aiolock.LockLostError):
         await task
-    await within(waiter, what="the waiter")
+    await within(got.wait(), what="the waiter to get the lock")
     # woken (with room for a loaded machine), not left to wait out the 30 s lease
     took = time.monotonic() - released_at
     assert took < 5.0, f"the waiter got the lock {took:.2f} s after the force-release"
-    assert await lock.locked()  # now held by the (finished) waiter task
+    assert await lock.locked()  # now held by the waiter task, still running
     assert await lock.force_release() is True
     assert await lock.force_release() is False
+    done.set()
+    await within(waiting, what="the waiter task to end")
 
 
 async def test_extend_a_fixed_lease(locks: aiolock.LockManager) -> None:

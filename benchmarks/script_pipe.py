@@ -1,0 +1,188 @@
+"""Cycles one Redis core serves when fully pipelined: part of ``benchmarks.script_floor``.
+
+Issue 21's target 1 asks for the shipped lock scripts to serve >= 1.5x the cycles per
+second of the lock's scripts before issue 21 when one connection sends nothing but
+cycles, fully pipelined. For each pair measured here (redis-py's Lock, the frozen pre-21
+pair, the shipped pair, as :func:`benchmarks.script_floor.pairs` defines them) one
+measurement:
+
+* starts a fresh private ``redis-server`` (:class:`aiolock.testing.RedisServer`, free
+  loopback port, stopped by pid), loads the pair's scripts and runs one cycle one command
+  at a time (the shipped lock's first token comes from the server's clock; the next ones
+  count on from it while the state lives, so every later token is known in advance);
+* encodes *cycles* cycles on one name, acquire then release, with the same per-cycle
+  arguments as the sequential rows (a unique owner field and void or tombstone key per
+  cycle; the shipped release names the token its acquire will answer), as RESP bytes;
+* writes all of them on one connection at once and reads every reply (``hiredis``),
+  timing wall clock from the first byte written to the last reply read, and the server's
+  CPU (``INFO cpu`` ``used_cpu_user + used_cpu_sys``) over the same span;
+* checks every reply is what a successful cycle answers: an acquire that was granted
+  (the shipped lock: exactly the predicted token), a release that released. An error
+  reply or any other reply is counted; a row with any is failed (the report says so and
+  ``python -m benchmarks.script_floor`` exits 1).
+
+The frozen pair leaves a tombstone key per release (kept 10 s), so the keyspace grows by
+a key per cycle during its run (the shipped pair's does not): compare runs made with the
+same number of cycles.
+
+Pairs are interleaved over the repeats; each figure is the median. The client is one
+Python process that only feeds bytes to a parser, on the same machine: on 2 cores it
+shares them with the server, so the server CPU per cycle is shown beside the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import hiredis
+import redis
+
+from aiolock.testing import RedisServer
+
+if TYPE_CHECKING:
+    from benchmarks.script_floor import Pair
+
+__all__ = ["encode", "measure", "run"]
+
+
+def encode(commands: Sequence[Sequence[str | int]]) -> bytes:
+    """RESP arrays of bulk strings, as a client writes them."""
+    parts: list[bytes] = []
+    for command in commands:
+        parts.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            data = str(arg).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _server_cpu(client: redis.Redis) -> float:
+    cpu: dict[str, Any] = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+async def _send_all(host: str, port: int, payload: bytes, replies: int) -> tuple[float, list[Any]]:
+    """Write *payload* at once, read *replies* replies: (seconds, the replies)."""
+    stream, writer = await asyncio.open_connection(host, port)
+    try:
+        reader = hiredis.Reader()
+        got: list[Any] = []
+        started = time.perf_counter()
+        # No drain before reading: the transport sends what the socket takes while the
+        # loop below reads the replies that come back meanwhile.
+        writer.write(payload)
+        while len(got) < replies:
+            reply = reader.gets()
+            if reply is False:
+                data = await stream.read(1 << 20)
+                if not data:
+                    raise ConnectionError("the benchmark's server closed the connection")
+                reader.feed(data)
+                continue
+            got.append(reply)
+        return time.perf_counter() - started, got
+    finally:
+        writer.close()
+
+
+def _first_cycle(client: redis.Redis, pair: Pair, acquire: str | None, release: str) -> Any:
+    """One cycle, a command at a time (before the pipelined ones): the acquire's reply."""
+    keys, args = pair.acquire_input(-1)
+    if acquire is None:
+        got = client.set(keys[0], args[0], nx=True, px=int(args[1]))
+    else:
+        got = client.evalsha(acquire, len(keys), *keys, *args)
+    if not got:
+        raise RuntimeError(f"{pair.name}: the lock was not free on a fresh server")
+    pair.acquired(-1, got)
+    keys, args = pair.release_input(-1)
+    if not pair.released(client.evalsha(release, len(keys), *keys, *args)):
+        raise RuntimeError(f"{pair.name}: the first release failed")
+    return got
+
+
+def measure(pair: Pair, cycles: int, counted: bool) -> dict[str, Any]:
+    """One pipelined run of *cycles* cycles of *pair* on a fresh server.
+
+    *counted*: the pair's acquire answers a token that counts on by one per grant (the
+    shipped lock), so each cycle's token is predicted and checked.
+    """
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        try:
+            release = client.script_load(pair.release)
+            acquire = client.script_load(pair.acquire) if pair.acquire is not None else None
+            first = _first_cycle(client, pair, acquire, release)
+            expected: list[Any] = []
+            commands: list[list[str | int]] = []
+            for i in range(cycles):
+                keys, args = pair.acquire_input(i)
+                if acquire is None:
+                    commands.append(["SET", keys[0], args[0], "NX", "PX", args[1]])
+                else:
+                    commands.append(["EVALSHA", acquire, len(keys), *keys, *args])
+                token = int(first) + 1 + i if counted else None
+                expected.append(token)
+                pair.acquired(i, token)  # the shipped release names its hold's token
+                keys, args = pair.release_input(i)
+                commands.append(["EVALSHA", release, len(keys), *keys, *args])
+            payload = encode(commands)
+            cpu = _server_cpu(client)
+            seconds, replies = asyncio.run(
+                _send_all(server.host, server.port, payload, len(commands))
+            )
+            cpu = _server_cpu(client) - cpu
+        finally:
+            client.close()
+    errors, wrong, first_bad = 0, 0, None
+    for i in range(cycles):
+        got, released = replies[2 * i], replies[2 * i + 1]
+        for reply in (got, released):
+            if isinstance(reply, hiredis.ReplyError):
+                errors += 1
+                first_bad = first_bad or f"cycle {i}: {reply}"
+        if isinstance(got, hiredis.ReplyError) or isinstance(released, hiredis.ReplyError):
+            continue
+        granted = got == expected[i] if counted else bool(got)
+        if not granted or not pair.released(released):
+            wrong += 1
+            first_bad = first_bad or f"cycle {i}: acquire {got!r}, release {released!r}"
+    return {
+        "seconds": seconds,
+        "cycles_per_s": cycles / seconds,
+        "server_cpu_us_per_cycle": cpu / cycles * 1e6,
+        "payload_bytes": len(payload),
+        "error_replies": errors,
+        "wrong_replies": wrong,
+        "first_bad": first_bad,
+    }
+
+
+def run(pairs: Sequence[Pair], counted: str, cycles: int, repeats: int) -> list[dict[str, Any]]:
+    """Interleaved pipelined runs of *pairs* (*counted*: the pair whose tokens count on)."""
+    samples: dict[str, list[dict[str, Any]]] = {pair.name: [] for pair in pairs}
+    for _ in range(repeats):
+        for pair in pairs:
+            samples[pair.name].append(measure(pair, cycles, pair.name == counted))
+    rows = []
+    for name, runs in samples.items():
+        rates = [r["cycles_per_s"] for r in runs]
+        rows.append(
+            {
+                "pair": name,
+                "cycles_per_s": statistics.median(rates),
+                "range": [min(rates), max(rates)],
+                "server_cpu_us_per_cycle": statistics.median(
+                    r["server_cpu_us_per_cycle"] for r in runs
+                ),
+                "payload_bytes_per_cycle": runs[0]["payload_bytes"] / cycles,
+                "error_replies": sum(r["error_replies"] for r in runs),
+                "wrong_replies": sum(r["wrong_replies"] for r in runs),
+                "first_bad": next((r["first_bad"] for r in runs if r["first_bad"]), None),
+            }
+        )
+    return rows
