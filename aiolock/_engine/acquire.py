@@ -283,8 +283,10 @@ class Acquiring(Releasing):
                     if not waiter.queue.answered:  # nobody was seen holding it
                         raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
                     raise kind.timeout_error(keys, timeout, permits)
-                woken = await waiter.wait(
-                    _shortest(remaining, ttl) if waiter.is_head else remaining
+                hub.pause(waiter)
+                woken = hub.resume(
+                    waiter,
+                    await waiter.wait(_shortest(remaining, ttl) if waiter.is_head else remaining),
                 )
                 should_try = woken or waiter.is_head
         finally:

@@ -21,6 +21,8 @@ manager holds the lock (whose release or loss wakes it). Hence:
 * a release message, a local release, a local loss, a confirmed (re)subscription and a
   head that leaves without the lock each wake the (new) head;
 * a wake that arrives while the head is busy is kept (``pending``), never dropped;
+* at most ``WaiterHub.WAKES`` waiters are woken at once: a wake beyond them waits its
+  turn, in order, and one whose waiter leaves first is passed on like any other;
 * a waiter cancelled after being woken passes the wake on.
 
 A queue of a *queued* kind (the fair lock, whose waiters' order Redis keeps) works
@@ -45,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -65,6 +68,7 @@ class Waiter:
     __slots__ = (
         "_future",
         "acknowledged",
+        "deferred",
         "field",
         "handed",
         "lease",
@@ -74,6 +78,7 @@ class Waiter:
         "queue",
         "reserved",
         "task",
+        "turn",
     )
 
     def __init__(
@@ -97,6 +102,11 @@ class Waiter:
         self.acknowledged = False
         #: the waiting task (it joins the queue itself)
         self.task = asyncio.current_task()
+        #: the hub woke it and counts it among its woken waiters until it sleeps again
+        #: or leaves; *deferred*: a wake for it waits for one of those to end (see
+        #: WaiterHub.WAKES)
+        self.turn = False
+        self.deferred = False
 
     def give(self, hold: Hold) -> None:
         self.reserved = False
@@ -198,21 +208,6 @@ class ChannelQueue:
         #: say it was held (until then, Redis has not answered the queue at all)
         self.answered = False
 
-    def wake_head(self) -> None:
-        # In a queued kind's queue every waiter is a head, but a wake of unknown target
-        # (a confirmation, a reconnect, a local loss) is for the first of ours in Redis's
-        # queue, the one a missed grant can have named: the first in call order.
-        if self.waiters:
-            self.waiters[0].wake()
-
-    def wake_field(self, field: str) -> bool:
-        """Wake the waiter registered as *field*; False if none of ours is."""
-        waiter = self.fields.get(field)
-        if waiter is None:
-            return False
-        waiter.wake()
-        return True
-
 
 @dataclass(frozen=True)
 class HubStatistics:
@@ -241,6 +236,12 @@ class HubStatistics:
 class WaiterHub(SubscriptionEvents):
     """Local waiter queues, fed by the events of a source of subscriptions."""
 
+    #: The most waiters woken at once (until each sleeps again or leaves). A release of N
+    #: locks woke N heads, whose attempts waited for a pipeline slot behind each other so
+    #: long that CPython's GC moved them to its oldest generation, whose full collections
+    #: walk every waiter: 4-5 per release of 20,000 (issue 24). 4x the pipelines' default.
+    WAKES = 192
+
     def __init__(self, source: Source, manager_id: str) -> None:
         #: the subscriptions: wanted here, kept by the source, which reports to the hub
         self.source = source
@@ -258,6 +259,10 @@ class WaiterHub(SubscriptionEvents):
         self._waiting = 0
         self._busy = 0  # queues with a waiter
         self._confirmed = 0  # queues whose subscription is confirmed
+        #: waiters woken and not asleep again yet (Waiter.turn), and the waiters whose
+        #: wake waits for one of those to end (see WAKES)
+        self._turns = 0
+        self._deferred: deque[Waiter] = deque()
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -358,6 +363,9 @@ class WaiterHub(SubscriptionEvents):
         was_head = waiter.is_head
         was_first = self.first(waiter)
         waiter.left = True
+        owed, waiter.deferred = waiter.deferred, False  # (its deque entry is skipped)
+        if waiter.turn:
+            self._end_turn(waiter)
         try:
             queue.waiters.remove(waiter)
         except ValueError:
@@ -370,16 +378,16 @@ class WaiterHub(SubscriptionEvents):
         if queue.queued and was_first and not queue.confirmed and queue.waiters:
             # A grant to the next of ours may be announced while we do not listen: the
             # new first waiter tries (and keeps trying at READY_WAIT, see the engine).
-            queue.waiters[0].wake()
+            self._wake(queue.waiters[0])
         # A reserved waiter's releaser passes the lock on itself when the hand-over lands.
         # (In a queued kind's queue nobody waits for a turn that this waiter held.)
         if (
             not acquired
             and not queue.queued
             and not waiter.reserved
-            and (was_head or waiter.pending)
+            and (was_head or waiter.pending or owed)
         ):
-            queue.wake_head()
+            self._wake_head(queue)
         if not queue.waiters:
             if queue.listen or self.source.subscribed(queue.channel):
                 queue.listen = False
@@ -434,7 +442,66 @@ class WaiterHub(SubscriptionEvents):
         """The lock behind *channel* may be free: let its head try."""
         queue = self._queues.get(channel)
         if queue is not None:
-            queue.wake_head()
+            self._wake_head(queue)
+
+    def pause(self, waiter: Waiter) -> None:
+        """*waiter* is about to sleep (:meth:`Waiter.wait`): its turn among the woken
+        waiters ends, and a wake it got meanwhile waits for a turn like any other.
+
+        A hand-over is never held back: it needs no attempt.
+        """
+        if waiter.turn:
+            self._end_turn(waiter)
+        if waiter.pending and waiter.handed is None:
+            waiter.pending = False
+            self._wake_asleep(waiter)
+
+    def resume(self, waiter: Waiter, woken: bool) -> bool:
+        """*waiter*'s :meth:`Waiter.wait` returned *woken*: whether it was woken, a wake
+        that still waited for its turn included (its timer ran out first, or a hand-over
+        came): it tries now, as it would have."""
+        if waiter.deferred:
+            waiter.deferred = False  # (its deque entry is skipped)
+            return True
+        return woken
+
+    def _wake_head(self, queue: ChannelQueue) -> None:
+        # In a queued kind's queue every waiter is a head, but a wake of unknown target
+        # (a confirmation, a reconnect, a local loss) is for the first of ours in Redis's
+        # queue, the one a missed grant can have named: the first in call order.
+        if queue.waiters:
+            self._wake(queue.waiters[0])
+
+    def _wake(self, waiter: Waiter) -> None:
+        """Wake *waiter* to try, as one of at most WAKES woken waiters at once."""
+        if waiter.deferred:
+            return  # it is woken in its turn
+        future = waiter._future
+        if future is None or future.done():
+            waiter.wake()  # awake: it tries once more, in a turn of its own (see pause)
+        else:
+            self._wake_asleep(waiter)
+
+    def _wake_asleep(self, waiter: Waiter) -> None:
+        waiter.deferred = True
+        self._deferred.append(waiter)
+        self._admit()
+
+    def _end_turn(self, waiter: Waiter) -> None:
+        waiter.turn = False
+        self._turns -= 1
+        self._admit()
+
+    def _admit(self) -> None:
+        """Wake the waiters in line, in order, while fewer than WAKES are woken."""
+        deferred = self._deferred
+        while deferred and self._turns < self.WAKES:
+            waiter = deferred.popleft()
+            if waiter.deferred:  # (not woken meanwhile by its timer, nor gone)
+                waiter.deferred = False
+                self._turns += 1
+                waiter.turn = True
+                waiter.wake()
 
     def close(self) -> None:
         """Wake every waiter; they find the hub closed and give up."""
@@ -468,7 +535,9 @@ class WaiterHub(SubscriptionEvents):
             # one of ours, released by one of ours), or is "" if nobody waited.
             self._messages += 1
             if data:
-                queue.wake_field(data)
+                waiter = queue.fields.get(data)
+                if waiter is not None:
+                    self._wake(waiter)
         # Our own releases already woke the local head directly.
         elif data != self._manager_id:
             self._messages += 1
@@ -478,7 +547,7 @@ class WaiterHub(SubscriptionEvents):
             if queue is None or not queue.anonymous:
                 self._yields.pop(channel, None)
             if queue is not None:
-                queue.wake_head()
+                self._wake_head(queue)
 
     def on_confirmed(self, channel: str) -> None:
         queue = self._queues.get(channel)
@@ -488,7 +557,7 @@ class WaiterHub(SubscriptionEvents):
             # A repeated one follows a reconnect made inside redis-py, during which
             # releases may have been missed: either way, wake the head.
             self._confirm(queue, True)
-            queue.wake_head()
+            self._wake_head(queue)
 
     def on_unconfirmed(self, channel: str) -> None:
         queue = self._queues.get(channel)
@@ -516,8 +585,8 @@ class WaiterHub(SubscriptionEvents):
             if queue is not None:
                 self._confirm(queue, False)
                 # A release may have been missed; heads fall back to TTL waits (a queued
-                # kind's queue: the first waiter, see wake_head)
-                queue.wake_head()
+                # kind's queue: the first waiter, see _wake_head)
+                self._wake_head(queue)
 
     def on_failed(self, exc: Exception, refusal: str | None) -> None:
         if refusal is not None:

@@ -1,0 +1,136 @@
+"""A release of many locks wakes their waiters a few at a time (issue 24).
+
+Each woken head's attempt waited for a pipeline slot behind every other woken head's: at
+20,000 names, 15,000 attempts were queued at once, long enough for CPython's cyclic GC
+to move them to its oldest generation, whose full collections walk every waiter. The hub
+now wakes at most ``WaiterHub.WAKES`` waiters at once; the next wakes as one of them
+sleeps again or leaves. These tests count attempts in flight; none is a timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+
+from .helpers import eventually
+
+N = 24
+TURNS = 4
+ACQUIRE = "_kinds/lock/acquire"
+
+
+async def _herd(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, cancel: int | None
+) -> tuple[int, int, aiolock.LockManager]:
+    """N waiters in one manager, one per name held by another; the holder releases all.
+
+    Every attempt of the waiting manager is held back until the hub has heard every
+    release, so that all the wakes have happened while the first attempts are still in
+    flight. Returns the most attempts in flight at once and how many waiters held.
+    *cancel*: the waiter (by name index) cancelled once every release was heard.
+    """
+    holder = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30)
+    locks = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix)
+    await holder.open()
+    await locks.open()
+    engine = locks._engine
+    assert engine is not None
+    hub = engine.hub
+    monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
+    held = [holder.lock(f"herd{i}") for i in range(N)]
+    for lock in held:
+        await lock.acquire()
+    got = 0
+
+    async def waiter(i: int) -> None:
+        nonlocal got
+        async with locks.lock(f"herd{i}", timeout=60):
+            got += 1
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(N)]
+
+    def asleep() -> bool:  # every head sleeps after a busy attempt, subscribed
+        waiters = [w for q in hub._queues.values() for w in q.waiters]
+        return len(waiters) == N and all(
+            w._future is not None and not w._future.done() for w in waiters
+        )
+
+    await eventually(
+        lambda: locks.statistics().hub.subscriptions == N and asleep(), what="all asleep"
+    )
+    client: Any = locks._client
+    original = client.run
+    heard = asyncio.Event()
+    in_flight = peak = 0
+
+    async def counted(script: Any, keys: Any, args: Any) -> Any:
+        nonlocal in_flight, peak
+        if script.name != ACQUIRE:
+            return await original(script, keys, args)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await heard.wait()
+            return await original(script, keys, args)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(client, "run", counted)
+    try:
+        for lock in held:
+            await lock.release()
+        await eventually(lambda: locks.statistics().hub.messages == N, what="all heard")
+        if cancel is not None:
+            tasks[cancel].cancel()
+        heard.set()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        for i, result in enumerate(results):
+            if i == cancel:
+                assert isinstance(result, asyncio.CancelledError)
+            else:
+                assert result is None, result
+        await eventually(lambda: locks.statistics().hub.waiters == 0, what="the hub empty")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await holder.aclose()
+        await holder.redis.aclose()
+    return peak, got, locks
+
+
+async def test_a_release_of_many_locks_wakes_their_waiters_a_few_at_a_time(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N heads woken by N release messages: never more than WAKES attempts in flight
+    (before: all N at once), and every waiter holds in the end (no wake is lost)."""
+    peak, got, locks = await _herd(redis_url, prefix, monkeypatch, None)
+    try:
+        assert peak <= TURNS, peak
+        assert got == N
+        hub = locks._engine.hub  # type: ignore[union-attr]
+        assert hub._turns == 0
+    finally:
+        await locks.aclose()
+        await locks.redis.aclose()
+
+
+async def test_a_waiter_cancelled_while_its_wake_waits_for_a_turn_loses_no_other(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last waiter woken (its wake waits behind WAKES others) is cancelled: it
+    leaves the line, and every other waiter is still woken and holds."""
+    peak, got, locks = await _herd(redis_url, prefix, monkeypatch, N - 1)
+    try:
+        assert peak <= TURNS, peak
+        assert got == N - 1
+        hub = locks._engine.hub  # type: ignore[union-attr]
+        assert hub._turns == 0
+    finally:
+        await locks.aclose()
+        await locks.redis.aclose()
