@@ -22,7 +22,7 @@ The properties, checked on every call and after every step:
 Each owner is a long-lived task fed jobs through a queue, so that its identity (the lock
 owner) survives across steps. Sizes: ``max_examples`` 150 x 30 steps by default (about
 20 s), 1500 x 40 with ``AIOLOCK_LONG=1``; ``AIOLOCK_FUZZ_EXAMPLES`` overrides. The run
-has a wall-clock budget (60 s, 900 s with ``AIOLOCK_LONG=1``; ``AIOLOCK_FUZZ_BUDGET``
+has a wall-clock budget (30 s, 900 s with ``AIOLOCK_LONG=1``; ``AIOLOCK_FUZZ_BUDGET``
 overrides): examples run in batches, and no batch starts once the budget is spent, so a
 loaded machine runs fewer examples (the test says how many) instead of reaching the
 pytest timeout inside an example (issue 25).
@@ -68,7 +68,7 @@ LUA_TEXT = ("@user_script", "Error running script", "script: ", "attempt to ")
 EXAMPLES = int(os.environ.get("AIOLOCK_FUZZ_EXAMPLES", "1500" if LONG else "150"))
 STEPS = 40 if LONG else 30
 #: seconds after which no new batch of examples starts
-BUDGET = float(os.environ.get("AIOLOCK_FUZZ_BUDGET", "900" if LONG else "60"))
+BUDGET = float(os.environ.get("AIOLOCK_FUZZ_BUDGET", "900" if LONG else "30"))
 #: examples per batch (each batch begins with hypothesis' simplest example again): about
 #: 3 s on an idle machine, 10-20 s at load 4, a minute or less at load 10
 BATCH = 25
