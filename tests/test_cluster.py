@@ -165,19 +165,26 @@ async def test_multi_lock_spans_slots_on_three_primaries(
 
 
 async def test_renewal_batches_are_grouped_per_slot(cluster: LocalCluster, prefix: str) -> None:
-    """Short leases on locks in many slots on three nodes stay held: each batch is
-    one slot (a cross-slot batch would fail with CROSSSLOT and the holds be lost)."""
+    """Locks in many slots on three nodes are renewed, each batch one slot (a cross-slot
+    batch would fail with CROSSSLOT and the holds be lost): two of the watchdog's rounds,
+    run here on a lease no stall of a loaded machine ends, not waited for on its timer."""
     names = [f"renew-{i}" for i in range(12)]
     slots = {key_slot(n.encode()) for n in names}
     async with aiolock.LockManager.from_url(
-        cluster.url, cluster=True, prefix=prefix, lease=0.6
+        cluster.url, cluster=True, prefix=prefix, lease=30.0
     ) as locks:
+        watchdog = locks._open_engine().watchdog
+        assert watchdog.group_by_slot
         async with locks.multi_lock(names):
-            await asyncio.sleep(1.5)  # > 2 leases
+            before = locks.statistics().renewal_round_trips
+            for _ in range(2):
+                assert await watchdog.renew_all()  # every batch succeeded
+            # one batch per slot a round (the timer's first round is 10 s away)
+            sent = locks.statistics().renewal_round_trips - before
+            assert sent == 2 * len(slots), (sent, len(slots))
             assert (await locks.multi_lock(names).locked()) == dict.fromkeys(names, True)
         stats = locks.statistics()
         assert stats.lost == {}, stats
-        assert stats.renewal_round_trips >= 2 * len(slots), stats
 
 
 @pytest.mark.parametrize(
@@ -240,20 +247,35 @@ def test_scripts_publish_sharded_on_a_cluster() -> None:
 async def test_the_identity_record_lives_in_its_own_slot_beside_holds_in_others(
     cluster: LocalCluster, prefix: str
 ) -> None:
-    """The record ``P:mgr:{<id>}`` is written to the primary of its own slot, kept past
-    several leases by the rounds that also renew holds on every primary (which must not
-    batch it with them: CROSSSLOT), and deleted at close."""
+    """The record ``P:mgr:{<id>}`` is written to the primary of its own slot, refreshed
+    every lease / 3 beside the rounds that renew holds on every primary (which must not
+    batch it with them: CROSSSLOT), and deleted at close. A 3 s lease: a loaded machine
+    that stalls the loop for two seconds loses neither the record nor the holds."""
     names = names_on_each_primary(cluster, "who-")
     locks = aiolock.LockManager.from_url(
-        cluster.url, cluster=True, prefix=prefix, lease=0.6, name="cluster-app"
+        cluster.url, cluster=True, prefix=prefix, lease=3.0, name="cluster-app"
     )
     key = f"{prefix}:mgr:{{{locks.id}}}"
     owner = Redis(port=cluster.owner_port(key_slot(key.encode())))
     try:
         async with locks, locks.multi_lock(names):
             await until(lambda: owner.exists(key), what="the record")
-            await asyncio.sleep(1.5)  # > 2 leases: kept only by the rounds
-            assert await owner.exists(key) == 1
+            rounds = locks.statistics().renewal_rounds
+            last, refreshed = await owner.pttl(key), 0
+
+            async def refreshed_twice() -> bool:  # its TTL went back up: a refresh
+                nonlocal last, refreshed
+                ttl = await owner.pttl(key)
+                assert ttl > 0, f"the record expired (PTTL {ttl})"
+                refreshed += ttl > last
+                last = ttl
+                return refreshed >= 2
+
+            await eventually(refreshed_twice, what="two refreshes of the record on its owner")
+            await eventually(
+                lambda: locks.statistics().renewal_rounds - rounds >= 2,
+                what="two renewal rounds",
+            )
             record = await owner.get(key)
             assert record is not None and b'"n":"cluster-app"' in record
             assert locks.statistics().lost == {}

@@ -17,10 +17,10 @@ import redis
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kinds.foreign import POLL_MAX
 
 from ._wire_fleet_child import legacy_release, legacy_try
-from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet, take, text
+from .helpers import eventually, within
+from .wire_fleet import Polls, check_crashed_holder_taken_over, check_mixed_fleet, take, text
 
 
 @pytest.fixture
@@ -31,8 +31,14 @@ def name(prefix: str) -> str:
 
 @pytest.fixture
 async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
-    async with aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=2.0) as manager:
+    # A 10 s lease: a loaded machine that stalls the renewals for seconds keeps the holds.
+    async with aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=10.0) as manager:
         yield manager
+
+
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
+    return Polls(monkeypatch)
 
 
 async def server_ms(client: Redis) -> int:
@@ -61,8 +67,9 @@ async def test_the_lock_is_an_expiry_time_at_the_name_on_the_servers_clock(
     assert lock.key == name
     async with lock:
         value = int(await text(admin, name))
-        assert -200 <= value - (await server_ms(admin) + 2000) <= 0  # TIME + lease, earlier
-        assert 1500 < await admin.pttl(name) <= 2000
+        # TIME + lease, written earlier (by up to a stall of a loaded machine)
+        assert -5000 <= value - (await server_ms(admin) + 10000) <= 0
+        assert 5000 < await admin.pttl(name) <= 10000
         record = await text(admin, f"{prefix}:ts:{{{name}}}:holder")
         assert record.startswith(f"{value} ")
         async with lock:
@@ -73,17 +80,22 @@ async def test_the_lock_is_an_expiry_time_at_the_name_on_the_servers_clock(
 
 
 async def test_renewal_rewrites_the_expiry(
-    redis: Redis, admin: Redis, prefix: str, name: str
+    locks: aiolock.LockManager, admin: Redis, name: str
 ) -> None:
-    async with (
-        aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=0.6) as locks,
-        locks.lock(name),
-    ):
+    async with locks.lock(name):
         first = int(await text(admin, name))
-        await asyncio.sleep(0.45)  # past a renewal (every lease / 3)
+
+        async def later() -> bool:  # the server's clock has moved on since the write
+            return await server_ms(admin) + 10000 > first
+
+        await eventually(later, what="the server's clock to pass a millisecond")
+        # The watchdog's round (the one it runs every lease / 3), run here: no waiting
+        # for its timer, which a loaded machine delays.
+        assert await locks._open_engine().watchdog.renew_all()
         second = int(await text(admin, name))
         assert second > first
         assert second - await server_ms(admin) > 0  # never allowed to go stale
+        assert locks.statistics().lost == {}
 
 
 async def test_no_fencing_tokens_and_no_other_kinds(locks: aiolock.LockManager, name: str) -> None:
@@ -181,21 +193,25 @@ async def test_a_legacy_getset_that_lost_the_race_takes_aiolocks_hold_away_and_i
                 late = str(int(time.time() * 1000) + 5000)
                 old = sync_redis.getset(name, late)  # the legacy client's GETSET
                 assert old != seen  # its check fails: it does not take the lock
-                await asyncio.sleep(2.0)
+                await asyncio.sleep(30)  # the watchdog notices within lease / 3
                 pytest.fail("the body should have been cancelled")
         assert sync_redis.get(name) == late.encode()  # aiolock did not delete it
     sync_redis.delete(name)
 
 
 async def test_an_expired_hold_never_deletes_a_later_value_even_an_equal_one(
-    locks: aiolock.LockManager, admin: Redis, sync_redis: redis.Redis, name: str
+    locks: aiolock.LockManager, admin: Redis, sync_redis: redis.Redis, prefix: str, name: str
 ) -> None:
     """aiolock's holder record lives as long as its value: once the value has passed,
     the same number written by a legacy client is not aiolock's."""
     lock = locks.lock(name, lease=0.2)
     await lock.acquire()
     value = await text(admin, name)
-    await asyncio.sleep(0.3)  # the lease ends (key and record expire with the value)
+
+    async def gone() -> bool:  # key and record expire with the value
+        return await admin.exists(name, f"{prefix}:ts:{{{name}}}:holder") == 0
+
+    await eventually(gone, what="the 0.2 s lease to end")
     assert sync_redis.setnx(name, value)  # a legacy client writes the very same number
     with pytest.raises(aiolock.LockLostError):
         await lock.release()
@@ -204,17 +220,22 @@ async def test_an_expired_hold_never_deletes_a_later_value_even_an_equal_one(
 
 
 async def test_an_aiolock_waiter_gets_the_lock_within_the_poll_bound_after_a_legacy_release(
-    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str
+    locks: aiolock.LockManager, sync_redis: redis.Redis, name: str, polls: Polls
 ) -> None:
-    value = legacy_try(sync_redis, name, 5000)
+    """The poll bound by counts: the waiter polls at most POLL_MAX apart, and after the
+    release only the poll already on its way can fail; the next one takes the lock."""
+    value = legacy_try(sync_redis, name, 30000)
     assert value is not None
     waiter = asyncio.create_task(take(locks.lock(name)))
-    await asyncio.sleep(0.6)  # long enough for the backoff to reach its bound
+    await polls.at_bound()
     assert not waiter.done()
-    released = time.monotonic()
+    polled, released = len(polls.waits), time.monotonic()
     legacy_release(sync_redis, name, value)
-    waited = await waiter - released
-    assert waited <= POLL_MAX + SLACK, waited
+    waited = await within(waiter, what="the waiter after the legacy release") - released
+    assert len(polls.waits) - polled <= 1, polls.waits[polled:]
+    polls.check_bound()
+    # not the holder's 30 s lease, with room for a loaded machine
+    assert waited < 5.0, f"the waiter got the lock {waited:.2f} s after the release"
 
 
 async def test_a_legacy_waiter_gets_the_lock_when_aiolock_releases(
@@ -235,9 +256,9 @@ async def test_a_legacy_waiter_gets_the_lock_when_aiolock_releases(
 
 
 async def test_a_crashed_legacy_holder_is_taken_over_once_its_expiry_passes(
-    locks: aiolock.LockManager, redis_url: str, prefix: str, name: str
+    locks: aiolock.LockManager, redis_url: str, prefix: str, name: str, polls: Polls
 ) -> None:
-    await check_crashed_holder_taken_over(locks, redis_url, prefix, name, "legacy")
+    await check_crashed_holder_taken_over(locks, redis_url, prefix, name, "legacy", polls)
 
 
 async def test_a_cancelled_acquire_or_release_leaves_nothing_held(

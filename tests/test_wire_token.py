@@ -22,8 +22,8 @@ from aiolock._engine.kind import ReleaseStatus
 from aiolock._kinds.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, cluster_hash_tag
 from aiolock._kinds.token.kind import TokenLockKind
 
-from .helpers import counting_client, eventually
-from .wire_fleet import SLACK, check_crashed_holder_taken_over, check_mixed_fleet, take, text
+from .helpers import counting_client, eventually, unchanged_for, within
+from .wire_fleet import Polls, check_crashed_holder_taken_over, check_mixed_fleet, take, text
 
 
 @pytest.fixture
@@ -34,8 +34,14 @@ def name(prefix: str) -> str:
 
 @pytest.fixture
 async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
-    async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=2.0) as manager:
+    # A 10 s lease: a loaded machine that stalls the renewals for seconds keeps the holds.
+    async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=10.0) as manager:
         yield manager
+
+
+@pytest.fixture
+def polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
+    return Polls(monkeypatch)
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -49,7 +55,7 @@ async def test_the_lock_is_a_token_string_at_the_name_itself(
     async with lock:
         token = await text(admin, name)
         assert token.startswith(f"aiolock:{{{prefix}}}:")
-        assert 1500 < await admin.pttl(name) <= 2000  # the manager's lease
+        assert 5000 < await admin.pttl(name) <= 10000  # the manager's lease
         async with lock:  # re-entered in the process: the same token, nothing added
             assert await text(admin, name) == token
             assert await lock.hold_count() == 2
@@ -65,10 +71,11 @@ async def test_the_lock_is_a_token_string_at_the_name_itself(
 async def test_a_fixed_lease_is_the_keys_px(
     locks: aiolock.LockManager, admin: Redis, name: str
 ) -> None:
-    async with locks.lock(name, lease=0.5) as lock:
-        assert 0 < await admin.pttl(name) <= 500
-        await lock.extend(3.0)
-        assert 2500 < await admin.pttl(name) <= 3000
+    # Not the manager's 10 s; long enough that no stall of a loaded machine ends it here.
+    async with locks.lock(name, lease=4.0) as lock:
+        assert 0 < await admin.pttl(name) <= 4000
+        await lock.extend(8.0)
+        assert 4000 < await admin.pttl(name) <= 8000
 
 
 async def test_no_fencing_tokens_and_no_other_kinds(locks: aiolock.LockManager, name: str) -> None:
@@ -155,24 +162,30 @@ async def test_aiolock_and_redis_py_locks_exclude_each_other_both_ways(
 
 
 async def test_an_aiolock_waiter_gets_the_lock_within_the_poll_bound_after_redis_py_releases(
-    locks: aiolock.LockManager, redis: Redis, sync_redis: redis.Redis, name: str
+    locks: aiolock.LockManager, redis: Redis, sync_redis: redis.Redis, name: str, polls: Polls
 ) -> None:
-    sync_holder, async_holder = sync_redis.lock(name, timeout=5), redis.lock(name, timeout=5)
+    """The poll bound by counts: the waiter polls at most POLL_MAX apart, and after the
+    release only the poll already on its way can fail; the next one takes the lock."""
+    sync_holder, async_holder = sync_redis.lock(name, timeout=30), redis.lock(name, timeout=30)
     for client in ("sync", "asyncio"):
         if client == "sync":
             assert sync_holder.acquire(blocking=False)
         else:
             assert await async_holder.acquire(blocking=False)
         waiter = asyncio.create_task(take(locks.lock(name)))
-        await asyncio.sleep(0.6)  # long enough for the backoff to reach its bound
+        await polls.at_bound()
         assert not waiter.done()
-        released = time.monotonic()
+        polled, released = len(polls.waits), time.monotonic()
         if client == "sync":
             sync_holder.release()
         else:
             await async_holder.release()
-        waited = await waiter - released
-        assert waited <= POLL_MAX + SLACK, waited
+        waited = await within(waiter, what=f"the waiter after the {client} release") - released
+        assert len(polls.waits) - polled <= 1, polls.waits[polled:]
+        polls.check_bound()
+        # not the holder's 30 s lease, with room for a loaded machine
+        assert waited < 5.0, f"the waiter got the lock {waited:.2f} s after the release"
+        polls.waits.clear()
 
 
 async def test_a_redis_py_waiter_gets_the_lock_when_aiolock_releases(
@@ -217,14 +230,14 @@ async def test_redis_py_cannot_release_or_extend_aiolocks_hold(
 
 
 async def test_a_crashed_redis_py_holders_lease_expires_and_aiolock_takes_over(
-    locks: aiolock.LockManager, redis_url: str, prefix: str, name: str
+    locks: aiolock.LockManager, redis_url: str, prefix: str, name: str, polls: Polls
 ) -> None:
     # A holder in another process that dies (SIGKILL, this test's own child) mid-hold.
-    await check_crashed_holder_taken_over(locks, redis_url, prefix, name, "redispy-sync")
+    await check_crashed_holder_taken_over(locks, redis_url, prefix, name, "redispy-sync", polls)
 
 
 async def test_a_waiter_behind_aiolock_sleeps_on_pubsub_and_polls_only_behind_redis_py(
-    redis_url: str, prefix: str, redis: Redis, name: str
+    redis_url: str, prefix: str, redis: Redis, name: str, polls: Polls
 ) -> None:
     """The cost of waiting: no polling while an aiolock client holds the lock; while
     redis-py holds it, attempts settle at 1 / POLL_MAX per second per waiting name."""
@@ -236,7 +249,11 @@ async def test_a_waiter_behind_aiolock_sleeps_on_pubsub_and_polls_only_behind_re
         held = holder.lock(name)
         await held.acquire()
         waiter = asyncio.create_task(take(waiting.lock(name)))
-        await asyncio.sleep(0.3)
+        # subscribed, and its attempt after the confirmation is over: asleep
+        await eventually(
+            lambda: waiting.statistics().hub.subscriptions == 1, what="the waiter's subscription"
+        )
+        await eventually(unchanged_for(lambda: trips.sends), what="the waiter to go to sleep")
         before = trips.sends
         await asyncio.sleep(0.6)
         assert trips.sends - before == 0  # asleep on pub/sub
@@ -249,7 +266,7 @@ async def test_a_waiter_behind_aiolock_sleeps_on_pubsub_and_polls_only_behind_re
         foreign = redis.lock(name, timeout=10)
         assert await foreign.acquire(blocking=False)
         waiter = asyncio.create_task(take(waiting.lock(name)))
-        await asyncio.sleep(0.5)  # past the backoff's ramp
+        await polls.at_bound()  # past the backoff's ramp
         before, started = trips.sends, time.monotonic()
         await asyncio.sleep(1.2)
         rate = (trips.sends - before) / (time.monotonic() - started)
@@ -348,12 +365,16 @@ async def test_a_resent_final_release_is_harmless(
     locks._open_engine().registry.remove(hold)
 
 
+async def gone(client: Redis, key: str) -> bool:
+    return await client.exists(key) == 0
+
+
 async def test_a_hold_taken_over_after_its_lease_is_reported_lost(
     locks: aiolock.LockManager, redis: Redis, name: str
 ) -> None:
     lock = locks.lock(name, lease=0.2)
     await lock.acquire()
-    await asyncio.sleep(0.3)
+    await eventually(lambda: gone(redis, name), what="the 0.2 s lease to end")
     foreign = redis.lock(name, timeout=5)
     assert await foreign.acquire(blocking=False)
     with pytest.raises(aiolock.LockLostError):

@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kinds.foreign import POLL_MAX
+from aiolock._kinds.foreign import POLL_MAX, PollBackoff
+
+from .helpers import PATIENCE, eventually, within
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,7 +177,7 @@ async def check_mixed_fleet(
     roles (``what`` clients), one process of each side SIGKILLed mid-hold after a few
     sections: no overlap by the counter or by the logs, every section ran, and while
     aiolock waited, no foreign release left the lock free longer than the poll bound."""
-    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02}
+    common = {"name": name, "prefix": prefix, "lease": 1.0, "hold": 0.02, "yield_to_aiolock": 3}
     role = f"aiolock-{wire}"
     # Two processes crash: after a few sections they hang inside and are killed. The
     # first one contends until the others are done, so that their releases find it waiting.
@@ -196,20 +199,65 @@ async def check_mixed_fleet(
 
 
 async def check_crashed_holder_taken_over(
-    locks: aiolock.LockManager, url: str, prefix: str, name: str, role: str
+    locks: aiolock.LockManager, url: str, prefix: str, name: str, role: str, polls: Polls
 ) -> None:
     """A holder of the foreign *role* in another process (a fleet of one) takes *name*
-    with a lease of 0.8 s and dies mid-hold (SIGKILL, by its pid): aiolock finds the lock
-    held, then takes it over once the lease has run out, within the poll bound."""
-    spec = {"role": role, "name": name, "lease": 0.8, "hold": 0, "rounds": 0, "crash": True}
+    with a 30 s lease and dies mid-hold (SIGKILL, by its pid): aiolock finds the lock held
+    and polls it, at most :data:`POLL_MAX` apart; the lease then ends (the test's own
+    action, as if its time had come: PEXPIRE, or a legacy expiry time in the past) and
+    aiolock takes the lock over at its first poll after that."""
+    spec = {"role": role, "name": name, "lease": 30.0, "hold": 0, "rounds": 0, "crash": True}
     fleet = await run_fleet(url, f"{prefix}:check-crash", [spec], max_seconds=10)
     [(_, _, killed)] = fleet.logs
     assert killed is not None
     lock = locks.lock(name)
-    assert not await lock.try_acquire()
-    await lock.acquire(timeout=5)
-    assert asyncio.get_running_loop().time() - killed <= 0.8 + POLL_MAX + SLACK
-    await lock.release()
+    assert not await lock.try_acquire()  # the dead holder's lease runs on
+    waiter = asyncio.create_task(take(lock, timeout=PATIENCE))
+    await polls.at_bound()
+    assert not waiter.done()
+    polled, ended = len(polls.waits), time.monotonic()
+    admin = Redis.from_url(url)
+    try:
+        if role == "legacy":  # its expiry time (ms, server clock) has passed
+            seconds, micros = await admin.time()
+            await admin.set(name, str(seconds * 1000 + micros // 1000 - 1))
+        else:
+            assert await admin.pexpire(name, 1)
+    finally:
+        await admin.aclose()
+    took = await within(waiter, what="aiolock to take over the expired lock") - ended
+    # At most the poll that was on its way when the lease ended failed: the next one took it.
+    assert len(polls.waits) - polled <= 1, polls.waits[polled:]
+    polls.check_bound()
+    assert took < 5.0, f"aiolock took the lock {took:.2f} s after the lease ended"
+
+
+class Polls:
+    """Every wait :class:`PollBackoff` hands out in this process while installed: one per
+    failed poll of a foreign holder, so their number counts those polls and each is the
+    time until the next one. The poll bound checked by events and counts, not by a
+    stopwatch that a loaded machine can overrun."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waits: list[float] = []
+        original = PollBackoff.next
+
+        def next_wait(
+            backoff: PollBackoff, name: str, ttl: float, now: float | None = None
+        ) -> float:
+            wait = original(backoff, name, ttl, now)
+            self.waits.append(wait)
+            return wait
+
+        monkeypatch.setattr(PollBackoff, "next", next_wait)
+
+    async def at_bound(self) -> None:
+        """Until the backoff has reached :data:`POLL_MAX` (its ramp takes 150 ms)."""
+        await eventually(lambda: POLL_MAX in self.waits, what="the poll backoff to reach POLL_MAX")
+
+    def check_bound(self) -> None:
+        """No wait between two polls was longer than the bound."""
+        assert self.waits and max(self.waits) <= POLL_MAX, self.waits
 
 
 async def text(client: Redis, key: str) -> str:
