@@ -3,8 +3,9 @@ every case it must not handle falls back to the engine's full path.
 
 The fast path counts what it does (``Engine.fast_acquired`` / ``fast_released``); the
 engine counts every new hold (``acquired``). A case that must fall back is shown by the
-fast counters standing still while the engine's count moves. (The Redis Cluster and
-replica cases are in ``test_cluster.py`` and ``test_replicas.py``, next to their servers.)
+fast counters standing still while the engine's count moves. (The replica case is in
+``test_replicas.py``; on a Redis Cluster the fast path runs, and an attempt whose
+redirects surface as an error falls back to the engine's wait: ``test_cluster.py``.)
 """
 
 from __future__ import annotations
