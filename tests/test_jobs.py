@@ -96,6 +96,77 @@ async def test_a_renewed_hold_keeps_its_record_alive(redis_url: str, prefix: str
         assert await holder_info(locks, "long") is None
 
 
+async def test_the_exit_ends_a_refresh_that_swallowed_its_cancellation(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim exiting while its record's refresh is in flight returns (issue 25).
+
+    The exit cancelled the refresher once and awaited it. On Python 3.11 redis-py sends
+    a command under ``asyncio.wait_for``, which returns the command's result instead of
+    raising when the cancellation arrives just as the write completes: the refresher
+    went on refreshing every third of the lease, and the exit awaited it forever (the
+    loop idle between refreshes). The exit comes here 0 to 3 loop steps after a refresh
+    began (on Python 3.11, 1 and 2 steps hung with redis-py 8.1), then during a refresh
+    whose command returns its reply whatever the cancellation (as wait_for's does).
+    """
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as locks:
+        evaluate = locks.redis.eval  # the record's scripts: refresh and delete
+        swallow = False
+        refreshes = 0
+        refreshing = asyncio.Event()
+
+        async def refresh(*args: Any) -> Any:
+            nonlocal refreshes
+            refreshes += 1
+            refreshing.set()
+            sent = asyncio.ensure_future(evaluate(*args))
+            if not swallow:
+                return await sent
+            try:
+                return await asyncio.shield(sent)
+            except asyncio.CancelledError:
+                return await sent  # the reply, not the cancellation
+
+        async def exit_during_a_refresh(name: str, steps: int) -> None:
+            held = claim(locks, name, job_id="r")
+
+            async def job() -> None:
+                async with held:
+                    refreshing.clear()
+                    monkeypatch.setattr(locks.redis, "eval", refresh)
+                    await refreshing.wait()
+                    for _ in range(steps):
+                        await asyncio.sleep(0)
+
+            task = asyncio.create_task(job())
+            done, _ = await asyncio.wait({task}, timeout=5.0)
+            if not done:  # the old code: stop the refresher (again) to end the test
+                refresher = held._refresher
+                while refresher is not None and not refresher.done():
+                    refresher.cancel()
+                    await asyncio.wait({refresher}, timeout=0.1)
+                await task
+            assert done, (
+                f"the exit of claim {name!r}, {steps} loop step(s) after a refresh of its "
+                f"record began, did not return within 5 s ({locks.lease} s lease): it "
+                f"awaited a refresher that had swallowed its cancellation ({refreshes} "
+                "refreshes so far)"
+            )
+            task.result()
+            monkeypatch.setattr(locks.redis, "eval", evaluate)
+            assert await holder_info(locks, name) is None
+
+        for steps in range(4):
+            await exit_during_a_refresh(f"real-{steps}", steps)
+        swallow = True
+        await exit_during_a_refresh("swallowed", 0)
+        # No refresher runs on after its exit: no refresh in a whole lease.
+        monkeypatch.setattr(locks.redis, "eval", refresh)
+        before = refreshes
+        await asyncio.sleep(locks.lease)
+        assert refreshes == before
+
+
 async def test_singleton_skips_raises_defers_or_hands_over(
     locks: aiolock.LockManager, other: aiolock.LockManager
 ) -> None:

@@ -222,6 +222,8 @@ class Claim:
         self._ttl = lease if lease is not None else locks.lease
         self._renewed = lease is None
         self._record: str | None = None
+        #: the task refreshing the record; it stops once it is no longer this (see
+        #: _withdraw), even if a command of its own swallowed its cancellation
         self._refresher: asyncio.Task[None] | None = None
 
     @property
@@ -284,7 +286,8 @@ class Claim:
 
     async def _refresh(self) -> None:
         assert self._record is not None
-        while True:
+        me = asyncio.current_task()
+        while self._refresher is me:  # unset by the exit, even if a command swallowed its cancel
             await asyncio.sleep(self._ttl / 3)
             try:
                 await self._if_ours(int(self._ttl * 1000))
@@ -292,11 +295,19 @@ class Claim:
                 logger.warning("could not refresh the holder record of %r: %s", self.name, exc)
 
     async def _withdraw(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None:
+            # Unset above, which ends it after its command, not the cancellation alone: one
+            # that arrives as its command's write completes is swallowed on Python 3.11
+            # (redis-py sends under asyncio.wait_for, which then returns the command's
+            # result), and the refresher went on refreshing every third of the lease while
+            # this exit awaited it forever (issue 25). Waited for with asyncio.wait, so
+            # that a cancellation of this task itself goes on rather than being taken for
+            # the refresher's.
+            refresher.cancel()
+            await asyncio.wait((refresher,))
             with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
-            self._refresher = None
+                refresher.result()
         if self._record is None:
             return
         try:
