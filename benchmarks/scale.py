@@ -23,7 +23,10 @@ stopped by pid) serves every phase; the server is flushed between sizes. For eac
   interferes. Each kind's holds are renewed in a round of their own
   (``Watchdog.run_round``, what the watchdog runs each period), 3 times; Redis time per
   renewal call and per hold from ``INFO commandstats`` (``CONFIG RESETSTAT`` before each).
-  Then a full round of all 3N holds: its wall time and round trips (one round per period).
+  Beside them, the renewal floor (:mod:`benchmarks.renew_floor`): the least a permit's
+  renewal in the semaphore's layout can cost, against the lock's renewal, on keys of its
+  own (up to 300 holds a call). Then a full round of all 3N holds: its wall time and round
+  trips (one round per period).
 * **redis-py's Lock** (sizes up to ``--peer-max``, default 5,000): the same waiters phase
   with ``Redis.lock(name, timeout=60, sleep=0.1)`` (redis-py's default polling interval),
   its waiters sharing a ``BlockingConnectionPool`` of 64 connections; the holder holds
@@ -53,7 +56,7 @@ import redis.asyncio
 
 from aiolock import LockManager
 from aiolock.testing import RedisServer
-from benchmarks import metrics
+from benchmarks import metrics, renew_floor
 from benchmarks.sections import write_section
 
 Result = dict[str, Any]
@@ -65,6 +68,11 @@ QUICK_SIZES = (100, 300)
 LANES = 500
 HOLDS_LEASE = 600.0
 RENEW_ROUNDS = 3
+#: holds in each call of the renewal floor's scripts (benchmarks/renew_floor.py)
+FLOOR_HOLDS = 300
+#: calls of each floor script, interleaved (each takes about a millisecond; the median of
+#: more of them steadies a figure that a shared machine's noise moves)
+FLOOR_ROUNDS = 9
 PEER_POOL = 64
 #: why the probe rate is not N / (10 x lease): benchmarks/NOTES.md, issue 24, item 2
 PROBE_NOTE = "documented: one look (the probe script) per lease end, NOTES.md issue 24 item 2"
@@ -469,6 +477,8 @@ async def holds(url: str, admin: redis.asyncio.Redis, n: int) -> Result:
                 "redis_us_per_hold": statistics.median(per_hold),
                 "round_wall_s": statistics.median(walls),
             }
+        # the least this layout's permit renewal can cost, on the same server (issue 24)
+        floor = await renew_floor.measure(admin, min(n, FLOOR_HOLDS), FLOOR_ROUNDS, PREFIX)
         trips0, t = engine.watchdog.round_trips, time.monotonic()
         ok = await engine.watchdog.renew_all()
         full_wall = time.monotonic() - t
@@ -476,6 +486,7 @@ async def holds(url: str, admin: redis.asyncio.Redis, n: int) -> Result:
             "n": n,
             "acquire_all_s": acquire_s,
             "by_kind": by_kind,
+            "renew_floor": floor,
             "full_round_ok": ok,
             "full_round_s": full_wall,
             "round_trips_per_period": engine.watchdog.round_trips - trips0,
@@ -574,9 +585,13 @@ def targets(rows: list[Result]) -> list[Result]:
                     k["redis_us_per_call"] < 1000)  # fmt: skip
             lock, sem = h["by_kind"]["lock"], h["by_kind"]["semaphore"]
             ratio = sem["redis_us_per_hold"] / lock["redis_us_per_hold"]
+            floor = h["renew_floor"]["rows"]
             add(f"semaphore per permit within 2x lock at {n:,}",
                 f"{sem['redis_us_per_hold']:.2f} vs {lock['redis_us_per_hold']:.2f} us "
-                f"= {ratio:.2f}x", ratio <= 2.0)  # fmt: skip
+                f"= {ratio:.2f}x", ratio <= 2.0,
+                "this layout's floor in the same run: ZSCORE + ZADD alone "
+                f"{floor['permit, score only']['vs_lock']:.2f}x, with one key kept "
+                f"{floor['permit, one key kept']['vs_lock']:.2f}x")  # fmt: skip
     return found
 
 
@@ -631,6 +646,12 @@ def render(result: Result) -> str:
                 f"| {row['n']:,} | all 3N in one round | | {h['round_trips_per_period']} "
                 f"round trips per period | | | {h['full_round_s']:.3f} |"
             )
+            floor = h["renew_floor"]
+            for name, f in floor["rows"].items():
+                lines.append(
+                    f"| {row['n']:,} | floor: {name} | {floor['holds']} | 1 "
+                    f"| | {f['redis_us_per_hold']:.2f} ({f['vs_lock']:.2f}x the floor's lock) | |"
+                )
     peers = [row for row in rows if "peer_redis_py" in row and "peer_aiolock" in row]
     if peers:
         lines += [

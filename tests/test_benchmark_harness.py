@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import renew_floor
 from benchmarks.adapters import BASELINE
 from benchmarks.config import BASELINE_REV
 
@@ -183,6 +184,10 @@ def test_scale_benchmark_quick_run_reports_every_phase(tmp_path: Path) -> None:
             assert kind["holds"] == row["n"] and kind["calls_per_round"] >= 1
             assert kind["redis_us_per_call"] > 0
         assert holds["full_round_ok"] and holds["round_trips_per_period"] >= 3
+        floor = holds["renew_floor"]
+        assert floor["holds"] == row["n"] and set(floor["rows"]) == set(renew_floor.SCRIPTS)
+        assert floor["rows"]["lock"]["vs_lock"] == 1.0
+        assert all(f["redis_us_per_hold"] > 0 for f in floor["rows"].values())
         assert row["peer_redis_py"]["all_held_s"] > 0
         assert row["peer_aiolock"]["waiting_cpu_us_per_waiter_s"] >= 0
     statuses = {target["status"].split(" (")[0] for target in data["targets"]}
