@@ -93,12 +93,10 @@ class ScriptCycles:
         )
         if not isinstance(granted, Granted):
             raise RuntimeError(f"{name} was busy: names are distinct, nothing else holds it")
-        # the field, hold count, manager id, token, how long the free state is kept, then
-        # no successor (its field and lease), hand over freely, nobody listening
+        # the field, hold count, manager id, token, how long the free state is kept; no
+        # successor and nobody listening, so nothing more (aiolock._kinds.lock.kind)
         args = (field, 1, MANAGER_ID, granted.token, self.keep_ms)
-        released = decode_release(
-            await self._run(RELEASE, (keys.lock,), (*args, "", 0, 1, 0)), _bad
-        )
+        released = decode_release(await self._run(RELEASE, (keys.lock,), args), _bad)
         if released.status is not ReleaseStatus.RELEASED:
             raise RuntimeError(f"{name} was not released: {released}")
 

@@ -14,7 +14,7 @@ EVALSHA includes what it runs):
 * **redis-py's Lock**: ``SET key token NX PX`` and redis-py's own release script (taken from
   ``redis.lock.Lock.LUA_RELEASE_SCRIPT`` at run time); the reference of the target;
 * **two empty scripts** (``return 1``) sent with the shipped lock's keys and arguments (2
-  keys and 4 arguments to acquire, 1 key and 9 arguments to release): what calling two
+  keys and 4 arguments to acquire, 1 key and 5 arguments to release): what calling two
   scripts with that much input costs before they do anything;
 * **scripted mutual exclusion**: the redis-py lock moved into two scripts (SET NX PX; GET,
   compare, DEL), with the lock's key and argument shape trimmed to what it needs;
@@ -139,10 +139,10 @@ _TOKENS: dict[int, int] = {}
 
 
 def _aiolock_release(i: int) -> tuple[list[str], list[str]]:
-    # field, count, message, token, free state kept ms, successor, its lease, hand over
-    # freely, the releasing manager listens (aiolock._kinds.lock.kind)
+    # field, count, message, token, free state kept ms; no successor and nobody listening,
+    # so not the successor, its lease, hand over freely, listening (aiolock._kinds.lock.kind)
     token = str(_TOKENS.pop(i, 0))
-    return ["sf:{lock}"], [f"{OWNER}:{i}", "1", OWNER[:32], token, "60000", "", "0", "0", "0"]
+    return ["sf:{lock}"], [f"{OWNER}:{i}", "1", OWNER[:32], token, "60000"]
 
 
 def pairs() -> list[Pair]:

@@ -22,6 +22,7 @@ from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._engine.engine import Engine
 from aiolock._kinds.lock.kind import RELEASE
 from aiolock._kinds.redisson.kind import RELEASE as REDISSON_RELEASE
 from aiolock._redis.client import Client
@@ -292,6 +293,30 @@ async def test_a_cancelled_acquire_leaves_nothing_held(cluster: LocalCluster, pr
         assert a.statistics().held == 0
 
 
+async def test_uncontended_cycles_take_the_fast_path_on_a_cluster(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """Issue 21: an uncontended acquire and its release take the engine's fast path on a
+    Cluster as on one server (the client routes each call to its slot's owner), on names
+    owned by each primary; an attempt that finds the lock busy does not grant it."""
+    names = names_on_each_primary(cluster, "fast-")
+    async with two_managers(cluster, prefix) as (a, b):
+        tokens: list[int] = []
+        for name in names:
+            lock = a.lock(name)
+            async with lock:
+                token = lock.fencing_token
+                assert token is not None
+                tokens.append(token)
+                assert not await b.lock(name).try_acquire(timeout=0)  # Busy: no hold
+        assert fast_counts(a) == (3, 3, 3)
+        assert fast_counts(b) == (0, 0, 0)
+        assert a.statistics().hub.queues == 0  # the fast path left no queue behind
+        async with b.lock(names[0]) as lock:  # freed: b's fast attempt gets it
+            assert (lock.fencing_token or 0) > tokens[0]
+        assert fast_counts(b) == (1, 1, 1)
+
+
 # -- topology changes while tasks hold and wait ------------------------------------------
 
 
@@ -436,12 +461,12 @@ async def test_redirects_inside_a_pipeline_are_followed(
         assert failures == [], f"{len(names) - len(failures)}/{len(names)}: {failures[:3]}"
         assert client_of(locks).redirects >= 1
         assert client_of(locks).pipelines >= 1  # the commands did go out as pipelines
-        # Issue 21: on a Cluster (whose client follows the redirects) every acquisition
-        # and release takes the engine's path; the fast path is kept to one server.
-        engine = locks._engine
-        assert engine is not None
-        assert (engine.fast_acquired, engine.fast_released) == (0, 0)
-        assert engine.acquired["lock"] == len(names) + 1
+        # Issue 21: each acquisition and release took the engine's fast path (the names
+        # are distinct, nobody waits), whose calls followed MOVED inside the client; no
+        # redirect surfaced as an error that the engine's wait then rode out.
+        engine = engine_of(locks)
+        assert fast_counts(locks) == (len(names) + 1, len(names) + 1, len(names) + 1)
+        assert engine.connection_errors == 0
 
 
 async def test_a_pipeline_failure_keeps_its_cause_as_a_lone_command_does() -> None:
@@ -546,6 +571,181 @@ async def test_a_held_lock_mid_migration_follows_ask_and_tryagain(
         assert a.statistics().pending_cleanups == 0
 
 
+async def test_the_fast_path_through_a_slot_migration_step_by_step(
+    cluster: LocalCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: the fast path on a slot being migrated. A hold the fast path took is
+    released by it through ASK (its key was moved to the importing node). Acquisitions
+    meanwhile get TRYAGAIN (their script names a void marker that exists nowhere: a
+    multi-key command with a missing key, in a slot being migrated), which the client
+    retries until its window ends and then reports as a LockConnectionError: each such
+    fast attempt continues in the engine's wait (undone there, ridden out) instead of
+    failing its caller. Once the migration completes, the waiters of both managers get
+    the lock in turn, with larger tokens, and the fast path serves the new owner."""
+    # The client retries TRYAGAIN for 5 s: shortened, so that it surfaces in a moment.
+    monkeypatch.setattr("aiolock._redis.cluster.RETRY_WINDOW", 0.2)
+    name = names_on_each_primary(cluster, "fastmove-")[0]
+    slot = key_slot(name.encode())
+    source = cluster.owner_port(slot)
+    target = next(p for p in cluster.primary_ports() if p != source)
+    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    entered: list[tuple[str, int]] = []
+    inside = [0]
+
+    async def take(locks: aiolock.LockManager, who: str) -> None:
+        handle = locks.lock(name)
+        await handle.acquire(timeout=20)
+        inside[0] += 1
+        token = handle.fencing_token
+        assert token is not None
+        entered.append((who, token))
+        await asyncio.sleep(0.05)  # room for an overlap, if exclusion failed
+        assert inside[0] == 1, "two holders at once"
+        inside[0] -= 1
+        await handle.release()  # confirmed: it raises otherwise
+
+    async with two_managers(cluster, prefix) as (a, b):
+        lock = a.lock(name)
+        await lock.acquire()
+        assert fast_counts(a) == (1, 0, 1)
+        first = lock.fencing_token
+        assert first is not None
+        try:
+            with cluster.node(source) as src, cluster.node(target) as dst:
+                dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+                src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+                keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+                assert lock.key in keys
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+            # b's fast attempt: ASK to the importing node, TRYAGAIN there until the
+            # window ends; the error goes on in b's wait, which keeps retrying.
+            assert fast_idle(b, name)
+            waiting = asyncio.create_task(take(b, "b"))
+            await eventually(
+                lambda: engine_of(b).connection_errors >= 1, what="b's attempt to fail over"
+            )
+            assert not waiting.done()
+            assert client_of(b).asks >= 1 and client_of(b).retries >= 1
+            await lock.release()  # the fast path: ASK, released on the importing node
+            assert fast_counts(a) == (1, 1, 1)
+            assert client_of(a).asks >= 1
+            # a's next acquisition starts on the fast path too, and fails over the same way
+            assert fast_idle(a, name)
+            again = asyncio.create_task(take(a, "a"))
+            await eventually(
+                lambda: engine_of(a).connection_errors >= 1, what="a's attempt to fail over"
+            )
+            assert not again.done() and not waiting.done()  # nobody holds it mid-migration
+            assert entered == []
+        finally:
+            await asyncio.to_thread(finish_migration, cluster, slot, source, target)
+        await within(asyncio.gather(waiting, again), what="both waiters to get the lock")
+        assert sorted(who for who, _ in entered) == ["a", "b"]
+        assert first < entered[0][1] < entered[1][1], entered
+        # Both were granted by the engine's wait, not by a fast attempt.
+        assert (engine_of(a).fast_acquired, engine_of(b).fast_acquired) == (1, 0)
+        assert (engine_of(a).acquired["lock"], engine_of(b).acquired["lock"]) == (2, 1)
+        # The undos of the failed fast attempts, retried in the background, landed.
+        await eventually(
+            lambda: a.statistics().pending_cleanups == 0 == b.statistics().pending_cleanups,
+            what="the undos of the failed attempts",
+        )
+        assert a.statistics().held == 0 == b.statistics().held
+        assert a.statistics().lost == {} == b.statistics().lost
+        # On the slot's new owner, an uncontended cycle takes the fast path again.
+        await eventually(lambda: fast_idle(b, name), what="b's queue to be forgotten")
+        acquired, released, _ = fast_counts(b)
+        async with b.lock(name, timeout=5) as again_held:
+            assert (again_held.fencing_token or 0) > entered[1][1]
+        assert fast_counts(b)[:2] == (acquired + 1, released + 1)
+        assert cluster.owner_port(slot) == target
+
+
+async def test_fast_path_cycles_stay_exclusive_while_their_slot_migrates(
+    cluster: LocalCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: one task per manager, so that each acquisition starts on the fast path
+    unless the lock is busy or yielded, takes one lock in turn while its slot migrates;
+    the client's TRYAGAIN window is short, so redirects surface as errors, which the
+    engine's wait rides out. No two holders at once, every release confirmed (none
+    raises), fencing tokens strictly increasing, and the fast path took part."""
+    monkeypatch.setattr("aiolock._redis.cluster.RETRY_WINDOW", 0.05)
+    name = names_on_each_primary(cluster, "fastrun-")[1]
+    slot = key_slot(name.encode())
+    source = cluster.owner_port(slot)
+    target = next(p for p in cluster.primary_ports() if p != source)
+    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    tokens: list[int] = []
+    inside = [0, 0]  # holders now, overlaps seen
+    released = [0]
+    stop = asyncio.Event()
+
+    async def worker(locks: aiolock.LockManager) -> None:
+        handle = locks.lock(name, timeout=20)
+        while not stop.is_set():
+            await handle.acquire()
+            inside[0] += 1
+            if inside[0] > 1:
+                inside[1] += 1
+            token = handle.fencing_token
+            assert token is not None
+            tokens.append(token)
+            await asyncio.sleep(0.005)
+            inside[0] -= 1
+            await handle.release()  # raises unless Redis confirmed it
+            released[0] += 1
+
+    def errors(managers: tuple[aiolock.LockManager, ...]) -> int:
+        return sum(engine_of(m).connection_errors for m in managers)
+
+    async with two_managers(cluster, prefix) as managers:
+        tasks = [asyncio.create_task(worker(m)) for m in managers]
+        try:
+            await eventually(lambda: len(tokens) >= 10, what="warm-up cycles")
+            try:
+                with cluster.node(source) as src, cluster.node(target) as dst:
+                    dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+                    src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+                    # attempts on the source: TRYAGAIN (the state exists, the void
+                    # marker does not), surfaced, ridden out in the wait
+                    await eventually(lambda: errors(managers) >= 1, what="a surfaced TRYAGAIN")
+                    keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+                    assert managers[0].lock(name).key in keys
+                    src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+                # now ASK to the target, TRYAGAIN there
+                asks = sum(client_of(m).asks for m in managers)
+                await eventually(
+                    lambda: sum(client_of(m).asks for m in managers) > asks, what="ASK"
+                )
+            finally:
+                await asyncio.to_thread(finish_migration, cluster, slot, source, target)
+            moved = len(tokens)
+            await eventually(lambda: len(tokens) >= moved + 20, what="progress after the move")
+        finally:
+            stop.set()
+            await within(asyncio.gather(*tasks), what="the workers to stop")
+        fast = [fast_counts(m) for m in managers]
+        print(
+            f"\nfast path through a migration: {len(tokens)} cycles, fast (acq, rel, all) "
+            f"{fast}, connection errors ridden out {errors(managers)}, redirects "
+            f"{sum(client_of(m).redirects for m in managers)}, retries "
+            f"{sum(client_of(m).retries for m in managers)}"
+        )
+        assert inside[1] == 0, "two holders at once"
+        assert tokens == sorted(set(tokens)), "fencing tokens not strictly increasing"
+        assert released[0] == len(tokens)
+        assert sum(f[0] for f in fast) >= 1 and sum(f[1] for f in fast) >= 1
+        assert errors(managers) >= 1
+        for locks in managers:
+            stats = locks.statistics()
+            assert stats.lost == {} and stats.held == 0, stats
+        await eventually(
+            lambda: all(m.statistics().pending_cleanups == 0 for m in managers),
+            what="the undos of the failed attempts",
+        )
+    assert cluster.owner_port(slot) == target
+
+
 async def test_primary_failover_while_tasks_hold_and_wait(
     cluster: LocalCluster, prefix: str
 ) -> None:
@@ -600,6 +800,44 @@ def client_of(manager: aiolock.LockManager) -> ClusterClient:
     client = manager._client
     assert isinstance(client, ClusterClient)
     return client
+
+
+def engine_of(manager: aiolock.LockManager) -> Engine:
+    engine = manager._engine
+    assert engine is not None
+    return engine
+
+
+def fast_counts(manager: aiolock.LockManager) -> tuple[int, int, int]:
+    """(fast acquisitions, fast releases, all new holds of the 'lock' kind): see
+    tests/test_fast_path.py."""
+    engine = engine_of(manager)
+    return engine.fast_acquired, engine.fast_released, engine.acquired["lock"]
+
+
+def fast_idle(manager: aiolock.LockManager, name: str) -> bool:
+    """Whether the manager's next acquisition of lock *name* may take the fast path (no
+    local queue for it, not yielded to other clients)."""
+    handle = manager.lock(name)
+    return engine_of(manager).hub.idle(handle._kind.channel(handle._keys))
+
+
+def finish_migration(cluster: LocalCluster, slot: int, source: int, target: int) -> None:
+    """Complete a migration of *slot* from *source* to *target* begun by hand: MIGRATE
+    what keys are left, then SETSLOT NODE on the target, the source and the others.
+    Harmless if it was complete already (each step is then a no-op)."""
+    target_id = cluster.node_id(target)
+    with cluster.node(source) as src:
+        for _ in range(1000):
+            keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100)
+            if not keys:
+                break
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+    ports = [target, source] + [p for p in cluster.primary_ports() if p not in (source, target)]
+    for port in ports:
+        with cluster.node(port) as node:
+            node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    assert cluster.owner_port(slot) == target
 
 
 async def test_primary_crash_while_tasks_hold_and_wait(cluster: LocalCluster, prefix: str) -> None:

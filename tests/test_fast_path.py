@@ -3,8 +3,9 @@ every case it must not handle falls back to the engine's full path.
 
 The fast path counts what it does (``Engine.fast_acquired`` / ``fast_released``); the
 engine counts every new hold (``acquired``). A case that must fall back is shown by the
-fast counters standing still while the engine's count moves. (The Redis Cluster and
-replica cases are in ``test_cluster.py`` and ``test_replicas.py``, next to their servers.)
+fast counters standing still while the engine's count moves. (The replica case is in
+``test_replicas.py``; on a Redis Cluster the fast path runs, and an attempt whose
+redirects surface as an error falls back to the engine's wait: ``test_cluster.py``.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import os
 import sys
 from types import FrameType
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -115,6 +117,42 @@ async def test_a_reentry_and_a_nested_release_take_the_engine(
         assert counts(locks) == (1, 0, 1)  # re-entry and the nested release: the engine
         assert await lock.hold_count() == 1
     assert counts(locks) == (1, 1, 1)  # the final release, with nobody waiting: fast
+
+
+async def test_a_release_sends_the_successor_arguments_only_with_a_successor(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: a release with nobody to hand over to (and its manager not listening)
+    sends ARGV 1-5 of the release script, not 9; a hand-over sends all 9. (It sent 9
+    every time before.)"""
+    client: Any = locks._client
+    original = client.run
+    sent: list[int] = []
+
+    def recorded(script: Any, keys: Any, args: Any) -> Any:
+        if script.name == "_kinds/lock/release":
+            sent.append(len(args))
+        return original(script, keys, args)
+
+    monkeypatch.setattr(client, "run", recorded)
+    lock = locks.lock("arguments")
+    async with lock, lock:  # a hold and its re-entry: a nested release, then the final one
+        pass
+    assert sent == [5, 5]
+    entered, leave = asyncio.Event(), asyncio.Event()
+
+    async def waiter() -> None:
+        async with lock:
+            entered.set()
+            await leave.wait()
+
+    async with lock:
+        task = asyncio.create_task(waiter())
+        await eventually(lambda: locks.statistics().hub.waiters == 1, what="the waiter")
+    await within(entered.wait(), what="the hand-over")
+    assert sent == [5, 5, 9]  # the hand-over
+    leave.set()
+    await within(task, what="the waiter's release")
 
 
 async def test_observers_turn_the_fast_path_off(locks: aiolock.LockManager) -> None:

@@ -15,6 +15,9 @@ and the state left against a model that knows only the guarantees:
 * an undo that reaches Redis before its attempt voids it (the late attempt does nothing),
   and an undo after it reverts it;
 * a final release publishes exactly when another manager's attempt found the hold busy.
+
+A release without a successor sends ARGV 1-5 only, as the client does, or (drawn) all nine
+with an empty successor: the script reads the ones left out as "none".
 """
 
 from __future__ import annotations
@@ -103,9 +106,17 @@ class LockScripts(RuleBasedStateMachine):
         )
 
     def _release(
-        self, field: str, count: int, manager: str, token: int, successor: str = ""
+        self,
+        field: str,
+        count: int,
+        manager: str,
+        token: int,
+        successor: str = "",
+        full: bool = False,
     ) -> Any:
-        args: list[Any] = [field, count, manager, token, KEEP_MS, successor, LEASE_MS, 1, 0]
+        args: list[Any] = [field, count, manager, token, KEEP_MS]
+        if successor or full:  # else ARGV[6..9] left out, as the client does
+            args += [successor, LEASE_MS, 1, 0]
         return self.scripts["release"](keys=[self.key], args=args)
 
     def _undo(self, field: str, before: int, manager: str, void: str) -> Any:
@@ -152,11 +163,11 @@ class LockScripts(RuleBasedStateMachine):
         holder["count"] += 1
 
     @precondition(lambda self: self.holder is not None)
-    @rule(resend=st.booleans())
-    def release(self, resend: bool) -> None:
+    @rule(resend=st.booleans(), full=st.booleans())
+    def release(self, resend: bool, full: bool) -> None:
         assert self.holder is not None
         h = self.holder
-        reply = self._release(h["field"], h["count"], h["manager"], h["token"])
+        reply = self._release(h["field"], h["count"], h["manager"], h["token"], full=full)
         if h["count"] > 1:
             assert reply == [1, h["count"] - 1], reply
             if resend:
@@ -287,3 +298,27 @@ def test_the_lock_scripts_keep_their_guarantees(sync_redis: redis.Redis) -> None
     run = LockScripts.TestCase
     run.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
     run().runTest()
+
+
+def test_a_release_counts_its_own_listener_only_when_told(sync_redis: redis.Redis) -> None:
+    """ARGV[9] '1' (the client sends ARGV 6-9 when its manager listens, with no successor)
+    takes the releasing manager off the count of who heard; left out, it counts nobody off."""
+    client: Any = sync_redis  # (its pubsub() is untyped)
+    acquire, release = (client.register_script(SOURCES[op]) for op in ("acquire", "release"))
+    key = f"model-{uuid.uuid4().hex}:lock:{{x}}"
+    subscriber = client.pubsub()
+    subscriber.subscribe(f"{key}:released")
+    try:
+        deadline = time.monotonic() + 10
+        while client.pubsub_numsub(f"{key}:released")[0][1] < 1:
+            assert time.monotonic() < deadline, "the subscription was not confirmed"
+            subscriber.get_message(timeout=0.01)
+        for extra, heard in (["", 0, 0, 1], 0), ([], 1):
+            token = acquire(keys=[key, f"{key}:void:{heard}"], args=["m1:1", LEASE_MS, 0, "m1"])
+            busy = acquire(keys=[key, f"{key}:void:b{heard}"], args=["m2:1", LEASE_MS, 0, "m2"])
+            assert busy[0] == 0, busy  # the waiter flag is set: the release publishes
+            args = ["m1:1", 1, "m1", token, KEEP_MS, *extra]
+            assert release(keys=[key], args=args) == heard
+    finally:
+        subscriber.close()
+        client.delete(key)

@@ -23,13 +23,21 @@ same work, with the same kind calls through the seam, in one layer of its own:
   and retried in the background).
 
 Everything else takes the engine's path, decided before any I/O: a re-entry, observers
-attached, replica acknowledgement (the manager's or the handle's ``replicas=``), a Redis
-Cluster (its client follows MOVED and ASK redirects; the fast path is kept to one
-server), kinds with claims or a queue in Redis (fair locks, writers of read-write
-locks), a lock with local waiters or one this manager yields to other clients, a
-manager that is closing or stopped acquiring, a nested release. The counters
-:attr:`FastPath.fast_acquired` and :attr:`FastPath.fast_released` say how often it ran
-(the tests check which path each case took).
+attached, replica acknowledgement (the manager's or the handle's ``replicas=``), kinds
+with claims or a queue in Redis (fair locks, writers of read-write locks), a lock with
+local waiters or one this manager yields to other clients, a manager that is closing or
+stopped acquiring, a nested release. The counters :attr:`FastPath.fast_acquired` and
+:attr:`FastPath.fast_released` say how often it ran (the tests check which path each
+case took).
+
+A Redis Cluster takes the fast path too (issue 21): nothing of the engine's path differs
+there. Its client (:mod:`aiolock._redis.cluster`) follows MOVED and ASK and retries
+TRYAGAIN inside the kind's call, so a redirected attempt or release is the same call
+with the same outcome; one whose redirects surface as an error (past their bound, or a
+slot mid-migration past its retry window) is a :class:`LockConnectionError` like any
+other, which the engine's wait undoes and rides out, or the release's handling settles,
+as above. The hub's sharded subscriptions (per node, moved with their slot) belong to
+queues with waiters, which already send their lock to the engine's path.
 """
 
 from __future__ import annotations
@@ -76,7 +84,6 @@ class FastPath(Acquiring):
             or hub.closed
             or self.observers.active
             or self.rt.replicas is not None
-            or self.client.cluster
             or not hub.idle(channel)
             or (kind.reentrant and self.registry.get(kind.resource(keys), owner) is not None)
         ):
@@ -172,7 +179,6 @@ class FastPath(Acquiring):
             hold.count != 1
             or hub.closed
             or self.observers.active
-            or self.client.cluster
             or not hub.idle(hold.kind.channel(hold.keys))
         ):
             return super().release(hold)

@@ -19,20 +19,22 @@
 -- A resent command (the client retries after a dropped connection) finds the hold
 -- count already at ARGV[3] + 1 and answers as the first run did instead of counting
 -- twice; a resent new acquisition gets a fresh token, larger than the first run's.
---@include _kinds/lock/state
+--
+-- The common paths come first, before the prelude's definitions (Lua 5.1 makes each of
+-- its functions anew on every call, and NOT_OURS a table): a grant from no state or from
+-- a free one returns without them.
 
 local got = redis.call('mget', KEYS[1], KEYS[2])
 if got[2] then
   return {3, 0}
 end
 local state = got[1]
--- The common cases first: no state (a new epoch at the server's clock), or a free one
--- (the next token of its epoch). MGET answers nil for a key of another type: SET NX
--- then refuses to write over it.
+-- No state (a new epoch at the server's clock), or a free one (the next token of its
+-- epoch). MGET answers nil for a key of another type: SET NX then refuses to write over it.
 if not state then
   local now = redis.call('time')
   local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local text = format_token(token)
+  local text = string.format('%d', token)  -- format_token
   if not redis.call('set', KEYS[1], ARGV[1] .. '|1|' .. text .. '|' .. text .. '|',
       'nx', 'px', ARGV[2]) then
     return {-1, redis.call('type', KEYS[1]).ok}
@@ -43,13 +45,16 @@ if string.byte(state, 1) == 124 then  -- '|<epoch>|<last>': free
   local bar = string.find(state, '|', 2, true)
   local token = bar and tonumber(string.sub(state, bar + 1))
   if not token then
-    return NOT_OURS
+    return {-1, 'string'}  -- NOT_OURS
   end
   token = token + 1
   redis.call('set', KEYS[1],
-    ARGV[1] .. '|1|' .. format_token(token) .. string.sub(state, 1, bar), 'px', ARGV[2])
+    ARGV[1] .. '|1|' .. string.format('%d', token) .. string.sub(state, 1, bar), 'px', ARGV[2])
   return token
 end
+--@include _kinds/lock/state
+
+-- Held: by another owner (busy), or by this one (a re-entry, or a resent attempt).
 local field, count, token, epoch, flag = parse(state)
 if not field then
   return NOT_OURS

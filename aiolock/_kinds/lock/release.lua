@@ -10,6 +10,8 @@
 -- ARGV[7]  the successor's lease in milliseconds
 -- ARGV[8]  '1': hand over even if other managers' tasks wait
 -- ARGV[9]  '1' if the releasing manager itself listens on the channel, else '0'
+-- ARGV[6..9] may be left out (the client does when there is no successor and it does not
+-- listen): then as '', '0', '0', '0'.
 -- The release channel is KEYS[1] .. ':released'.
 --
 -- Returns, on the common path, an integer n alone: released (the state is free), n
@@ -27,29 +29,39 @@
 -- token inside the epoch's released range (state.lua), so a resend answers as the first
 -- run did for as long as the state lives and no lease ran out or force release came
 -- since (then: { 0, 0 }).
---@include _kinds/lock/state
+--
+-- The common path comes first, before the prelude's definitions (Lua 5.1 makes each of
+-- its functions anew on every call, and NOT_OURS a table): it returns without them.
 
-local state, bad = read_state(KEYS[1])
-if bad then
-  return bad
-end
+local state = redis.pcall('get', KEYS[1])
 -- The common path: the last hold of its owner, no waiter flag, no successor.
-if state and ARGV[2] == '1' and ARGV[6] == '' then
+if ARGV[2] == '1' and type(state) == 'string' and (ARGV[6] or '') == '' then
   local head = ARGV[1] .. '|1|' .. ARGV[4] .. '|'
-  if string.sub(state, 1, #head) == head and string.byte(state, -1) == 124 then
-    keep(KEYS[1], string.sub(state, #head) .. ARGV[4], ARGV[5])
+  if string.find(state, head, 1, true) == 1 and string.byte(state, -1) == 124 then
+    local free = string.sub(state, #head) .. ARGV[4]  -- '|<epoch>|<token>'
+    if ARGV[5] == '-1' then  -- keep()
+      redis.call('set', KEYS[1], free)
+    else
+      redis.call('set', KEYS[1], free, 'px', ARGV[5])
+    end
     return 0
   end
+end
+--@include _kinds/lock/state
+
+if type(state) == 'table' then  -- GET's error: a key of another type (read_state)
+  return {-1, redis.call('type', KEYS[1]).ok}
 end
 if not state then
   return {0, 0}
 end
+local successor = ARGV[6] or ''
 local field, count, token, epoch, flag = parse(state)
 if not field then
   return NOT_OURS
 end
 if field ~= ARGV[1] then
-  if ARGV[6] ~= '' and field == ARGV[6] then
+  if successor ~= '' and field == successor then
     return {4, token}  -- a resend of a release that handed the lock over
   end
   local mine = tonumber(ARGV[4])
@@ -65,14 +77,13 @@ if left > 0 then
   return {1, left}
 end
 
-local listening = tonumber(ARGV[9])
-if ARGV[6] ~= '' and (ARGV[8] == '1' or flag == '' or flag == ARGV[3]) then
+if successor ~= '' and (ARGV[8] == '1' or flag == '' or flag == ARGV[3]) then
   token = token + 1
-  redis.call('set', KEYS[1], held_state(ARGV[6], 1, token, epoch, flag), 'px', ARGV[7])
+  redis.call('set', KEYS[1], held_state(successor, 1, token, epoch, flag), 'px', ARGV[7])
   return {4, token}
 end
 keep(KEYS[1], '|' .. format_token(epoch) .. '|' .. format_token(token), ARGV[5])
 if flag == '' then
   return 0
 end
-return redis.call('publish', KEYS[1] .. ':released', ARGV[3]) - listening
+return redis.call('publish', KEYS[1] .. ':released', ARGV[3]) - (ARGV[9] == '1' and 1 or 0)

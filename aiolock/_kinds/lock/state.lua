@@ -24,6 +24,10 @@
 --     the reply of a key of another type.
 -- keep(key, value, keep_ms): store a free state for keep_ms ('-1': without expiry).
 -- format_token(n): the decimal text of a token (exact up to 2^53).
+--
+-- Lua 5.1 makes these functions (and the NOT_OURS table) anew on every call of a script
+-- that reaches them: acquire and release put their common paths before the include, and
+-- those use none of them (they inline what they need).
 
 local NOT_OURS = {-1, 'string'}
 
