@@ -173,12 +173,19 @@ def check_lease(lease: object, what: str = "lease") -> float:
     return seconds
 
 
+#: The largest int a float holds exactly: a whole number of seconds up to it is converted
+#: at once (the common ``timeout=5``), beyond it the general checks apply.
+_EXACT_INT = 2**53
+
+
 def check_timeout(timeout: object, what: str = "timeout") -> float | None:
     """``None`` means wait forever; ``0`` means one attempt."""
     if timeout is None:
         return None
     if type(timeout) is float and 0 <= timeout < math.inf:  # the common case, at once
         return timeout
+    if type(timeout) is int and 0 <= timeout <= _EXACT_INT:  # ``timeout=5``: as float(5)
+        return float(timeout)
     seconds = _check_seconds(timeout, what)
     if seconds < 0:
         raise ValueError(

@@ -13,7 +13,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from redis import exceptions as rex
@@ -70,6 +70,23 @@ def names_on_each_primary(cluster: LocalCluster, stem: str) -> list[str]:
         if len(found) == cluster.primaries:
             return list(found.values())
     raise AssertionError("no names found on every primary")
+
+
+class Migration(NamedTuple):
+    """A slot's move from its owner to another primary, with both nodes' ids."""
+
+    slot: int
+    source: int
+    target: int
+    source_id: str
+    target_id: str
+
+
+def plan_migration(cluster: LocalCluster, slot: int) -> Migration:
+    """Where *slot* moves to: the first primary that does not own it."""
+    source = cluster.owner_port(slot)
+    target = next(p for p in cluster.primary_ports() if p != source)
+    return Migration(slot, source, target, cluster.node_id(source), cluster.node_id(target))
 
 
 def evalsha_calls(cluster: LocalCluster) -> int:
@@ -424,9 +441,7 @@ async def test_slot_migration_while_tasks_hold_and_wait(
 
 def move_slot(cluster: LocalCluster, slot: int) -> None:
     """Migrate *slot* to another primary: SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE."""
-    source = cluster.owner_port(slot)
-    target = next(p for p in cluster.primary_ports() if p != source)
-    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    _, source, target, source_id, target_id = plan_migration(cluster, slot)
     with cluster.node(source) as src, cluster.node(target) as dst:
         dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
         src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
@@ -559,10 +574,7 @@ async def test_a_held_lock_mid_migration_follows_ask_and_tryagain(
     Redis answers TRYAGAIN to any multi-key command with missing keys in a migrating slot,
     and the client retried until the migration completed.)"""
     name = names_on_each_primary(cluster, "ask-")[1]
-    slot = key_slot(name.encode())
-    source = cluster.owner_port(slot)
-    target = next(p for p in cluster.primary_ports() if p != source)
-    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    slot, source, target, source_id, target_id = plan_migration(cluster, key_slot(name.encode()))
 
     def finish() -> None:
         time.sleep(0.3)
@@ -607,10 +619,7 @@ async def test_the_fast_path_through_a_slot_migration_step_by_step(
     # The client retries TRYAGAIN for 5 s: shortened, so that it surfaces in a moment.
     monkeypatch.setattr("aiolock._redis.cluster.RETRY_WINDOW", 0.2)
     name = names_on_each_primary(cluster, "fastmove-")[0]
-    slot = key_slot(name.encode())
-    source = cluster.owner_port(slot)
-    target = next(p for p in cluster.primary_ports() if p != source)
-    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    slot, source, target, source_id, target_id = plan_migration(cluster, key_slot(name.encode()))
     entered: list[tuple[str, int]] = []
     inside = [0]
 
@@ -693,10 +702,7 @@ async def test_fast_path_cycles_stay_exclusive_while_their_slot_migrates(
     raises), fencing tokens strictly increasing, and the fast path took part."""
     monkeypatch.setattr("aiolock._redis.cluster.RETRY_WINDOW", 0.05)
     name = names_on_each_primary(cluster, "fastrun-")[1]
-    slot = key_slot(name.encode())
-    source = cluster.owner_port(slot)
-    target = next(p for p in cluster.primary_ports() if p != source)
-    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    slot, source, target, source_id, target_id = plan_migration(cluster, key_slot(name.encode()))
     tokens: list[int] = []
     inside = [0, 0]  # holders now, overlaps seen
     released = [0]

@@ -11,6 +11,9 @@ redirects surface as an error falls back to the engine's wait: ``test_cluster.py
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -281,3 +284,49 @@ async def test_call_order_is_kept_with_the_fast_path(locks: aiolock.LockManager)
     await within(asyncio.gather(*(user(i) for i in range(8))), what="the users")
     assert order == list(range(8))
     assert engine_of(locks).fast_acquired == 1
+
+
+#: Python functions of the engine, the kinds and the handles (aiolock's own files, not the
+#: command layer in aiolock/_redis) that one uncontended cycle may enter: a bound that
+#: keeps the fast path's work per cycle from creeping back (issue 21, target 2).
+CYCLE_CALLS = 57
+
+
+async def test_an_uncontended_cycle_enters_few_python_functions(
+    locks: aiolock.LockManager,
+) -> None:
+    """Counted, not timed: the functions a cycle enters, each frame once (a coroutine
+    resumed after a reply counts once however many reads its reply took), in this task
+    only (not the manager's background tasks), outside the command layer."""
+    package = os.path.dirname(aiolock.__file__)
+    outside = (os.path.join(package, "_redis") + os.sep,)
+    me = asyncio.current_task()
+    frames: list[FrameType] = []  # kept alive, so no id is reused within the count
+    seen: set[int] = set()
+
+    def count(frame: FrameType, event: str, arg: object) -> None:
+        if event != "call" or id(frame) in seen:
+            return
+        name = frame.f_code.co_filename
+        if (
+            name.startswith(package)
+            and not name.startswith(outside)
+            and asyncio.current_task() is me
+        ):
+            seen.add(id(frame))
+            frames.append(frame)
+
+    async def cycle() -> None:
+        lock = locks.lock("counted")
+        assert await lock.try_acquire(timeout=5)
+        await lock.release()
+
+    await cycle()  # warm: the task's owner known, scripts loaded, a connection kept
+    sys.setprofile(count)
+    try:
+        await cycle()
+    finally:
+        sys.setprofile(None)
+    assert counts(locks) == (2, 2, 2)
+    entered = sorted(f"{f.f_code.co_filename[len(package) :]}:{f.f_code.co_name}" for f in frames)
+    assert len(frames) <= CYCLE_CALLS, entered

@@ -84,7 +84,7 @@ class Cleanup:
         self._trying = 0
         #: releases and undos being sent right now, by the tasks that started them
         self._sending = 0
-        #: set whenever a send or a try ends, for drain()
+        #: set when the last send in progress ends, and whenever a try ends, for drain()
         self._quieter = asyncio.Event()
         self.done = 0
         self.abandoned = 0
@@ -95,7 +95,8 @@ class Cleanup:
 
     def end(self) -> None:
         self._sending -= 1
-        self._quieter.set()
+        if not self._sending:  # what _quiet() waits for (it checks _trying itself)
+            self._quieter.set()
 
     async def drain(self) -> None:
         """Closing: wait for the sends in progress, then try each queued job once more.

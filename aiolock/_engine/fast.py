@@ -113,7 +113,7 @@ class FastPath(Acquiring):
             )
         rt = self.rt
         lease_s = rt.lease if lease is None else lease
-        number = rt.next_id()
+        number = next(rt.ids)  # (rt.next_id(), without a call of its own)
         # The void marker's id is unique across clients (see Acquiring._new_attempt).
         attempt = Attempt(
             keys, owner, kind.hold_field(owner, number), 0, lease_s,

@@ -360,18 +360,19 @@ class WaiterHub(SubscriptionEvents):
     def leave(self, waiter: Waiter, *, acquired: bool) -> None:
         """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
         queue = waiter.queue
-        was_head = waiter.is_head
-        was_first = self.first(waiter)
+        waiters = queue.waiters
+        was_first = bool(waiters) and waiters[0] is waiter  # (first() and is_head, inline)
+        was_head = queue.queued or was_first
         waiter.left = True
         owed, waiter.deferred = waiter.deferred, False  # (its deque entry is skipped)
         if waiter.turn:
             self._end_turn(waiter)
         try:
-            queue.waiters.remove(waiter)
+            waiters.remove(waiter)
         except ValueError:
             return  # already gone (the hub was closed)
         self._waiting -= 1
-        if not queue.waiters:
+        if not waiters:
             self._busy -= 1
         if waiter.field is not None and queue.fields.get(waiter.field) is waiter:
             del queue.fields[waiter.field]
@@ -576,7 +577,8 @@ class WaiterHub(SubscriptionEvents):
             self._confirmed += 1 if confirmed else -1
 
     def _forget(self, queue: ChannelQueue) -> None:
-        self._confirm(queue, False)
+        if queue.confirmed:
+            self._confirm(queue, False)
         del self._queues[queue.channel]
 
     def on_lost(self, channels: Collection[str]) -> None:

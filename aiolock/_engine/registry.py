@@ -59,6 +59,8 @@ class HoldRegistry:
         #: parked holds whose release the background retrier has since confirmed
         self._settled: OrderedDict[tuple[str, str], Hold] = OrderedDict()
         self._shared: asyncio.TimerHandle | None = None
+        #: when the shared timer fires (its loop time: the monotonic clock)
+        self._shared_at = 0.0
         self._on_lost = on_lost
         self._on_fixed = on_fixed
 
@@ -75,30 +77,40 @@ class HoldRegistry:
         return list(self._by_owner.get(owner, {}).values())
 
     def add(self, hold: Hold) -> None:
-        self._holds[id(hold)] = hold
+        number, owner = id(hold), hold.owner
+        self._holds[number] = hold
         if self._settled:  # (both are usually empty: no call on every acquisition)
-            self._settled.pop((hold.resource, hold.owner), None)
+            self._settled.pop((hold.resource, owner), None)
         if hold.kind.reentrant:
-            self._index[(hold.resource, hold.owner)] = hold
-        self._by_owner.setdefault(hold.owner, {})[id(hold)] = hold
+            self._index[(hold.resource, owner)] = hold
+        owned = self._by_owner.get(owner)
+        if owned is None:  # (the usual case: a task holds one thing at a time)
+            self._by_owner[owner] = {number: hold}
+        else:
+            owned[number] = hold
         if self._lost:
-            self.pop_lost(hold.resource, hold.owner)
+            self.pop_lost(hold.resource, owner)
         if hold.renew:
-            self._arm_shared(hold.valid_until)
+            if self._shared is None or hold.valid_until < self._shared_at:
+                self._arm_shared(hold.valid_until)
         else:
             self._arm(hold)
             self._on_fixed(hold)
 
     def remove(self, hold: Hold) -> None:
-        if self._holds.pop(id(hold), None) is None:
+        number = id(hold)
+        if self._holds.pop(number, None) is None:
             return
-        if self._index.get((hold.resource, hold.owner)) is hold:
-            del self._index[(hold.resource, hold.owner)]
-        owned = self._by_owner.get(hold.owner)
+        owner = hold.owner
+        if hold.kind.reentrant:  # (only those are indexed: see add)
+            key = (hold.resource, owner)
+            if self._index.get(key) is hold:
+                del self._index[key]
+        owned = self._by_owner.get(owner)
         if owned is not None:
-            owned.pop(id(hold), None)
+            owned.pop(number, None)
             if not owned:
-                del self._by_owner[hold.owner]
+                del self._by_owner[owner]
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
@@ -202,6 +214,8 @@ class HoldRegistry:
 
     def unpark(self, hold: Hold, *, settled: bool = True) -> None:
         """*hold*'s final release was confirmed (*settled*), or it was lost after all."""
+        if not self._parked:  # (the usual case: nothing parked, no key to make)
+            return
         key = (hold.resource, hold.owner)
         if self._parked.get(key) is hold:
             del self._parked[key]
@@ -248,10 +262,11 @@ class HoldRegistry:
         cluster; one timer spares a timer per acquisition on the hot path.
         """
         if self._shared is not None:
-            if self._shared.when() <= when:
+            if self._shared_at <= when:
                 return
             self._shared.cancel()
         self._shared = asyncio.get_running_loop().call_at(when, self._check_renewed)
+        self._shared_at = when
 
     def _check_renewed(self) -> None:
         self._shared = None

@@ -93,6 +93,7 @@ def sharded(script: Script) -> Script:
         source = source.replace("'pubsub', 'numsub'", "'pubsub', 'shardnumsub'")
         derived = Script.__new__(Script)
         derived.name = f"{script.name} (sharded)"
+        derived.what = f"the {derived.name} script"
         derived.source = source
         derived.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         derived.writes = script.writes

@@ -95,11 +95,10 @@ class Pipelining:
         fewer on every script call, the hot path's main cost being such layers.
         """
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        what = f"the {script.name} script"
         ack = ACKNOWLEDGE.get()
         if ack is not None:  # replicas=: WAIT must follow on the same connection
-            return self._acknowledged(command, script, what, keys[0] if keys else None, ack)
-        return self._execute(command, script, what, keys[0] if keys else None)
+            return self._acknowledged(command, script, script.what, keys[0] if keys else None, ack)
+        return self._execute(command, script, script.what, keys[0] if keys else None)
 
     async def run_in_order(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """As :meth:`run`, but calls with the same first key reach Redis in call order.
@@ -116,7 +115,7 @@ class Pipelining:
         if ACKNOWLEDGE.get() is not None:
             return await self.run(script, keys, args)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        what = f"the {script.name} script"
+        what = script.what
         key = keys[0]
         lane = self._lanes.get(key)
         if lane is not None:  # the lane is busy: wait for its turn, behind earlier calls

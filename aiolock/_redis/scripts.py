@@ -28,10 +28,12 @@ def _read(path: str) -> str:
 class Script:
     """A script of the package, by its path without ``.lua`` (``"_kinds/lock/acquire"``)."""
 
-    __slots__ = ("name", "sha", "source", "writes")
+    __slots__ = ("name", "sha", "source", "what", "writes")
 
     def __init__(self, name: str, *, writes: bool = True) -> None:
         self.name = name
+        #: how errors name it (made once: the client passes it along with every call)
+        self.what = f"the {name} script"
         #: False for a script that only reads: its errors then say nothing of undoing
         self.writes = writes
         self.source = _INCLUDE.sub(lambda m: _read(f"{m[1]}.lua"), _read(f"{name}.lua"))
