@@ -47,13 +47,12 @@ local held = {}
 for i = 1, #KEYS do
   local lease = tonumber(ARGV[2 * i])
   local ends = redis.pcall('zscore', KEYS[i], ARGV[2 * i - 1])
-  if type(ends) == 'string' and tonumber(ends) > now then
+  local live = type(ends) == 'string' and tonumber(ends) > now  -- never revive an ended one
+  if live then
     redis.call('zadd', KEYS[i], now + lease, ARGV[2 * i - 1])
     --keep
-    held[i] = 1
-  else
-    held[i] = 0
   end
+  held[i] = live and 1 or 0
 end
 return held
 """
