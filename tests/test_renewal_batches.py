@@ -81,9 +81,11 @@ async def test_the_batch_sizes_follow_the_work_per_hold(locks: aiolock.LockManag
     holds = [await make(locks, 0) for make in KINDS.values()]
     batches = {hold.kind.name: hold.kind.renew_batch for hold in _engine(locks).registry}
     assert len(holds) == len(batches) == 4
-    assert batches["lock"] == 300
+    # 10,000 locks renewed in at most 100 round trips per lease period (W5), 3 rounds each
+    assert 3 * -(-10_000 // batches["lock"]) < 100
+    assert batches["lock"] == 350
     for name in ("read lock", "semaphore", "timestamp lock"):
-        assert batches[name] <= 300 // 2, name
+        assert batches[name] <= batches["lock"] // 2, name
 
 
 # -- the renew scripts' fallback: when PEXPIRE ... GT does not take -------------------

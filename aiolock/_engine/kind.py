@@ -427,11 +427,13 @@ class KindBase:
     queued = False
     registers_listeners = False
     claim_ttl = 10.0
-    #: 300 holds of one key each (HEXISTS or GET, then PEXPIRE): 0.4-0.5 ms of Redis
-    #: time per call on an idle server, and under a millisecond with room on a loaded
-    #: one (500 took 1.0-1.5 ms there: benchmarks/NOTES.md, issue 24); kinds with more
-    #: work per hold set a smaller batch
-    renew_batch = 300
+    #: 350 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.75 ms of Redis
+    #: time per call (2.0-2.2 us per hold in the scale benchmark; 500 took 1.0-1.5 ms on
+    #: a loaded server: benchmarks/NOTES.md, issue 24), and 10,000 holds renewed every
+    #: lease / 3 in 29 calls a round, 87 a lease period: W5's limit is 100 round trips per
+    #: period, which 300 (34 calls, 102) missed. Kinds with more work per hold set a
+    #: smaller batch.
+    renew_batch = 350
     fencing_unavailable = ""
     anonymous_messages = False
     #: the script that renews holds (lease in ms) or only checks them (0), many per call:
