@@ -109,7 +109,9 @@ async def test_the_exit_ends_a_refresh_that_swallowed_its_cancellation(
     began (on Python 3.11, 1 and 2 steps hung with redis-py 8.1), then during a refresh
     whose command returns its reply whatever the cancellation (as wait_for's does).
     """
-    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as locks:
+    # A 1.5 s lease (a refresh every 0.5 s): a loaded machine's stalls must not end the
+    # holds this test exits from (a lost hold would fail it for another reason).
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=1.5) as locks:
         evaluate = locks.redis.eval  # the record's scripts: refresh and delete
         swallow = False
         refreshes = 0
