@@ -222,13 +222,13 @@ async def test_force_release_of_each_kind(
 
 
 async def start_watch(
-    admin: Redis, url: str, prefix: str, *options: str
+    admin: Redis, url: str, prefix: str, *options: str, program: tuple[str, ...] = ("-m", "aiolock")
 ) -> asyncio.subprocess.Process:
     """``aiolock watch`` as a process, once it has subscribed (killed if it never does)."""
     before = await admin.pubsub_numpat()
     # (the options go after the command: the CLI takes them on either side)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "aiolock", "--url", url, "--prefix", prefix, "watch", *options,
+        sys.executable, *program, "--url", url, "--prefix", prefix, "watch", *options,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -372,6 +372,50 @@ async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Red
     try:
         process.send_signal(signal.SIGINT)
         _out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode in (0, 130), err.decode()
+    assert err.decode() == ""
+
+
+#: ``aiolock`` with two changes that make a rare interleaving certain: the watch stalls
+#: for a second right after its subscription (a Ctrl-C lands there), and its reads
+#: swallow a cancellation, as redis-py's ``get_message()`` can
+_STALLED_WATCH = """
+import asyncio, importlib, sys, time
+cli = importlib.import_module("aiolock._cli.main")
+subscribe, get = cli._PatternWatch.subscribe, cli._PatternWatch.get
+async def stalled(self, pattern):
+    await subscribe(self, pattern)
+    time.sleep(1.0)
+async def swallowing(self, timeout):
+    try:
+        return await get(self, timeout)
+    except asyncio.CancelledError:
+        return None
+cli._PatternWatch.subscribe, cli._PatternWatch.get = stalled, swallowing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+async def test_ctrl_c_right_after_the_subscription_ends_watch(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    """Issue 25: a Ctrl-C that came once the subscription was visible but before the watch
+    took SIGINT itself went to asyncio.run's handler, whose cancellation the first read
+    could swallow: the watch then ran on (a CI run saw it outlive the test's 30 s). The
+    watch takes SIGINT before it subscribes, and a swallowed cancellation ends it too."""
+    process = await start_watch(admin, redis_url, prefix, program=("-c", _STALLED_WATCH))
+    try:
+        process.send_signal(signal.SIGINT)  # inside the stall after the subscription
+        try:
+            _out, err = await asyncio.wait_for(process.communicate(), 10.0)
+        except asyncio.TimeoutError:
+            pytest.fail(
+                "watch ran on for 10 s after a Ctrl-C that came right after its subscription"
+            )
     finally:
         if process.returncode is None:
             process.kill()

@@ -340,18 +340,14 @@ async def _force_release(target: Target, args: argparse.Namespace) -> int:
 
 
 async def _watch(target: Target, args: argparse.Namespace) -> int:
-    source: _PatternWatch | ShardedWatch
-    if target.cluster is None:
-        source = _PatternWatch(target.redis)
-        await source.subscribe(f"{glob_escape(args.prefix)}:*released")
-    else:
-        source = ShardedWatch(target, args.prefix)
-    deadline = None if args.duration is None else time.monotonic() + args.duration
-    seen = 0
     # Ctrl-C stops the loop by a flag it checks between reads (each at most 1 s), not only
     # by cancelling the task: redis-py's get_message() can swallow a cancellation that
     # lands inside its read, and the watch then ran on after SIGINT (seen on loaded CI
-    # runs). Where the loop cannot take signals (Windows), KeyboardInterrupt still ends it.
+    # runs). The handler is in place before the subscription, which is when a caller may
+    # take the watch for started: a Ctrl-C between the two went to asyncio.run's own
+    # handler, whose cancellation the first read could swallow, and the watch ran on
+    # (issue 25). A cancellation that was swallowed all the same ends the loop too (3.11+
+    # counts it). Where the loop cannot take signals (Windows), KeyboardInterrupt ends it.
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     try:
@@ -359,9 +355,18 @@ async def _watch(target: Target, args: argparse.Namespace) -> int:
         handled = True
     except (NotImplementedError, RuntimeError):
         handled = False
+    cancelling = getattr(asyncio.current_task(), "cancelling", lambda: 0)
+    source: _PatternWatch | ShardedWatch | None = None
     try:
+        if target.cluster is None:
+            source = _PatternWatch(target.redis)
+            await source.subscribe(f"{glob_escape(args.prefix)}:*released")
+        else:
+            source = ShardedWatch(target, args.prefix)
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+        seen = 0
         while args.count is None or seen < args.count:
-            if interrupted.is_set():
+            if interrupted.is_set() or cancelling():
                 return EXIT_INTERRUPTED
             wait = 1.0
             if deadline is not None:
@@ -386,7 +391,8 @@ async def _watch(target: Target, args: argparse.Namespace) -> int:
     finally:
         if handled:
             loop.remove_signal_handler(signal.SIGINT)
-        await source.aclose()
+        if source is not None:
+            await source.aclose()
     return EXIT_INTERRUPTED if interrupted.is_set() else 0
 
 
