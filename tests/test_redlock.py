@@ -434,7 +434,9 @@ async def test_loss_is_detected_when_a_majority_loses_the_key(servers: list[Redi
     async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}", lease=1.5) as locks:
         lock = locks.lock("l")
         finished = False
-        with pytest.raises(aiolock.LockLostError, match="only 1 of 3 masters"):
+        # Two of three lost it; the third still has it, or (on a loaded machine) did not
+        # answer the renewal within node_timeout: 1 or 0 left, a minority either way.
+        with pytest.raises(aiolock.LockLostError, match=r"only [01] of 3 masters"):
             async with lock:
                 for server in masters[:2]:
                     admin = Redis.from_url(server.url)
