@@ -367,17 +367,26 @@ async def test_an_empty_prefix_hints_at_the_prefixes_in_use(
     assert "exist under" not in right.out
 
 
-async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Redis) -> None:
-    process = await start_watch(admin, redis_url, prefix)
+async def interrupt_watch(process: asyncio.subprocess.Process, limit: float, when: str) -> None:
+    """Ctrl-C *process* (a started watch): it must end within *limit* s, cleanly (exit 0
+    or 130, nothing on stderr); killed if it does not."""
     try:
         process.send_signal(signal.SIGINT)
-        _out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+        try:
+            _out, err = await asyncio.wait_for(process.communicate(), limit)
+        except asyncio.TimeoutError:
+            pytest.fail(f"watch ran on for {limit:g} s after a Ctrl-C {when}")
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
     assert process.returncode in (0, 130), err.decode()
     assert err.decode() == ""
+
+
+async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Redis) -> None:
+    process = await start_watch(admin, redis_url, prefix)
+    await interrupt_watch(process, CHILD_TIMEOUT, "once it had subscribed")
 
 
 #: ``aiolock`` with two changes that make a rare interleaving certain: the watch stalls
@@ -408,20 +417,8 @@ async def test_ctrl_c_right_after_the_subscription_ends_watch(
     could swallow: the watch then ran on (a CI run saw it outlive the test's 30 s). The
     watch takes SIGINT before it subscribes, and a swallowed cancellation ends it too."""
     process = await start_watch(admin, redis_url, prefix, program=("-c", _STALLED_WATCH))
-    try:
-        process.send_signal(signal.SIGINT)  # inside the stall after the subscription
-        try:
-            _out, err = await asyncio.wait_for(process.communicate(), 10.0)
-        except asyncio.TimeoutError:
-            pytest.fail(
-                "watch ran on for 10 s after a Ctrl-C that came right after its subscription"
-            )
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode in (0, 130), err.decode()
-    assert err.decode() == ""
+    # (sent inside the stall after the subscription)
+    await interrupt_watch(process, 10.0, "that came right after its subscription")
 
 
 async def test_watch_tells_a_fair_grant_from_a_release(
