@@ -847,7 +847,7 @@ def fast_idle(manager: aiolock.LockManager, name: str) -> bool:
     """Whether the manager's next acquisition of lock *name* may take the fast path (no
     local queue for it, not yielded to other clients)."""
     handle = manager.lock(name)
-    return engine_of(manager).hub.idle(handle._kind.channel(handle._keys))
+    return engine_of(manager).hub.idle(handle._keys.channel)
 
 
 def finish_migration(cluster: LocalCluster, slot: int, source: int, target: int) -> None:

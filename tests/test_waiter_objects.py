@@ -32,6 +32,7 @@ def test_the_coroutines_of_a_wait_and_an_attempt_have_no_cells() -> None:
         Acquiring._attempt,
         Waiter.wait,
         Pipelining._execute,
+        Pipelining._send,
         ReentrantLockKind.attempt,
         ReentrantLockKind.release,
         FairLockKind.attempt,

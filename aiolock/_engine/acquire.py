@@ -178,7 +178,7 @@ class Acquiring(Releasing):
         sent here exactly as :meth:`_attempt` sends it, before the failure is handled.
         """
         hub = self.hub
-        channel = kind.channel(keys)
+        channel = keys.channel
         # A waiter that registers in Redis keeps one field for its whole wait: it names
         # its registration, and (queued kinds) a release message wakes it by that name.
         # (The fast path takes no kind with claims, so a waiter it hands over has none.)
@@ -450,7 +450,7 @@ class Acquiring(Releasing):
 
     async def _undo(self, kind: LockKind, attempt: Attempt) -> None:
         """Revert an attempt whose outcome is unknown, or void it before it runs."""
-        channel = kind.channel(attempt.keys)
+        channel = attempt.keys.channel
 
         async def send() -> None:
             # (A queued kind's undo grants the lock to the next waiter in Redis and

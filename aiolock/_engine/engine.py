@@ -120,7 +120,7 @@ class Engine(FastPath):
         for hold in self.registry:
             if hold.keys.lock == keys.lock:
                 self.registry.lose(hold, "it was force-released")
-        self.hub.wake(kind.channel(keys))
+        self.hub.wake(keys.channel)
         return held
 
     async def shutdown(self) -> None:

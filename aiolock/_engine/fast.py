@@ -51,7 +51,7 @@ from aiolock._engine.acquire import Acquiring
 from aiolock._engine.kind import Attempt, Busy, Hold, LockKind
 from aiolock._errors import LockConnectionError, ReplicaAckError
 from aiolock._keys import LockKeys
-from aiolock._redis.replicas import effective_policy
+from aiolock._redis.replicas import INHERIT, handle_policy
 
 __all__ = ["FastPath"]
 
@@ -78,7 +78,7 @@ class FastPath(Acquiring):
         the fast path's, or the engine's (:meth:`Acquiring.acquire`).
         """
         hub = self.hub
-        channel = kind.channel(keys)
+        channel = keys.channel
         if (
             kind.claims
             or hub.closed
@@ -100,7 +100,8 @@ class FastPath(Acquiring):
         permits: int,
         channel: str,
     ) -> Hold:
-        if effective_policy(None) is not None:
+        policy = handle_policy()  # (effective_policy(None), without a call of its own)
+        if policy is not INHERIT and policy is not None:
             # The handle's replicas= (set around this await): every attempt is followed
             # by WAIT, and no hand-over may grant it: the engine's way.
             return await self._acquire_new(kind, keys, owner, timeout, lease, permits)
@@ -179,7 +180,7 @@ class FastPath(Acquiring):
             hold.count != 1
             or hub.closed
             or self.observers.active
-            or not hub.idle(hold.kind.channel(hold.keys))
+            or not hub.idle(hold.keys.channel)
         ):
             return super().release(hold)
         return self._release_fast(hold)

@@ -30,6 +30,10 @@ A kind answers:
   also has claims): every local waiter then tries at once, and a release message names
   the waiter it was granted to, which alone is woken.
 
+A kind announces its releases on its keys' :attr:`~aiolock._keys.LockKeys.channel`,
+where the engine's hub listens (a wire format that names its channel otherwise gives
+its keys that name, as Redisson's does).
+
 :class:`KindBase` gives the defaults; a kind overrides what differs.
 """
 
@@ -62,7 +66,6 @@ __all__ = [
     "busy_for",
     "decode_attempt",
     "decode_release",
-    "wrong_type",
 ]
 
 
@@ -223,17 +226,17 @@ _RELEASE_CODES = {
 }
 
 #: Makes the error for a ``{-1, ...}`` reply: a key of the structure holds another type.
-BadKey = Callable[[Sequence[Any]], Exception]
+#: Or the key itself (a str), whose :func:`~aiolock._redis.translate.key_type_error` names
+#: the type in the reply: what most kinds pass, with no function made per call (a
+#: closure per attempt and release was one more object and call on every cycle).
+BadKey = Callable[[Sequence[Any]], Exception] | str
 
 
-def wrong_type(key: str) -> BadKey:
-    """The :data:`BadKey` of a structure kept under *key*.
-
-    Call it after the script's reply came, not before the await: a lambda in the
-    awaiting coroutine that captured the key would give its frame a cell for its whole
-    life, one more object for the cyclic GC per attempt in flight (issue 24).
-    """
-    return lambda bad: key_type_error(key, bad[1])
+def _bad_key(bad_key: BadKey, reply: Sequence[Any]) -> Exception:
+    """The error of a ``{-1, type}`` reply, as *bad_key* says."""
+    if isinstance(bad_key, str):
+        return key_type_error(bad_key, reply[1])
+    return bad_key(reply)
 
 
 def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
@@ -251,7 +254,7 @@ def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
     if code == REENTERED:
         return Granted(0, as_int(value))
     if code == BAD_KEY:
-        raise bad_key(reply)
+        raise _bad_key(bad_key, reply)
     return busy_for(as_int(value)) if code == BUSY else Busy(0.0)
 
 
@@ -273,7 +276,7 @@ def decode_release(reply: Any, bad_key: BadKey) -> Released:
         return Released(ReleaseStatus.RELEASED, reply)
     status = _RELEASE_CODES.get(as_int(reply[0]))
     if status is None:  # -1: a key holds another type
-        raise bad_key(reply)
+        raise _bad_key(bad_key, reply)
     return Released(status, max(as_int(reply[1]), 0))
 
 
@@ -314,6 +317,11 @@ class LockKind(Protocol):
     #: Redis (:meth:`register_listener`), for ``aiolock show``: a plain lock, whose
     #: waiters are otherwise kept nowhere in Redis (see aiolock._engine.listeners)
     registers_listeners: bool
+    #: its final release names a tombstone by the release id it is given (unique across
+    #: clients), so that a resent release answers as the first did; a kind that needs no
+    #: such key (the reentrant lock answers a resend from its epoch) is given a
+    #: placeholder instead of a new id on every release
+    release_tombstones: bool
 
     def hold_field(self, owner: str, number: int) -> str:
         """The field a new hold of *owner* is recorded under; *number* is unique in the
@@ -377,10 +385,6 @@ class LockKind(Protocol):
 
     async def force_release(self, keys: LockKeys) -> bool: ...
 
-    def channel(self, keys: LockKeys) -> str:
-        """The pub/sub channel on which releases of *keys* are announced."""
-        ...
-
     async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
         """The current task's hold count per Redis (*hold*: its hold, if any), or None
         if it is the hold's field in the kind's hash, which the handle then reads."""
@@ -426,6 +430,7 @@ class KindBase:
     claims = False
     queued = False
     registers_listeners = False
+    release_tombstones = True
     claim_ttl = 10.0
     #: 350 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.75 ms of Redis
     #: time per call (2.0-2.2 us per hold in the scale benchmark; 500 took 1.0-1.5 ms on
@@ -489,9 +494,6 @@ class KindBase:
 
     def resource(self, keys: LockKeys) -> str:
         return keys.lock
-
-    def channel(self, keys: LockKeys) -> str:
-        return keys.channel
 
     def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
         return LockTimeoutError(

@@ -80,7 +80,7 @@ class ListenerRegistrations:
             if refresh:
                 next_refresh = time.monotonic() + period
             for lock, (kind, keys) in list(self._locks.items()):
-                if refresh and not self._hub.wanted(kind.channel(keys)):
+                if refresh and not self._hub.wanted(keys.channel):
                     del self._locks[lock]
                     self._new.discard(lock)
                     await self._write(kind, keys, 0.0)

@@ -34,6 +34,10 @@ YIELD_WINDOW = 0.02
 #: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
 MAX_LOCAL_STREAK = 2
 
+#: The release id of a kind whose final release names no tombstone (a valid id's shape,
+#: ``<manager id>:<number>``, never made by a manager: its id is never empty).
+UNNAMED_RELEASE = ":0"
+
 #: The task-exit warning for a hold whose 'async with' block is still open: the task
 #: left it suspended, at a yield.
 _LEFT_OPEN = (
@@ -147,7 +151,7 @@ class Releasing(EngineState):
             self.cleanup.add(what, send, max(hold.valid_until, time.monotonic()))
             if handoff is not None:  # the queue's head fends for itself meanwhile
                 handoff.waiter.reserved = False
-                self.hub.wake(hold.kind.channel(hold.keys))
+                self.hub.wake(hold.keys.channel)
 
         if isinstance(exc, asyncio.CancelledError):
             # The command may or may not have run; sending it again is harmless.
@@ -159,9 +163,15 @@ class Releasing(EngineState):
             self.registry.lose_reported(hold, "its key was replaced by a value of another type")
 
     def _release_id(self, hold: Hold) -> str:
-        """The id of *hold*'s final release, made when it is first sent."""
+        """The id of *hold*'s final release, made when it is first sent (a placeholder
+        for a kind whose release names no tombstone: see ``LockKind.release_tombstones``);
+        while it is set, a final release of the hold is in flight or parked."""
         if hold.release_id is None:
-            hold.release_id = f"{self.rt.manager_id}:{self.rt.next_id()}"
+            hold.release_id = (
+                f"{self.rt.manager_id}:{self.rt.next_id()}"
+                if hold.kind.release_tombstones
+                else UNNAMED_RELEASE
+            )
             hold.release_sent_at = time.monotonic()
         return hold.release_id
 
@@ -169,7 +179,7 @@ class Releasing(EngineState):
         self, hold: Hold, release_id: str, handoff: _Handoff | None = None
     ) -> Awaitable[Released]:
         """The kind's final release of *hold* (awaitable; no coroutine layer of its own)."""
-        channel = hold.kind.channel(hold.keys)
+        channel = hold.keys.channel
         return hold.kind.release(
             hold,
             1,
@@ -182,7 +192,7 @@ class Releasing(EngineState):
     def _reserve_successor(self, hold: Hold) -> _Handoff | None:
         if not hold.kind.hand_over:
             return None
-        waiter = self.hub.successor(hold.kind.channel(hold.keys))
+        waiter = self.hub.successor(hold.keys.channel)
         # A waiter under replicas= gets its grant by an acknowledged attempt: a hand-over
         # is a grant that no WAIT follows.
         if waiter is None or waiter.acknowledged:
@@ -238,7 +248,7 @@ class Releasing(EngineState):
         self.registry.unpark(hold, settled=status is not ReleaseStatus.NOT_HELD)
         if hold.observed_at is not None and status is not ReleaseStatus.NOT_HELD:
             self._ended(hold)  # (NOT_HELD: the loss below reports it)
-        channel = hold.kind.channel(hold.keys)
+        channel = hold.keys.channel
         if status is ReleaseStatus.RELEASED:
             hold.count = 0
             hold.release_id = None
@@ -285,7 +295,7 @@ class Releasing(EngineState):
         """Send *hold*'s final release (no hand-over); wake the local head if it freed it."""
         outcome = await self._send_final(hold, release_id)
         if outcome.status is ReleaseStatus.RELEASED and not hold.kind.queued:
-            self.hub.wake(hold.kind.channel(hold.keys))  # our own message is ignored by the hub
+            self.hub.wake(hold.keys.channel)  # our own message is ignored by the hub
 
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""

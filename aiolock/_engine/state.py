@@ -73,7 +73,7 @@ class EngineState:
         if hold.observed_at is not None:
             self._ended(hold, hold.lost_reason)
         # The lock may be free now (or soon): the local head should try for it.
-        self.hub.wake(hold.kind.channel(hold.keys))
+        self.hub.wake(hold.keys.channel)
 
     def _on_fixed(self, hold: Hold) -> None:
         self.watchdog.reschedule(hold.next_check)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from redis import exceptions as rex
@@ -86,13 +86,12 @@ class Pipelining:
         self._lanes: dict[str, deque[_Request]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
 
-    def run(
-        self, script: Script, keys: Sequence[str], args: Sequence[Arg]
-    ) -> Coroutine[Any, Any, Any]:
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Awaitable[Any]:
         """EVALSHA *script*, loading it first if the server does not know it (awaitable).
 
-        A plain function that returns the coroutine doing the work: one coroutine layer
-        fewer on every script call, the hot path's main cost being such layers.
+        A plain function that returns what does the work (see :meth:`_execute`): one
+        coroutine layer fewer on every script call, the hot path's main cost being such
+        layers.
         """
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         ack = ACKNOWLEDGE.get()
@@ -173,9 +172,31 @@ class Pipelining:
         if self._flushes:
             await asyncio.wait(self._flushes)
 
-    async def _execute(
+    def _execute(
+        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
+    ) -> Awaitable[Any]:
+        """*command*'s reply (awaitable): queued at once if every slot is busy, and then
+        the caller awaits the request's future itself, without a coroutine of ours in
+        between (under load nearly every command is queued: issue 21); else a coroutine
+        that sends it on a free slot when it runs."""
+        if self._in_flight >= self.max_in_flight or self._queue:
+            # If the caller is cancelled before the flush, the future is cancelled too
+            # and the flush skips it: the command is never sent.
+            return self._enqueue(command, script, what, key).future
+        return self._send(command, script, what, key)
+
+    def _enqueue(
+        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
+    ) -> _Request:
+        request = _Request(command, script, what, key)
+        self._queue.append(request)
+        self._kick()
+        return request
+
+    async def _send(
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
     ) -> Any:
+        # (Decided again when it runs: a slot may have been taken since the call.)
         if self._in_flight < self.max_in_flight and not self._queue:
             self._in_flight += 1
             try:
@@ -183,12 +204,7 @@ class Pipelining:
             finally:
                 self._in_flight -= 1
                 self._kick()
-        request = _Request(command, script, what, key)
-        self._queue.append(request)
-        self._kick()
-        # If the caller is cancelled before the flush, the future is cancelled too and
-        # the flush skips it: the command is never sent.
-        return await request.future
+        return await self._enqueue(command, script, what, key).future
 
     async def _direct(
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None

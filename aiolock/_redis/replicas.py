@@ -41,6 +41,7 @@ __all__ = [
     "check_handle_replicas",
     "check_replica_options",
     "effective_policy",
+    "handle_policy",
     "under_policy",
 ]
 
@@ -191,6 +192,9 @@ HandlePolicy = ReplicaPolicy | None | _Inherit
 #: that no WAIT follows). A context variable, so that no engine signature changes and
 #: concurrent acquires of other handles in other tasks never see it.
 _HANDLE_POLICY: ContextVar[HandlePolicy] = ContextVar("aiolock_handle_replicas", default=INHERIT)
+#: The handle's policy as set around this task's acquire (INHERIT when none is): the
+#: variable's own getter, so the engine's fast path reads it without a call of ours.
+handle_policy = _HANDLE_POLICY.get
 
 
 def check_handle_replicas(

@@ -40,7 +40,6 @@ from aiolock._engine.kind import (
     Successor,
     decode_attempt,
     decode_release,
-    wrong_type,
 )
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockTimeoutError
@@ -113,7 +112,7 @@ class FairLockKind(KindBase):
                 1 if attempt.claim else 0,
             ),
         )
-        return decode_attempt(reply, wrong_type(keys.lock))
+        return decode_attempt(reply, keys.lock)
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -149,7 +148,7 @@ class FairLockKind(KindBase):
             (keys.lock, keys.fence, keys.tombstone(release_id), queue_key(keys), claims_key(keys)),
             (hold.field, count, hold.token, rt.fence_ms, rt.tombstone_ms, ms(self.claim_ttl)),
         )
-        return decode_release(reply, wrong_type(keys.lock))
+        return decode_release(reply, keys.lock)
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(

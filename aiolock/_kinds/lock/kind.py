@@ -29,7 +29,6 @@ from aiolock._engine.kind import (
     Successor,
     decode_attempt,
     decode_release,
-    wrong_type,
 )
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockKeyTypeError
@@ -61,6 +60,8 @@ class ReentrantLockKind(KindBase):
     reentrant = True
     hand_over = True
     registers_listeners = True
+    #: a resent release is answered from the state's epoch (module docstring): no id
+    release_tombstones = False
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -80,7 +81,7 @@ class ReentrantLockKind(KindBase):
             (keys.lock, attempt.void),
             (attempt.field, ms(attempt.lease), attempt.before, self._rt.manager_id),
         )
-        return decode_attempt(reply, wrong_type(keys.lock))
+        return decode_attempt(reply, keys.lock)
 
     async def register_listener(self, keys: LockKeys, ttl: float) -> None:
         key = keys.part("listeners")
@@ -166,7 +167,7 @@ class ReentrantLockKind(KindBase):
         elif listening:
             args += ("", 0, 0, 1)
         reply = await self._client.run(RELEASE, (keys.lock,), args)
-        return decode_release(reply, wrong_type(keys.lock))
+        return decode_release(reply, keys.lock)
 
     async def force_release(self, keys: LockKeys) -> bool:
         code, value = await self._client.run(
