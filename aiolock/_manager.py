@@ -248,6 +248,11 @@ class LockManager(ManagerLifecycle, LockFactories):
         #: twice per acquire and release)
         self._owners: dict[asyncio.Task[Any], str] = {}
         self._serial = 0
+        #: the event loop the manager was opened in, whose tasks use its locks: asking
+        #: it for the current task skips asyncio's search for the running loop, which on
+        #: Python 3.10 and 3.11 makes a getpid() system call (a third of a microsecond
+        #: and more: issue 21); None until opened
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._engine: Engine | None = None
         self._observers = ObserverSet()
         for observer in observers:
@@ -445,7 +450,8 @@ class LockManager(ManagerLifecycle, LockFactories):
             source = ClusterSubscriptions(self._client)
         else:
             source = Subscriber(self._client.redis)
-        hub = WaiterHub(source, self._keyspace.manager_id)
+        self._loop = asyncio.get_running_loop()
+        hub = WaiterHub(source, self._keyspace.manager_id, self._loop)
         self._engine = Engine(self._runtime, hub, self._observers)
 
     def _start_tasks(self, tg: TaskGroup) -> None:
@@ -524,7 +530,7 @@ class LockManager(ManagerLifecycle, LockFactories):
 
     def _owner(self) -> str:
         """The owner field of the current task, assigned on first use."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)  # (see _loop)
         owner = self._owners.get(task)  # type: ignore[arg-type]
         if owner is None:
             if task is None:

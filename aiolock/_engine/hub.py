@@ -50,6 +50,7 @@ import time
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from aiolock._engine.kind import Hold
 from aiolock._redis.pubsub import Source, SubscriptionEvents
@@ -82,7 +83,12 @@ class Waiter:
     )
 
     def __init__(
-        self, queue: ChannelQueue, owner: str, lease: float | None, field: str | None = None
+        self,
+        queue: ChannelQueue,
+        owner: str,
+        lease: float | None,
+        field: str | None = None,
+        task: asyncio.Task[Any] | None = None,
     ) -> None:
         self.queue = queue
         #: a queued kind's waiter: its field in Redis, which release messages name
@@ -100,8 +106,8 @@ class Waiter:
         self.left = False
         #: its grants must be acknowledged by replicas (replicas=): never handed over
         self.acknowledged = False
-        #: the waiting task (it joins the queue itself)
-        self.task = asyncio.current_task()
+        #: the waiting task (it joins the queue itself: the hub finds it)
+        self.task = task
         #: the hub woke it and counts it among its woken waiters until it sleeps again
         #: or leaves; *deferred*: a wake for it waits for one of those to end (see
         #: WaiterHub.WAKES)
@@ -242,9 +248,15 @@ class WaiterHub(SubscriptionEvents):
     #: walk every waiter: 4-5 per release of 20,000 (issue 24). 4x the pipelines' default.
     WAKES = 192
 
-    def __init__(self, source: Source, manager_id: str) -> None:
+    def __init__(
+        self, source: Source, manager_id: str, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         #: the subscriptions: wanted here, kept by the source, which reports to the hub
         self.source = source
+        #: the manager's event loop, where every waiting task runs: asked for the current
+        #: task, it spares asyncio's search for the running loop (a getpid() system call
+        #: on Python 3.10 and 3.11); None: the running loop, searched for each time
+        self._loop = loop
         source.bind(self)
         self._manager_id = manager_id
         self._queues: dict[str, ChannelQueue] = {}
@@ -288,7 +300,7 @@ class WaiterHub(SubscriptionEvents):
         queue = self._queues.get(channel)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
-        waiter = Waiter(queue, owner, lease, field)
+        waiter = Waiter(queue, owner, lease, field, asyncio.current_task(self._loop))
         if not queue.waiters:
             self._busy += 1
         queue.waiters.append(waiter)

@@ -172,7 +172,7 @@ class Client(Pipelining):
         packed = _pack(commands)
         deadline = None
         if self.command_timeout is not None:  # one deadline for the round trip, retry included
-            deadline = asyncio.get_running_loop().time() + self.command_timeout
+            deadline = self._event_loop().time() + self.command_timeout
         try:
             return await self._attempt(packed, len(commands), deadline, kept=True)
         except (rex.ConnectionError, OSError) as exc:
@@ -221,7 +221,7 @@ class Client(Pipelining):
         and still does on the fallback path, so it is not armed twice there.
         """
         parser = fast_parser(conn)
-        loop = asyncio.get_running_loop()
+        loop = self._event_loop()
         when, per_socket = deadline, False
         if parser is not None and conn.socket_timeout:
             socket_deadline = loop.time() + conn.socket_timeout

@@ -46,13 +46,18 @@ class _Request:
     __slots__ = ("command", "future", "key", "script", "what")
 
     def __init__(
-        self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
+        self,
+        command: tuple[Arg, ...],
+        script: Script | None,
+        what: str,
+        key: str | None,
+        future: asyncio.Future[Any],
     ) -> None:
         self.command = command
         self.script = script
         self.what = what
         self.key = key
-        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.future = future
 
     def error(self, exc: rex.RedisError) -> LockError:
         writes = self.script is not None and self.script.writes
@@ -85,6 +90,10 @@ class Pipelining:
         #: ordered lanes (see run_in_order): key -> commands waiting for the lane's turn
         self._lanes: dict[str, deque[_Request]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
+        #: the event loop the commands come from, found at the first queued command and
+        #: forgotten when the client closes: finding the running loop makes a getpid()
+        #: system call on Python 3.10 and 3.11, once per queued command before (issue 21)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Awaitable[Any]:
         """EVALSHA *script*, loading it first if the server does not know it (awaitable).
@@ -118,7 +127,7 @@ class Pipelining:
         key = keys[0]
         lane = self._lanes.get(key)
         if lane is not None:  # the lane is busy: wait for its turn, behind earlier calls
-            request = _Request(command, script, what, key)
+            request = _Request(command, script, what, key, self._event_loop().create_future())
             lane.append(request)
             return await request.future
         self._lanes[key] = deque()
@@ -171,6 +180,7 @@ class Pipelining:
                 )
         if self._flushes:
             await asyncio.wait(self._flushes)
+        self._loop = None
 
     def _execute(
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
@@ -188,10 +198,20 @@ class Pipelining:
     def _enqueue(
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
     ) -> _Request:
-        request = _Request(command, script, what, key)
+        loop = self._loop
+        if loop is None:
+            loop = self._event_loop()
+        request = _Request(command, script, what, key, loop.create_future())
         self._queue.append(request)
         self._kick()
         return request
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop of the commands (see ``_loop``)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     async def _send(
         self, command: tuple[Arg, ...], script: Script | None, what: str, key: str | None
@@ -273,7 +293,7 @@ class Pipelining:
             if not batch:
                 return
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._flush(batch))
+            task = self._event_loop().create_task(self._flush(batch))
             self._flushes.add(task)
             task.add_done_callback(self._flushes.discard)
 
