@@ -246,7 +246,7 @@ async def test_a_release_does_not_hand_the_lock_to_a_waiter_being_cancelled(
 
     await eventually(sleeping, what="the waiter asleep")
     if not asleep:
-        engine.hub.wake(holder._kind.channel(holder._keys))  # it will try next
+        engine.hub.wake(holder._keys.channel)  # it will try next
     waiter.cancel()
     await holder.release()
     with pytest.raises(asyncio.CancelledError):

@@ -48,7 +48,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiolock._engine.acquire import Acquiring
-from aiolock._engine.kind import Attempt, Busy, Hold, LockKind
+from aiolock._engine.kind import Attempt, Busy, Hold, LockKind, new_tuple
 from aiolock._errors import LockConnectionError, ReplicaAckError
 from aiolock._keys import LockKeys
 from aiolock._redis.replicas import INHERIT, handle_policy
@@ -116,10 +116,10 @@ class FastPath(Acquiring):
         lease_s = rt.lease if lease is None else lease
         number = next(rt.ids)  # (rt.next_id(), without a call of its own)
         # The void marker's id is unique across clients (see Acquiring._new_attempt).
-        attempt = Attempt(
+        attempt = new_tuple(Attempt, (
             keys, owner, kind.hold_field(owner, number), 0, lease_s,
             keys.void(f"{rt.manager_id}:{number}"), permits, timeout != 0,
-        )  # fmt: skip
+        ))  # fmt: skip
         sent_at = time.monotonic()
         try:
             outcome = await kind.attempt(attempt)

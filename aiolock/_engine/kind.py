@@ -66,6 +66,7 @@ __all__ = [
     "busy_for",
     "decode_attempt",
     "decode_release",
+    "new_tuple",
 ]
 
 
@@ -183,6 +184,12 @@ class Attempt(NamedTuple):
         return ms(max(2 * self.lease, MIN_VOID_TTL))
 
 
+#: Makes a named tuple from a tuple of its fields: ``new_tuple(Granted, (token, 1))`` is
+#: ``Granted(token, 1)`` without the named tuple's constructor, a Python function (the
+#: hot path makes one outcome and one attempt per acquisition; issue 21).
+new_tuple = tuple.__new__
+
+
 class Granted(NamedTuple):
     token: int
     #: the hold count after the attempt (1 for a new acquisition)
@@ -247,7 +254,7 @@ def decode_attempt(reply: Any, bad_key: BadKey) -> Granted | Busy:
     ``{BAD_KEY, ...}``, which raises what *bad_key* makes of the reply.
     """
     if isinstance(reply, int):  # the common path: acquired, this is the token
-        return Granted(reply, 1)
+        return new_tuple(Granted, (reply, 1))
     code, value = as_int(reply[0]), reply[1]
     if code == ACQUIRED:
         return Granted(as_int(value), 1)
@@ -270,10 +277,14 @@ def busy_for(pttl: int) -> Busy:
     return Busy(max(pttl, 1) / 1000)
 
 
+#: The common release outcomes, made once: released, heard by no one or a few others.
+_RELEASED = tuple(Released(ReleaseStatus.RELEASED, heard) for heard in range(8))
+
+
 def decode_release(reply: Any, bad_key: BadKey) -> Released:
     """A release script's reply (see the codes above; a bare int: released, heard by n)."""
     if isinstance(reply, int):  # the common path: released, heard by this many others
-        return Released(ReleaseStatus.RELEASED, reply)
+        return _RELEASED[reply] if 0 <= reply < 8 else Released(ReleaseStatus.RELEASED, reply)
     status = _RELEASE_CODES.get(as_int(reply[0]))
     if status is None:  # -1: a key holds another type
         raise _bad_key(bad_key, reply)

@@ -50,7 +50,9 @@ class HoldRegistry:
         self._holds: dict[int, Hold] = {}
         #: (resource, owner) -> the owner's hold of a reentrant kind
         self._index: dict[tuple[str, str], Hold] = {}
-        #: owner -> its live holds (to release them when its task ends)
+        #: owner -> its live holds (to release them when its task ends). An owner's entry
+        #: stays, empty, from its first hold until its task ends (forget_owner): a task
+        #: that acquires and releases in a loop then makes no dict per acquisition
         self._by_owner: dict[str, dict[int, Hold]] = {}
         self._lost: OrderedDict[tuple[str, str], Hold] = OrderedDict()
         #: owner -> the resources of its remembered lost holds (forgotten when its task ends)
@@ -72,9 +74,6 @@ class HoldRegistry:
 
     def get(self, resource: str, owner: str) -> Hold | None:
         return self._index.get((resource, owner))
-
-    def of_owner(self, owner: str) -> list[Hold]:
-        return list(self._by_owner.get(owner, {}).values())
 
     def add(self, hold: Hold) -> None:
         number, owner = id(hold), hold.owner
@@ -108,9 +107,7 @@ class HoldRegistry:
                 del self._index[key]
         owned = self._by_owner.get(owner)
         if owned is not None:
-            owned.pop(number, None)
-            if not owned:
-                del self._by_owner[owner]
+            owned.pop(number, None)  # (the empty entry stays: see _by_owner)
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
@@ -194,10 +191,13 @@ class HoldRegistry:
         if self._lost.get((hold.resource, hold.owner)) is hold:
             self.pop_lost(hold.resource, hold.owner)
 
-    def forget_owner(self, owner: str) -> None:
-        """*owner*'s task ended: nobody can ask about its lost holds any more."""
+    def forget_owner(self, owner: str) -> list[Hold]:
+        """*owner*'s task ended: nobody can ask about its lost holds any more, and the
+        holds it still has (returned) are the caller's to release."""
         for resource in self._lost_of.pop(owner, ()):
             self._lost.pop((resource, owner), None)
+        owned = self._by_owner.pop(owner, None)
+        return [] if owned is None else list(owned.values())
 
     def _unindex_lost(self, resource: str, owner: str) -> None:
         resources = self._lost_of.get(owner)

@@ -71,8 +71,8 @@ class Releasing(EngineState):
 
     def _task_done(self, task: asyncio.Task[object], owner: str) -> None:
         self._watched.discard(owner)
-        self.registry.forget_owner(owner)  # no task can ask about its lost holds now
-        for hold in self.registry.of_owner(owner):
+        # No task can ask about its lost holds now; what it still holds is released here.
+        for hold in self.registry.forget_owner(owner):
             self.released_on_task_exit += 1
             # Name the kind: a semaphore's permits are no "lock" to whoever reads this.
             what = "a permit of semaphore" if hold.kind.name == "semaphore" else hold.kind.name
