@@ -115,10 +115,11 @@ class FastPath(Acquiring):
         rt = self.rt
         lease_s = rt.lease if lease is None else lease
         number = next(rt.ids)  # (rt.next_id(), without a call of its own)
-        # The void marker's id is unique across clients (see Acquiring._new_attempt).
+        # The void marker's id is unique across clients (see Acquiring._new_attempt); its
+        # key is keys.void(id), spelled out here: one call fewer per acquisition.
         attempt = new_tuple(Attempt, (
             keys, owner, kind.hold_field(owner, number), 0, lease_s,
-            keys.void(f"{rt.manager_id}:{number}"), permits, timeout != 0,
+            f"{keys.void_prefix}{rt.manager_id}:{number}", permits, timeout != 0,
         ))  # fmt: skip
         sent_at = time.monotonic()
         try:

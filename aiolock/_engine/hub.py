@@ -408,8 +408,11 @@ class WaiterHub(SubscriptionEvents):
                 self.source.unwant(queue.channel)
             elif self._queues.get(queue.channel) is queue:
                 # Never subscribed (the common, uncontended case): forget it now, without
-                # waking the source on every acquisition.
-                self._forget(queue)
+                # waking the source on every acquisition (_forget's work, inline: this
+                # runs on every uncontended acquisition).
+                if queue.confirmed:
+                    self._confirm(queue, False)
+                del self._queues[queue.channel]
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
