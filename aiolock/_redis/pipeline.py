@@ -203,7 +203,8 @@ class Pipelining:
             loop = self._event_loop()
         request = _Request(command, script, what, key, loop.create_future())
         self._queue.append(request)
-        self._kick()
+        if self._in_flight < self.max_in_flight:  # (else no slot is free: nothing to send)
+            self._kick()
         return request
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
