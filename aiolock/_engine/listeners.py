@@ -64,6 +64,8 @@ LISTEN_IN_FLIGHT = 2
 
 #: One registration to write: the lock's kind and keys, and seconds it lasts (0 withdraws).
 Write = tuple["LockKind", "LockKeys", float]
+#: ... as the kind takes it, in a batch of that kind.
+Registration = tuple["LockKeys", float]
 
 
 class ListenerRegistrations:
@@ -123,26 +125,30 @@ class ListenerRegistrations:
         self._new.clear()
         return writes
 
-    async def _write(self, writes: list[Write]) -> None:
-        """Send *writes* in batches of one kind (and slot), a few calls in flight."""
-        if not writes:
-            return
-        groups: defaultdict[tuple[LockKind, int], list[tuple[LockKeys, float]]]
-        groups = defaultdict(list)
+    def _batches(self, writes: list[Write]) -> list[tuple[LockKind, list[Registration]]]:
+        """*writes* in batches of one kind (and, on a cluster, one slot), each of at most
+        :data:`LISTEN_BATCH` locks."""
+        groups: defaultdict[tuple[LockKind, int], list[Registration]] = defaultdict(list)
         by_slot = self._by_slot
         for kind, keys, ttl in writes:
             groups[(kind, keys.slot if by_slot else 0)].append((keys, ttl))
-        batches = [
+        return [
             (kind, group[start : start + LISTEN_BATCH])
             for (kind, _slot), group in groups.items()
             for start in range(0, len(group), LISTEN_BATCH)
         ]
+
+    async def _write(self, writes: list[Write]) -> None:
+        """Send *writes* in batches, a few calls in flight; log the first failing pass."""
+        if not writes:
+            return  # nothing was tried: neither a failure nor a success
+        batches = self._batches(writes)
         #: per failed batch: its locks, the first one's name, what went wrong
         failures: list[tuple[int, str, str]] = []
         errors: list[Exception] = []
         limiter = anyio.Semaphore(LISTEN_IN_FLIGHT)
 
-        async def send(kind: LockKind, batch: list[tuple[LockKeys, float]]) -> None:
+        async def send(kind: LockKind, batch: list[Registration]) -> None:
             async with limiter:
                 try:
                     with anyio.fail_after(TTL / 3):
