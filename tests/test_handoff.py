@@ -239,7 +239,7 @@ async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
     # counts the held clients as blocked: the adoption is known to be in flight, waiting
     # for its reply, when it is cancelled, however slow the machine is (a script that
     # kept the server busy for a while raced the adoption under load).
-    await admin.execute_command("CLIENT", "PAUSE", "30000", "WRITE")
+    await admin.client_pause(30_000, all=False)  # CLIENT PAUSE 30000 WRITE
     try:
         task = asyncio.create_task(lock.adopt(token))
 
@@ -255,7 +255,7 @@ async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
         with pytest.raises(asyncio.CancelledError):
             await task
     finally:
-        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.client_unpause()
     await in_task(_adopt_and_release(lock, token))  # it ran, and was given back
     assert not await lock.locked()
 
