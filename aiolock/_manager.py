@@ -451,7 +451,8 @@ class LockManager(ManagerLifecycle, LockFactories):
         else:
             source = Subscriber(self._client.redis)
         self._loop = asyncio.get_running_loop()
-        hub = WaiterHub(source, self._keyspace.manager_id, self._loop)
+        hub = WaiterHub(source, self._keyspace.manager_id)
+        hub.loop = self._loop  # (its waiters' tasks are found in it: see _loop)
         self._engine = Engine(self._runtime, hub, self._observers)
 
     def _start_tasks(self, tg: TaskGroup) -> None:

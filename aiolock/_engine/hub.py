@@ -50,7 +50,6 @@ import time
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 from aiolock._engine.kind import Hold
 from aiolock._redis.pubsub import Source, SubscriptionEvents
@@ -83,12 +82,7 @@ class Waiter:
     )
 
     def __init__(
-        self,
-        queue: ChannelQueue,
-        owner: str,
-        lease: float | None,
-        field: str | None = None,
-        task: asyncio.Task[Any] | None = None,
+        self, queue: ChannelQueue, owner: str, lease: float | None, field: str | None = None
     ) -> None:
         self.queue = queue
         #: a queued kind's waiter: its field in Redis, which release messages name
@@ -106,8 +100,7 @@ class Waiter:
         self.left = False
         #: its grants must be acknowledged by replicas (replicas=): never handed over
         self.acknowledged = False
-        #: the waiting task (it joins the queue itself: the hub finds it)
-        self.task = task
+        self.task: asyncio.Task[object] | None = None  # the waiting task (WaiterHub.join)
         #: the hub woke it and counts it among its woken waiters until it sleeps again
         #: or leaves; *deferred*: a wake for it waits for one of those to end (see
         #: WaiterHub.WAKES)
@@ -248,15 +241,10 @@ class WaiterHub(SubscriptionEvents):
     #: walk every waiter: 4-5 per release of 20,000 (issue 24). 4x the pipelines' default.
     WAKES = 192
 
-    def __init__(
-        self, source: Source, manager_id: str, loop: asyncio.AbstractEventLoop | None = None
-    ) -> None:
+    def __init__(self, source: Source, manager_id: str) -> None:
         #: the subscriptions: wanted here, kept by the source, which reports to the hub
         self.source = source
-        #: the manager's event loop, where every waiting task runs: asked for the current
-        #: task, it spares asyncio's search for the running loop (a getpid() system call
-        #: on Python 3.10 and 3.11); None: the running loop, searched for each time
-        self._loop = loop
+        self.loop: asyncio.AbstractEventLoop | None = None  # LockManager._loop: see there
         source.bind(self)
         self._manager_id = manager_id
         self._queues: dict[str, ChannelQueue] = {}
@@ -300,7 +288,8 @@ class WaiterHub(SubscriptionEvents):
         queue = self._queues.get(channel)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
-        waiter = Waiter(queue, owner, lease, field, asyncio.current_task(self._loop))
+        waiter = Waiter(queue, owner, lease, field)
+        waiter.task = asyncio.current_task(self.loop)  # (the task joins itself)
         if not queue.waiters:
             self._busy += 1
         queue.waiters.append(waiter)
@@ -408,11 +397,8 @@ class WaiterHub(SubscriptionEvents):
                 self.source.unwant(queue.channel)
             elif self._queues.get(queue.channel) is queue:
                 # Never subscribed (the common, uncontended case): forget it now, without
-                # waking the source on every acquisition (_forget's work, inline: this
-                # runs on every uncontended acquisition).
-                if queue.confirmed:
-                    self._confirm(queue, False)
-                del self._queues[queue.channel]
+                # waking the source on every acquisition.
+                self._forget(queue)
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
