@@ -264,7 +264,7 @@ class ClusterClient:
         else:
             failed = None
 
-        def send(client: Client) -> Coroutine[Any, Any, Any]:
+        def send(client: Client) -> Awaitable[Any]:
             if ordered:
                 return client.run_in_order(variant, keys, args)
             return client.run(variant, keys, args)
