@@ -284,11 +284,13 @@ class Acquiring(Releasing):
                         raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
                     raise kind.timeout_error(keys, timeout, permits)
                 hub.pause(waiter)
-                woken = hub.resume(
-                    waiter,
-                    await waiter.wait(_shortest(remaining, ttl) if waiter.is_head else remaining),
+                woken = await waiter.wait(
+                    _shortest(remaining, ttl) if waiter.is_head else remaining
                 )
-                should_try = woken or waiter.is_head
+                if woken or not waiter.is_head or waiter.handed is not None:
+                    should_try = woken
+                else:  # the head's timer ran out: it tries too, but in a turn
+                    should_try, woken = await self._in_turn(waiter, deadline)
         finally:
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
@@ -307,6 +309,29 @@ class Acquiring(Releasing):
                 orphan, waiter.handed = waiter.handed, None
                 orphan.owner = ORPHAN
                 await self.release_quietly(orphan, pass_on=True)
+
+    async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]:
+        """A head whose timer ran out waits for a turn (:meth:`WaiterHub.take_turn`):
+        whether it tries now, and whether as woken (its wake waited in line: an attempt)
+        or as a timer that ran out (a quiet wait's probe, when the wait is quiet).
+
+        It does not try if its deadline passes before its turn comes; the wait then ends
+        as any wait whose deadline passed does.
+        """
+        hub = self.hub
+        woken = waiter.deferred  # a wake of it already waited in line
+        if hub.closed or hub.failure is not None or hub.take_turn(waiter):
+            return True, woken
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                hub.step_out(waiter)
+                return False, woken
+            if await waiter.wait(remaining):
+                # Its turn, or a hand-over, or the hub closed (the loop sees to those).
+                # A wake that came while it waited was taken by the line (see
+                # WaiterHub._wake): the probe that follows sees what it announced.
+                return True, woken
 
     async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
         """Seconds the lock has left if it is still held, probed without an attempt.
