@@ -201,6 +201,8 @@ class Acquiring(Releasing):
             #: lock busy (None otherwise): then a wait that ends unwoken probes instead
             quiet: int | None = None
             woken = True
+            #: the lease's end (monotonic) while a READY_WAIT timer stands in for it
+            ready_until: float | None = None
             backoff = MIN_BACKOFF
             failure: LockConnectionError | None = None
             while True:
@@ -227,7 +229,7 @@ class Acquiring(Releasing):
                     ):
                         ttl = probed  # renewed by a live holder: no attempt needed
                     else:
-                        quiet = None
+                        quiet = ready_until = None
                         try:
                             if first is None:
                                 outcome = await self._attempt(
@@ -266,13 +268,16 @@ class Acquiring(Releasing):
                             hub.listen(waiter)
                             if kind.registers_listeners:
                                 self._listeners.listening(kind, keys)
-                            if not hub.confirmed(channel) and (
-                                not kind.queued or hub.first(waiter)
+                            if (
+                                not hub.confirmed(channel)
+                                and (not kind.queued or hub.first(waiter))
+                                and ttl > READY_WAIT
                             ):
                                 # The confirmation wakes it. (A queued kind's later
                                 # waiters cannot be granted before the first: the hub
                                 # wakes each when it becomes the first, see _hub.)
-                                ttl = min(ttl, READY_WAIT)
+                                ready_until = time.monotonic() + ttl
+                                ttl = READY_WAIT
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     failure = failure or self.reach.failure
@@ -289,6 +294,17 @@ class Acquiring(Releasing):
                 )
                 if woken or not waiter.is_head or waiter.handed is not None:
                     should_try = woken
+                elif (
+                    ready_until is not None
+                    and hub.subscribing(channel)
+                    and (left := ready_until - time.monotonic()) > 0
+                ):
+                    # Not confirmed within READY_WAIT, but SUBSCRIBE is out on the current
+                    # connection: its confirmation wakes this head, or the connection's
+                    # loss does (hub.on_lost). A retry now would find what the one after
+                    # the confirmation finds; at 50,000 new waiters, whose confirmations
+                    # take seconds to arrive, it was one more attempt per waiter (issue 24).
+                    should_try, ttl = False, left
                 else:  # the head's timer ran out: it tries too, but in a turn
                     should_try, woken = await self._in_turn(waiter, deadline)
         finally:

@@ -432,6 +432,11 @@ class WaiterHub(SubscriptionEvents):
         """Whether the server may count this manager among *channel*'s subscribers."""
         return self.source.listening(channel)
 
+    def subscribing(self, channel: str) -> bool:
+        """Whether SUBSCRIBE for *channel* is out on the current connection and not yet
+        confirmed: its confirmation, or the connection's loss, will wake the head."""
+        return self.source.subscribed(channel) and not self.confirmed(channel)
+
     def confirmed(self, channel: str) -> bool:
         queue = self._queues.get(channel)
         return queue is not None and queue.confirmed
