@@ -237,20 +237,23 @@ async def _commandstats(admin: redis.asyncio.Redis) -> tuple[dict[str, int], dic
 class ScriptCounts:
     """Counts this process's script calls by script name, at the client's one entry point
     for scripts (INFO commandstats counts every EVALSHA alike: attempts, probes and
-    listener registrations could not be told apart there)."""
+    listener registrations could not be told apart there), and the keys they name (a
+    listener registration call carries a batch of locks since issue 24)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
+        self.keys: dict[str, int] = {}
         self._original: Any = None
 
     def __enter__(self) -> ScriptCounts:
         from aiolock._redis.pipeline import Pipelining
 
         self._original = original = Pipelining.run
-        calls = self.calls
+        calls, named = self.calls, self.keys
 
         def run(client: Any, script: Any, keys: Any, args: Any) -> Any:
             calls[script.name] = calls.get(script.name, 0) + 1
+            named[script.name] = named.get(script.name, 0) + len(keys)
             return original(client, script, keys, args)
 
         Pipelining.run = run  # type: ignore[method-assign, assignment]
@@ -262,7 +265,8 @@ class ScriptCounts:
         Pipelining.run = self._original  # type: ignore[method-assign]
 
     def snapshot(self) -> dict[str, int]:
-        return dict(self.calls)
+        """Calls by script name, and keys named by ``keys:<script name>``."""
+        return {**self.calls, **{f"keys:{name}": n for name, n in self.keys.items()}}
 
 
 async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: float) -> Result:
@@ -301,7 +305,8 @@ async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: f
 
         attempts = delta("_kinds/lock/acquire")
         looks = delta("_kinds/lock/probe")
-        registrations = delta("_kinds/lock/listen")
+        registrations = delta("keys:_kinds/lock/listen")  # one key per lock written
+        registration_calls = delta("_kinds/lock/listen")
         # Release all; wait until every waiter has held and released.
         early = held  # waiters that held before the release (a lease that ran out): 0
         cpu0, t0 = time.process_time(), time.monotonic()
@@ -324,6 +329,7 @@ async def waiters_aiolock(url: str, admin: redis.asyncio.Redis, n: int, lease: f
             "looks_per_s": looks / window,
             "probes_per_s": (attempts + looks) / window,
             "listener_registrations_per_s": registrations / window,
+            "listener_registration_calls_per_s": registration_calls / window,
             "probe_target_per_s": n / (10 * lease),
             "held_before_release": early,
         }

@@ -8,7 +8,9 @@ migration, a primary failover) come last and leave the cluster serving all slots
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import math
 import socket
 import time
 import uuid
@@ -22,6 +24,7 @@ from redis.asyncio.client import PubSub
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._engine import listeners
 from aiolock._engine.engine import Engine
 from aiolock._kinds.lock.kind import RELEASE
 from aiolock._kinds.redisson.kind import RELEASE as REDISSON_RELEASE
@@ -32,6 +35,7 @@ from aiolock.testing import free_port
 from aiolock.testing_cluster import LocalCluster
 
 from .helpers import PATIENCE, closed_port, eventually, unchanged_for, within
+from .test_listeners import Listening, driven_clock
 
 pytestmark = pytest.mark.skipif(
     not hasattr(PubSub, "ssubscribe"),
@@ -203,6 +207,48 @@ async def test_renewal_batches_are_grouped_per_slot(cluster: LocalCluster, prefi
             assert (await locks.multi_lock(names).locked()) == dict.fromkeys(names, True)
         stats = locks.statistics()
         assert stats.lost == {}, stats
+
+
+async def test_listener_registrations_are_batched_per_slot(
+    cluster: LocalCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager's listener registrations go in batches of one slot each (a cross-slot
+    batch would fail with CROSSSLOT and leave them unwritten): five names in one slot take
+    three calls of two, twelve names elsewhere one call per slot; a round's withdrawals
+    and refreshes likewise."""
+    clock = driven_clock(monkeypatch)
+    monkeypatch.setattr(listeners, "LISTEN_BATCH", 2)
+    names = [*names_in_one_slot("crowd", 5), *(f"spread-{i}" for i in range(12))]
+    per_slot = collections.Counter(key_slot(name.encode()) for name in names)
+    calls = sum(math.ceil(count / 2) for count in per_slot.values())
+    async with aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix) as locks:
+        listening = Listening(locks, clock, monkeypatch)
+
+        def registered(name: str) -> bool:
+            key = f"{prefix}:lock:{{{name}}}:listeners"
+            with cluster.node(cluster.owner_port(key_slot(name.encode()))) as node:
+                return node.zscore(key, locks.id) is not None
+
+        listening.wait_on(names)
+        await listening.written(len(names), "the registrations sent")
+        assert len(listening.calls.sizes) == calls, (listening.calls.sizes, per_slot)
+        await eventually(
+            lambda: all(registered(name) for name in names), what="every name registered"
+        )
+        # the next round: the crowded slot's names withdrawn, the others refreshed
+        listening.stop_waiting(names[:5])
+        listening.calls.sizes.clear()
+        listening.next_round()
+        listening.wait_on(["one-more"])
+        await listening.written(len(names) + 1, "the round sent")
+        per_slot[key_slot(b"one-more")] += 1
+        calls = sum(math.ceil(count / 2) for count in per_slot.values())
+        assert len(listening.calls.sizes) == calls, (listening.calls.sizes, per_slot)
+        await eventually(
+            lambda: not any(registered(name) for name in names[:5]),
+            what="the crowded slot's registrations withdrawn",
+        )
+        assert all(registered(name) for name in [*names[5:], "one-more"])
 
 
 @pytest.mark.parametrize(

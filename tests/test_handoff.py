@@ -222,13 +222,8 @@ async def test_a_detach_cancelled_in_flight_leaves_nothing_held(
         await asyncio.sleep(0.02)
 
 
-#: Keeps the server busy for ARGV[1] ms, so that a command sent meanwhile waits unanswered.
-BUSY_SCRIPT = """
-local function now() local t = redis.call('time') return t[1] * 1000 + t[2] / 1000 end
-local start = now()
-while now() - start < tonumber(ARGV[1]) do end
-return 1
-"""
+async def _blocked_clients(admin: Redis) -> int:
+    return int((await admin.info("clients"))["blocked_clients"])
 
 
 async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
@@ -240,17 +235,27 @@ async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
     await lock.acquire()
     token = await lock.detach(lease=60)
 
-    async def keep_busy() -> None:
-        await admin.eval(BUSY_SCRIPT, 0, "400")
+    # CLIENT PAUSE WRITE holds every write command (scripts included) on the server and
+    # counts the held clients as blocked: the adoption is known to be in flight, waiting
+    # for its reply, when it is cancelled, however slow the machine is (a script that
+    # kept the server busy for a while raced the adoption under load).
+    await admin.client_pause(30_000, all=False)  # CLIENT PAUSE 30000 WRITE
+    try:
+        task = asyncio.create_task(lock.adopt(token))
 
-    busy = asyncio.create_task(keep_busy())
-    await asyncio.sleep(0.05)
-    task = asyncio.create_task(lock.adopt(token))
-    await asyncio.sleep(0.1)  # the adoption is sent, and waits behind the busy script
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await busy
+        async def _adoption_held() -> bool:
+            return await _blocked_clients(admin) >= 1
+
+        await eventually(
+            _adoption_held,
+            what="the adoption to be held by CLIENT PAUSE on the server (blocked_clients)",
+        )
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await admin.client_unpause()
     await in_task(_adopt_and_release(lock, token))  # it ran, and was given back
     assert not await lock.locked()
 

@@ -17,6 +17,8 @@ A kind answers:
   -> :class:`Released`;
 * :meth:`~LockKind.renew`: renew (or, for fixed leases, only check) a batch of holds that
   share one Redis Cluster slot;
+* :meth:`~LockKind.register_listeners` (kinds with ``registers_listeners``): register
+  this manager as a listener of a batch of locks that share one slot, for ``aiolock show``;
 * :attr:`~LockKind.reentrant` and :attr:`~LockKind.shared`: whether a task's second
   acquire re-enters its hold, and whether one grant lets the next local waiter try at
   once (read locks and semaphores) instead of waiting for a release;
@@ -311,7 +313,7 @@ class LockKind(Protocol):
     #: wakes the local head but never ends a yield to other clients (see aiolock._engine.hub)
     anonymous_messages: bool
     #: a manager whose waiters found the lock busy registers itself as a listener in
-    #: Redis (:meth:`register_listener`), for ``aiolock show``: a plain lock, whose
+    #: Redis (:meth:`register_listeners`), for ``aiolock show``: a plain lock, whose
     #: waiters are otherwise kept nowhere in Redis (see aiolock._engine.listeners)
     registers_listeners: bool
 
@@ -332,9 +334,11 @@ class LockKind(Protocol):
         """Kinds with claims: extend these live waiters' registrations by ``claim_ttl``."""
         ...
 
-    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
-        """Kinds that register listeners: this manager listens for *keys* for *ttl* s
-        more (refreshed while it does); ``0`` withdraws the registration."""
+    async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
+        """Kinds that register listeners: for each ``(keys, ttl)``, this manager listens
+        for *keys* for *ttl* s more (refreshed while it does); ``0`` withdraws the
+        registration. One script call for all: the caller keeps the batch small (and, on
+        Redis Cluster, of one slot)."""
         ...
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy: ...
@@ -503,7 +507,7 @@ class KindBase:
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
         raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")
 
-    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
+    async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
         raise NotImplementedError(f"the {self.name} kind registers no listeners")
 
     async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:

@@ -66,7 +66,7 @@ class EngineState:
         #: kinds with claims: the registrations of this manager's waiters in Redis
         self._claims = WaiterClaims()
         #: kinds that register listeners: this manager's registrations (aiolock show)
-        self._listeners = ListenerRegistrations(hub)
+        self._listeners = ListenerRegistrations(hub, group_by_slot=runtime.client.cluster)
 
     def _on_lost(self, hold: Hold) -> None:
         self.lost[hold.kind.name] += 1

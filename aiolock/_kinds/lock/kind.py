@@ -18,6 +18,7 @@ The reply codes of each script are named here, next to their decoding.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from aiolock._engine.kind import (
     Attempt,
@@ -82,9 +83,12 @@ class ReentrantLockKind(KindBase):
         )
         return decode_attempt(reply, wrong_type(keys.lock))
 
-    async def register_listener(self, keys: LockKeys, ttl: float) -> None:
-        key = keys.part("listeners")
-        await self._client.run(LISTEN, (key,), (self._rt.manager_id, ms(ttl) if ttl > 0 else 0))
+    async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
+        await self._client.run(
+            LISTEN,
+            [keys.part("listeners") for keys, _ in writes],
+            [self._rt.manager_id, *(ms(ttl) if ttl > 0 else 0 for _, ttl in writes)],
+        )
 
     async def still_held(self, keys: LockKeys) -> float | None:
         # The state is held exactly while someone holds it, and every release, undo and
