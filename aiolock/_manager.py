@@ -131,6 +131,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         max_in_flight: commands (or pipelines) the manager has in flight at once, hence
             about how many connections it uses besides its one pub/sub connection; more
             concurrent operations are coalesced into pipelines of at most 16 commands.
+            On a Redis Cluster it is shared by the primaries (at least one each).
         observers: :class:`~aiolock.Observer` objects told of every wait, acquisition,
             release, loss and renewal (tracing, metrics); see :meth:`add_observer`.
         wire: the wire format of this manager's locks: ``"aiolock"`` (aiolock's own

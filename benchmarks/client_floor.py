@@ -48,7 +48,7 @@ from redis.asyncio import Redis
 from aiolock import LockManager
 from aiolock._engine.kind import Granted, ReleaseStatus, decode_attempt, decode_release
 from aiolock._keys import KeySpace
-from aiolock._kinds.lock.kind import ACQUIRE, RELEASE
+from aiolock._kinds.lock.kind import ACQUIRE, DEFAULT_KEEP_MS, RELEASE
 from aiolock._redis.client import Arg, Client, _pack
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
@@ -89,13 +89,17 @@ class ScriptCycles:
         field = f"{MANAGER_ID}:{self._number}"
         void = keys.void(f"{MANAGER_ID}:{self._number}")
         granted = decode_attempt(
-            await self._run(ACQUIRE, (keys.lock, void), (field, LEASE_MS, 0, MANAGER_ID)), _bad
+            await self._run(ACQUIRE, (keys.lock, void), (field, LEASE_MS)), _bad
         )
         if not isinstance(granted, Granted):
             raise RuntimeError(f"{name} was busy: names are distinct, nothing else holds it")
-        # the field, hold count, manager id, token, how long the free state is kept; no
-        # successor and nobody listening, so nothing more (aiolock._kinds.lock.kind)
-        args = (field, 1, MANAGER_ID, granted.token, self.keep_ms)
+        # how the held state begins (field, one hold, token), token; a final release of
+        # this manager's field with the default keep, no successor and nobody listening,
+        # so nothing more (aiolock._kinds.lock.kind)
+        token = granted.token
+        args: tuple[str | int, ...] = (f"{field}|1|{token}|", token)
+        if self.keep_ms != DEFAULT_KEEP_MS:
+            args += (self.keep_ms,)
         released = decode_release(await self._run(RELEASE, (keys.lock,), args), _bad)
         if released.status is not ReleaseStatus.RELEASED:
             raise RuntimeError(f"{name} was not released: {released}")

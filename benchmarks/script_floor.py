@@ -14,7 +14,7 @@ EVALSHA includes what it runs):
 * **redis-py's Lock**: ``SET key token NX PX`` and redis-py's own release script (taken from
   ``redis.lock.Lock.LUA_RELEASE_SCRIPT`` at run time); the reference of the target;
 * **two empty scripts** (``return 1``) sent with the shipped lock's keys and arguments (2
-  keys and 4 arguments to acquire, 1 key and 5 arguments to release): what calling two
+  keys and 2 arguments to acquire, 1 key and 2 arguments to release): what calling two
   scripts with that much input costs before they do anything;
 * **scripted mutual exclusion**: the redis-py lock moved into two scripts (SET NX PX; GET,
   compare, DEL), with the lock's key and argument shape trimmed to what it needs;
@@ -130,8 +130,9 @@ def _aiolock_v0_release(i: int) -> tuple[list[str], list[str]]:
 
 def _aiolock_acquire(i: int) -> tuple[list[str], list[str]]:
     keys = ["sf:{lock}", f"sf:{{lock}}:void:{OWNER}:{i}"]
-    # field, lease, hold count before, the manager's id (aiolock._kinds.lock.kind)
-    return keys, [f"{OWNER}:{i}", LEASE_MS, "0", OWNER[:32]]
+    # field, lease; a new acquisition under a field that begins with the manager's id, so
+    # not the hold count before nor the manager's id (aiolock._kinds.lock.kind)
+    return keys, [f"{OWNER}:{i}", LEASE_MS]
 
 
 #: the token each cycle's acquire gave: the release names its hold by it
@@ -139,10 +140,12 @@ _TOKENS: dict[int, int] = {}
 
 
 def _aiolock_release(i: int) -> tuple[list[str], list[str]]:
-    # field, count, message, token, free state kept ms; no successor and nobody listening,
-    # so not the successor, its lease, hand over freely, listening (aiolock._kinds.lock.kind)
+    # how the held state begins (field, one hold, token), token; a final release under a
+    # field that begins with the manager's id, the free state kept the default 60 s
+    # (fence_ttl's), no successor and nobody listening, so nothing more
+    # (aiolock._kinds.lock.kind)
     token = str(_TOKENS.pop(i, 0))
-    return ["sf:{lock}"], [f"{OWNER}:{i}", "1", OWNER[:32], token, "60000"]
+    return ["sf:{lock}"], [f"{OWNER}:{i}|1|{token}|", token]
 
 
 def pairs() -> list[Pair]:

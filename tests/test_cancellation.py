@@ -99,7 +99,8 @@ async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None
     assert (code, count) == (2, 2)
 
     def release(count: int) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
-        return (lock,), (owner, count, "m", token, "60000", "", 0, 0, 0)
+        # how the state begins with one hold, token, keep, count, message, no successor
+        return (lock,), (f"{owner}|1|{token}|", token, "60000", count, "m", "", 0, 0, 0)
 
     assert await client.run(RELEASE, *release(2)) == [1, 1]
     assert await client.run(RELEASE, *release(2)) == [1, 1]  # resent: still 1

@@ -516,14 +516,15 @@ def names_in_one_slot(stem: str, count: int) -> list[str]:
     return names[:count]
 
 
-@pytest.mark.parametrize("max_in_flight", [1, 3])
+@pytest.mark.parametrize("max_in_flight", [1, 9])
 async def test_redirects_inside_a_pipeline_are_followed(
     cluster: LocalCluster, prefix: str, max_in_flight: int
 ) -> None:
     """The slot of 20 names moves behind an open manager; 20 concurrent acquisitions
     then go to the old owner, most of them queued into pipelines (more commands than
-    max_in_flight): each MOVED reply inside a pipeline is followed as if its command
-    had been sent alone, so every acquisition succeeds."""
+    the old owner's share of max_in_flight: 1 and 3 of 3 primaries): each MOVED reply
+    inside a pipeline is followed as if its command had been sent alone, so every
+    acquisition succeeds."""
     names = names_in_one_slot(f"{prefix}-piped-", 20)
     slot = key_slot(names[0].encode())
     async with aiolock.LockManager.from_url(
@@ -550,6 +551,70 @@ async def test_redirects_inside_a_pipeline_are_followed(
         engine = engine_of(locks)
         assert fast_counts(locks) == (len(names) + 1, len(names) + 1, len(names) + 1)
         assert engine.connection_errors == 0
+
+
+async def test_a_remembered_route_skips_the_slot_map_and_follows_a_moved_slot(
+    cluster: LocalCluster, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: once a command on a lock's key has run, the next ones go straight to the
+    node that ran it (no CRC16, no map lookup). When the slot moves, the remembered node
+    answers MOVED: the map is reloaded, which forgets every route, the command lands on
+    the new owner, and the commands after it go straight there."""
+    name = names_on_each_primary(cluster, "route-")[0]
+    slot = key_slot(name.encode())
+    async with aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix) as locks:
+        client = client_of(locks)
+        key = locks.lock(name)._keys.lock
+        lookups = 0
+        lookup = client.owner
+
+        async def counted(slot: int) -> Any:
+            nonlocal lookups
+            lookups += 1
+            return await lookup(slot)
+
+        monkeypatch.setattr(client, "owner", counted)  # every map lookup goes through it
+
+        async def cycles(count: int) -> None:
+            for _ in range(count):
+                async with locks.lock(name):
+                    pass
+
+        await cycles(1)  # the route is learnt
+        lookups, redirects, refreshes = 0, client.redirects, client.refreshes
+        await cycles(10)
+        assert lookups == 0, f"{lookups} map lookups in 20 commands on a remembered route"
+        source = client._routes[key]
+        assert (client.redirects, client.refreshes) == (redirects, refreshes)
+
+        await asyncio.to_thread(move_slot, cluster, slot)
+        await cycles(1)  # its acquire goes to the old owner: MOVED, reload, new owner
+        assert client.redirects == redirects + 1
+        assert client.refreshes == refreshes + 1
+        target = client._routes[key]
+        assert target is not source
+        assert target is client._nodes[client.redis.nodes_manager.get_node_from_slot(slot).name]
+        lookups = 0
+        await cycles(10)  # straight to the new owner
+        assert lookups == 0
+        assert client.redirects == redirects + 1, "a command went to the old owner again"
+        assert fast_counts(locks) == (22, 22, 22)
+
+
+async def test_max_in_flight_is_shared_by_the_primaries(cluster: LocalCluster, prefix: str) -> None:
+    """Issue 21: a manager's max_in_flight is its total on a cluster as on one server;
+    each primary's client gets an equal share (at least one), so that concurrent commands
+    to a node go out in pipelines as large as on one server."""
+    names = names_on_each_primary(cluster, "share-")
+    for total, share in ((1, 1), (3, 1), (9, 3)):
+        async with aiolock.LockManager.from_url(
+            cluster.url, cluster=True, prefix=prefix, max_in_flight=total
+        ) as locks:
+            for name in names:
+                async with locks.lock(name):
+                    pass
+            shares = [node.max_in_flight for node in client_of(locks)._nodes.values()]
+            assert shares == [share] * cluster.primaries, (total, shares)
 
 
 async def test_a_pipeline_failure_keeps_its_cause_as_a_lone_command_does() -> None:

@@ -122,23 +122,28 @@ async def test_a_reentry_and_a_nested_release_take_the_engine(
 async def test_a_release_sends_the_successor_arguments_only_with_a_successor(
     locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 21: a release with nobody to hand over to (and its manager not listening)
-    sends ARGV 1-5 of the release script, not 9; a hand-over sends all 9. (It sent 9
-    every time before.)"""
+    """Issue 21: a final release with nobody to hand over to (its manager not listening,
+    the default fence_ttl) sends ARGV 1-2 of the release script, a nested one 1-5, a
+    hand-over all 9; a new acquisition sends ARGV 1-2 of the acquire script, a re-entry all
+    4. (Before, a release sent 9, then 5, and every acquisition 4.)"""
     client: Any = locks._client
     original = client.run
     sent: list[int] = []
+    attempts: list[int] = []
 
     def recorded(script: Any, keys: Any, args: Any) -> Any:
         if script.name == "_kinds/lock/release":
             sent.append(len(args))
+        elif script.name == "_kinds/lock/acquire":
+            attempts.append(len(args))
         return original(script, keys, args)
 
     monkeypatch.setattr(client, "run", recorded)
     lock = locks.lock("arguments")
     async with lock, lock:  # a hold and its re-entry: a nested release, then the final one
         pass
-    assert sent == [5, 5]
+    assert sent == [5, 2]  # the nested release, then the final one
+    assert attempts == [2, 4]  # the new acquisition, then the re-entry
     entered, leave = asyncio.Event(), asyncio.Event()
 
     async def waiter() -> None:
@@ -150,9 +155,38 @@ async def test_a_release_sends_the_successor_arguments_only_with_a_successor(
         task = asyncio.create_task(waiter())
         await eventually(lambda: locks.statistics().hub.waiters == 1, what="the waiter")
     await within(entered.wait(), what="the hand-over")
-    assert sent == [5, 5, 9]  # the hand-over
+    assert sent == [5, 2, 9]  # the hand-over
     leave.set()
     await within(task, what="the waiter's release")
+
+
+@pytest.mark.parametrize(("fence_ttl", "sent", "kept"), [(None, 3, -1), (20.0, 3, 20_000)])
+async def test_a_release_names_a_keep_other_than_the_default(
+    redis: Redis, prefix: str, fence_ttl: float | None, sent: int, kept: int
+) -> None:
+    """Issue 21: the release script reads a left-out ARGV[3] as the default keep (60 s);
+    a manager with another fence_ttl sends its own, and the free state is kept that long
+    (no expiry with fence_ttl=None)."""
+    async with aiolock.LockManager(redis, prefix=prefix, fence_ttl=fence_ttl) as locks:
+        client: Any = locks._client
+        original = client.run
+        counted: list[int] = []
+
+        def recorded(script: Any, keys: Any, args: Any) -> Any:
+            if script.name == "_kinds/lock/release":
+                counted.append(len(args))
+            return original(script, keys, args)
+
+        client.run = recorded
+        lock = locks.lock("kept")
+        async with lock:
+            pass
+        assert counted == [sent]
+        pttl = await redis.pttl(f"{prefix}:lock:{{kept}}")
+        if kept < 0:
+            assert pttl == kept, pttl
+        else:
+            assert kept - 10_000 < pttl <= kept, pttl
 
 
 async def test_observers_turn_the_fast_path_off(locks: aiolock.LockManager) -> None:

@@ -16,8 +16,11 @@ and the state left against a model that knows only the guarantees:
   and an undo after it reverts it;
 * a final release publishes exactly when another manager's attempt found the hold busy.
 
-A release without a successor sends ARGV 1-5 only, as the client does, or (drawn) all nine
-with an empty successor: the script reads the ones left out as "none".
+A new acquisition sends ARGV 1-2 only, as the client does, or (drawn) all four; a final
+release without a successor sends ARGV 1-2 only, as the client with the default keep
+does, or (drawn) all nine with an empty successor; a nested one sends 1-5: the scripts
+read the ones left out as their defaults (the keep: 60 s; a count of 0 to acquire, 1 to
+release; the manager id: the field's beginning).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from aiolock._kinds.lock.kind import DEFAULT_KEEP_MS
 from aiolock._redis.scripts import Script
 
 LEASE_MS = 30_000
@@ -100,10 +104,13 @@ class LockScripts(RuleBasedStateMachine):
         """A new attempt's void marker (one per attempt, as the engine's attempt ids)."""
         return f"{self.key}:void:a{next(self.numbers)}"
 
-    def _acquire(self, field: str, before: int, manager: str, void: str = "") -> Any:
-        return self.scripts["acquire"](
-            keys=[self.key, void or self._attempt()], args=[field, LEASE_MS, before, manager]
-        )
+    def _acquire(
+        self, field: str, before: int, manager: str, void: str = "", full: bool = False
+    ) -> Any:
+        args: list[Any] = [field, LEASE_MS]
+        if before or full:  # else ARGV[3..4] left out, as the client does
+            args += [before, manager]
+        return self.scripts["acquire"](keys=[self.key, void or self._attempt()], args=args)
 
     def _release(
         self,
@@ -114,9 +121,11 @@ class LockScripts(RuleBasedStateMachine):
         successor: str = "",
         full: bool = False,
     ) -> Any:
-        args: list[Any] = [field, count, manager, token, KEEP_MS]
+        args: list[Any] = [f"{field}|1|{token}|", token]
         if successor or full:  # else ARGV[6..9] left out, as the client does
-            args += [successor, LEASE_MS, 1, 0]
+            args += [KEEP_MS, count, manager, successor, LEASE_MS, 1, 0]
+        elif count != 1:  # and ARGV[3..5] too for a final release (KEEP_MS: the default)
+            args += [KEEP_MS, count, manager]
         return self.scripts["release"](keys=[self.key], args=args)
 
     def _undo(self, field: str, before: int, manager: str, void: str) -> Any:
@@ -134,15 +143,15 @@ class LockScripts(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
 
-    @rule(manager=st.sampled_from(MANAGERS), resend=st.booleans())
-    def acquire(self, manager: str, resend: bool) -> None:
+    @rule(manager=st.sampled_from(MANAGERS), resend=st.booleans(), full=st.booleans())
+    def acquire(self, manager: str, resend: bool, full: bool) -> None:
         field, void = self._field(manager), self._attempt()
-        reply = self._acquire(field, 0, manager, void)
+        reply = self._acquire(field, 0, manager, void, full=full)
         if self.holder is None:
             assert isinstance(reply, int), reply
             self._grant_new(field, manager, reply)
             if resend:  # the reply was lost: the resend gets a fresh, larger token
-                again = self._acquire(field, 0, manager, void)
+                again = self._acquire(field, 0, manager, void, full=not full)
                 assert again[0] == 1, again
                 self._granted(again[1])
                 assert self.holder is not None
@@ -301,7 +310,7 @@ def test_the_lock_scripts_keep_their_guarantees(sync_redis: redis.Redis) -> None
 
 
 def test_a_release_counts_its_own_listener_only_when_told(sync_redis: redis.Redis) -> None:
-    """ARGV[9] '1' (the client sends ARGV 6-9 when its manager listens, with no successor)
+    """ARGV[9] '1' (the client sends ARGV 4-9 when its manager listens, with no successor)
     takes the releasing manager off the count of who heard; left out, it counts nobody off."""
     client: Any = sync_redis  # (its pubsub() is untyped)
     acquire, release = (client.register_script(SOURCES[op]) for op in ("acquire", "release"))
@@ -313,12 +322,37 @@ def test_a_release_counts_its_own_listener_only_when_told(sync_redis: redis.Redi
         while client.pubsub_numsub(f"{key}:released")[0][1] < 1:
             assert time.monotonic() < deadline, "the subscription was not confirmed"
             subscriber.get_message(timeout=0.01)
-        for extra, heard in (["", 0, 0, 1], 0), ([], 1):
-            token = acquire(keys=[key, f"{key}:void:{heard}"], args=["m1:1", LEASE_MS, 0, "m1"])
-            busy = acquire(keys=[key, f"{key}:void:b{heard}"], args=["m2:1", LEASE_MS, 0, "m2"])
+        for extra, heard in ([KEEP_MS, 1, "m1", "", 0, 0, 1], 0), ([], 1):
+            token = acquire(keys=[key, f"{key}:void:{heard}"], args=["m1:1", LEASE_MS])
+            busy = acquire(keys=[key, f"{key}:void:b{heard}"], args=["m2:1", LEASE_MS])
             assert busy[0] == 0, busy  # the waiter flag is set: the release publishes
-            args = ["m1:1", 1, "m1", token, KEEP_MS, *extra]
+            args = [f"m1:1|1|{token}|", token, *extra]
             assert release(keys=[key], args=args) == heard
     finally:
         subscriber.close()
         client.delete(key)
+
+
+def test_a_release_without_a_keep_keeps_the_free_state_the_default(
+    sync_redis: redis.Redis,
+) -> None:
+    """A final release that leaves ARGV[3] out keeps the free state DEFAULT_KEEP_MS (what
+    the client leaves out: the keep of the default fence_ttl), one that names it as long
+    as named ('-1': no expiry), on the common path and off it (the waiter flag set)."""
+    acquire, release = (sync_redis.register_script(SOURCES[op]) for op in ("acquire", "release"))
+    key = f"model-{uuid.uuid4().hex}:lock:{{x}}"
+    default = int(DEFAULT_KEEP_MS)
+    try:
+        for n, (keep, low, high) in enumerate(
+            [(None, default - 10_000, default), ("20000", 10_000, 20_000), ("-1", -1, -1)] * 2
+        ):
+            token = acquire(keys=[key, f"{key}:void:{n}"], args=[f"m1:{n}", LEASE_MS])
+            if n >= 3:  # the waiter flag set: the release's path after the prelude
+                busy = acquire(keys=[key, f"{key}:void:b{n}"], args=[f"m2:{n}", LEASE_MS])
+                assert busy[0] == 0, busy
+            args = [f"m1:{n}|1|{token}|", token, *([keep] if keep else [])]
+            assert release(keys=[key], args=args) == 0
+            pttl = sync_redis.pttl(key)
+            assert low < pttl <= high if low >= 0 else pttl == low, (keep, pttl)
+    finally:
+        sync_redis.delete(key)

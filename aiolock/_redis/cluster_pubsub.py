@@ -128,7 +128,10 @@ class ClusterSubscriptions:
         return node is not None and node.subscriber.subscribed(channel)
 
     def listening(self, channel: str) -> bool:
-        return any(node.subscriber.listening(channel) for node in self._nodes.values())
+        # (asked on every release: with no subscription anywhere, no generator is made)
+        return bool(self._nodes) and any(
+            node.subscriber.listening(channel) for node in self._nodes.values()
+        )
 
     # -- routing -------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  hold count the client believes it has (0 for a new acquisition)
 -- ARGV[4]  the attempting manager's id (the waiter flag, if the lock is busy)
+-- ARGV[3..4] may be left out (the client does for a new acquisition under a field that
+-- begins with its manager's id and a ':', as its fields do): then as '0' and the owner
+-- field's part before its first ':' (the whole field if it has none). Each argument costs
+-- the server a Lua string, more per call than most of the common path's Lua (issue 21).
 --
 -- Returns, on the common path, the new fencing token alone (an integer: acquired anew),
 -- else {code, value}:
@@ -63,13 +67,17 @@ if field ~= ARGV[1] then
   -- Held by another owner: say that someone waits (unless said already), so that the
   -- final release publishes.
   local ttl = redis.call('pttl', KEYS[1])
-  if flag ~= ARGV[4] and flag ~= '*' then
-    local marked = held_state(field, count, token, epoch, flag == '' and ARGV[4] or '*')
+  local manager = ARGV[4]
+  if not manager then  -- left out: the owner field's part before its first ':'
+    manager = string.sub(ARGV[1], 1, (string.find(ARGV[1], ':', 1, true) or 0) - 1)
+  end
+  if flag ~= manager and flag ~= '*' then
+    local marked = held_state(field, count, token, epoch, flag == '' and manager or '*')
     redis.call('set', KEYS[1], marked, 'keepttl')
   end
   return {0, ttl}
 end
-if count ~= tonumber(ARGV[3]) + 1 then
+if count ~= tonumber(ARGV[3] or 0) + 1 then
   count = count + 1
 elseif count == 1 then
   token = token + 1  -- a resent new acquisition: a fresh token, larger than the first's

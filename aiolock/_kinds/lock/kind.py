@@ -38,7 +38,7 @@ from aiolock._keys import LockKeys, ms
 from aiolock._redis.client import as_int, key_type_error
 from aiolock._redis.scripts import Script
 
-__all__ = ["ReentrantLockKind", "parse_held"]
+__all__ = ["DEFAULT_KEEP_MS", "ReentrantLockKind", "parse_held"]
 
 ACQUIRE = Script("_kinds/lock/acquire")
 RELEASE = Script("_kinds/lock/release")
@@ -51,6 +51,10 @@ FORCE_RELEASE = Script("_kinds/lock/force_release")
 DETACH = Script("_kinds/lock/detach")
 ADOPT = Script("_kinds/lock/adopt")
 LISTEN = Script("_kinds/lock/listen")
+
+#: How long a free state is kept (ms) when the release leaves its ARGV[3] out: the keep of
+#: a manager with the default ``fence_ttl`` (60 s), written into ``release.lua`` as well
+DEFAULT_KEEP_MS = "60000"
 
 
 class ReentrantLockKind(KindBase):
@@ -73,14 +77,20 @@ class ReentrantLockKind(KindBase):
             if runtime.fence_ms == "-1"
             else str(max(int(runtime.fence_ms), runtime.tombstone_ms))
         )
+        #: how this manager's owner fields begin: the scripts read a manager id argument left
+        #: out as the field's part before its first ':' (issue 21: one argument less each)
+        self._own = f"{runtime.manager_id}:"
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = attempt.keys
-        reply = await self._client.run(
-            ACQUIRE,
-            (keys.lock, attempt.void),
-            (attempt.field, ms(attempt.lease), attempt.before, self._rt.manager_id),
-        )
+        field = attempt.field
+        args: tuple[str | int, ...] = (field, ms(attempt.lease))
+        # ARGV[3..4] (the hold count before, the manager id) only when the script cannot
+        # take them as 0 and the field's beginning: every argument costs the server a Lua
+        # string (issue 21)
+        if attempt.before or not field.startswith(self._own):
+            args += (attempt.before, self._rt.manager_id)
+        reply = await self._client.run(ACQUIRE, (keys.lock, attempt.void), args)
         return decode_attempt(reply, wrong_type(keys.lock))
 
     async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
@@ -159,16 +169,24 @@ class ReentrantLockKind(KindBase):
         listening: bool,
     ) -> Released:
         keys = hold.keys
-        args: tuple[str | int, ...] = (
-            hold.field, count, self._rt.manager_id, hold.token, self._keep_ms
-        )  # fmt: skip
-        # ARGV[6..9] only when they say something (the script reads them missing as '',
-        # '0', '0', '0'): fewer arguments per call on the common path (issue 21).
+        field, token = hold.field, hold.token
+        # ARGV[1]: how the held state begins (field, one hold, token), so that the script's
+        # common path compares it as sent instead of building it (issue 21)
+        args: tuple[str | int, ...] = (f"{field}|1|{token}|", token)
+        # ARGV[3..9] only when they say something (the script reads them missing as
+        # DEFAULT_KEEP_MS, 1, the field's beginning, '', '0', '0', '0'): every argument costs
+        # the server a Lua string, and a final release with nobody to hand over to sends 2,
+        # or 3 with a fence_ttl other than the default (issue 21)
+        keep = self._keep_ms
         if successor is not None:
-            args += (successor.field, ms(successor.lease), 1 if hand_over_freely else 0,
-                     1 if listening else 0)  # fmt: skip
+            args += (keep, count, self._rt.manager_id, successor.field, ms(successor.lease),
+                     1 if hand_over_freely else 0, 1 if listening else 0)  # fmt: skip
         elif listening:
-            args += ("", 0, 0, 1)
+            args += (keep, count, self._rt.manager_id, "", 0, 0, 1)
+        elif count != 1 or not field.startswith(self._own):
+            args += (keep, count, self._rt.manager_id)
+        elif keep != DEFAULT_KEEP_MS:
+            args += (keep,)
         reply = await self._client.run(RELEASE, (keys.lock,), args)
         return decode_release(reply, wrong_type(keys.lock))
 

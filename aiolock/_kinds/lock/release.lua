@@ -1,17 +1,23 @@
 -- aiolock lock: release one hold; on the last one, free the lock or hand it over.
 --
 -- KEYS[1]  lock state (see state.lua)
--- ARGV[1]  owner field
--- ARGV[2]  hold count the client has before this release (>= 1); 1 = the last hold
--- ARGV[3]  message to publish (the releasing manager's id)
--- ARGV[4]  the releasing hold's fencing token
--- ARGV[5]  how long a free state is kept, in ms ('-1' forever): max(fence_ttl, 10 s)
+-- ARGV[1]  '<owner field>|1|<token>|': how the state begins while this hold is held once
+--          (sent whatever the hold count; the owner field is what precedes the first '|')
+-- ARGV[2]  the releasing hold's fencing token
+-- ARGV[3]  how long a free state is kept, in ms ('-1' forever): max(fence_ttl, 10 s);
+--          left out: 60000, the default fence_ttl's (kind.py's DEFAULT_KEEP_MS)
+-- ARGV[4]  hold count the client has before this release (>= 1); 1 = the last hold
+-- ARGV[5]  message to publish (the releasing manager's id)
 -- ARGV[6]  owner field of a local successor to hand the lock to, or '' for none
 -- ARGV[7]  the successor's lease in milliseconds
 -- ARGV[8]  '1': hand over even if other managers' tasks wait
 -- ARGV[9]  '1' if the releasing manager itself listens on the channel, else '0'
--- ARGV[6..9] may be left out (the client does when there is no successor and it does not
--- listen): then as '', '0', '0', '0'.
+-- ARGV[3..9] may be left out from the end (the client sends ARGV 1-2, or 1-3 with a keep
+-- other than the default, for a final release under a field that begins with its
+-- manager's id and a ':', as its fields do, with no successor and its manager not
+-- listening): then as above, '1', the owner field's part before its first ':' (the whole
+-- field if it has none), '', '0', '0', '0'. Each argument costs the server a Lua string,
+-- more per call than most of the common path's Lua (issue 21).
 -- The release channel is KEYS[1] .. ':released'.
 --
 -- Returns, on the common path, an integer n alone: released (the state is free), n
@@ -34,15 +40,17 @@
 -- its functions anew on every call, and NOT_OURS a table): it returns without them.
 
 local state = redis.pcall('get', KEYS[1])
--- The common path: the last hold of its owner, no waiter flag, no successor.
-if ARGV[2] == '1' and type(state) == 'string' and (ARGV[6] or '') == '' then
-  local head = ARGV[1] .. '|1|' .. ARGV[4] .. '|'
+-- The common path: the last hold of its owner, no waiter flag, no successor. ARGV[1] is
+-- the held state's beginning, made by the client: a concatenation less here.
+if (ARGV[4] or '1') == '1' and type(state) == 'string' and (ARGV[6] or '') == '' then
+  local head = ARGV[1]
   if string.find(state, head, 1, true) == 1 and string.byte(state, -1) == 124 then
-    local free = string.sub(state, #head) .. ARGV[4]  -- '|<epoch>|<token>'
-    if ARGV[5] == '-1' then  -- keep()
+    local free = string.sub(state, #head) .. ARGV[2]  -- '|<epoch>|<token>'
+    local keep_ms = ARGV[3] or '60000'
+    if keep_ms == '-1' then  -- keep()
       redis.call('set', KEYS[1], free)
     else
-      redis.call('set', KEYS[1], free, 'px', ARGV[5])
+      redis.call('set', KEYS[1], free, 'px', keep_ms)
     end
     return 0
   end
@@ -56,34 +64,39 @@ if not state then
   return {0, 0}
 end
 local successor = ARGV[6] or ''
+local mine = string.sub(ARGV[1], 1, string.find(ARGV[1], '|', 1, true) - 1)  -- owner field
 local field, count, token, epoch, flag = parse(state)
 if not field then
   return NOT_OURS
 end
-if field ~= ARGV[1] then
+if field ~= mine then
   if successor ~= '' and field == successor then
     return {4, token}  -- a resend of a release that handed the lock over
   end
-  local mine = tonumber(ARGV[4])
-  if mine >= epoch and (mine < token or (field == '' and mine == token)) then
+  local released = tonumber(ARGV[2])
+  if released >= epoch and (released < token or (field == '' and released == token)) then
     return {2, 0}
   end
   return {0, 0}
 end
 
-local left = tonumber(ARGV[2]) - 1
+local left = tonumber(ARGV[4] or 1) - 1
 if left > 0 then
   redis.call('set', KEYS[1], held_state(field, left, token, epoch, flag), 'keepttl')
   return {1, left}
 end
 
-if successor ~= '' and (ARGV[8] == '1' or flag == '' or flag == ARGV[3]) then
+local message = ARGV[5]
+if not message then  -- left out: the owner field's part before its first ':'
+  message = string.sub(mine, 1, (string.find(mine, ':', 1, true) or 0) - 1)
+end
+if successor ~= '' and (ARGV[8] == '1' or flag == '' or flag == message) then
   token = token + 1
   redis.call('set', KEYS[1], held_state(successor, 1, token, epoch, flag), 'px', ARGV[7])
   return {4, token}
 end
-keep(KEYS[1], '|' .. format_token(epoch) .. '|' .. format_token(token), ARGV[5])
+keep(KEYS[1], '|' .. format_token(epoch) .. '|' .. format_token(token), ARGV[3] or '60000')
 if flag == '' then
   return 0
 end
-return redis.call('publish', KEYS[1] .. ':released', ARGV[3]) - (ARGV[9] == '1' and 1 or 0)
+return redis.call('publish', KEYS[1] .. ':released', message) - (ARGV[9] == '1' and 1 or 0)
