@@ -16,9 +16,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._engine.acquire import READY_WAIT
 from aiolock._engine.kind import Attempt, Busy, Granted, LockKind
 from aiolock._keys import LockKeys
 
@@ -152,3 +154,44 @@ async def test_after_a_pubsub_connection_loss_the_head_attempts_again(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await held.release()
+
+
+async def test_a_head_whose_subscribe_is_out_waits_for_its_confirmation(
+    redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not confirmed within READY_WAIT, but SUBSCRIBE is out on the live connection: the
+    head waits for the confirmation (which wakes it, or the connection's loss would),
+    instead of attempting every READY_WAIT until it comes (issue 24: at 50,000 new
+    waiters the confirmations took seconds, one more attempt per waiter each second)."""
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, lease=30) as holder,
+        aiolock.LockManager(redis, prefix=prefix, lease=30) as waiter,
+    ):
+        held = holder.lock("slow-confirm")
+        await held.acquire()  # a 30 s lease: no lease end in this test
+        hub = waiter._engine.hub  # type: ignore[union-attr]
+        confirm = hub.on_confirmed
+        held_back: list[str] = []
+        monkeypatch.setattr(hub, "on_confirmed", held_back.append)
+        counted = Counted(_kind(waiter.lock("slow-confirm")))
+        task = asyncio.create_task(_take(waiter.lock("slow-confirm")))
+        try:
+            deadline = time.monotonic() + 30
+            while not held_back:  # the server confirmed the SUBSCRIBE; the hub not yet
+                assert time.monotonic() < deadline, "no SUBSCRIBE confirmation arrived"
+                await asyncio.sleep(0.02)
+            # (1 attempt so far, or 2 if the SUBSCRIBE went out after a READY_WAIT)
+            before = counted.attempts["slow-confirm"]
+            await asyncio.sleep(3 * READY_WAIT)  # three READY_WAITs pass unconfirmed
+            assert counted.attempts["slow-confirm"] == before, counted.attempts  # old: +3
+            monkeypatch.undo()
+            for channel in held_back:
+                confirm(channel)  # the confirmation wakes the head: one attempt
+            await counted.until(lambda: counted.attempts["slow-confirm"] > before, 10.0)
+            assert counted.attempts["slow-confirm"] == before + 1
+            assert not task.done()
+            await held.release()  # and a release still wakes it
+            await asyncio.wait_for(task, timeout=10.0)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

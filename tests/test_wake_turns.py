@@ -134,3 +134,130 @@ async def test_a_waiter_cancelled_while_its_wake_waits_for_a_turn_loses_no_other
     finally:
         await locks.aclose()
         await locks.redis.aclose()
+
+
+async def test_heads_whose_timers_run_out_together_probe_a_few_at_a_time(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N quiet heads on N renewed locks taken together: their timers run out together
+    (the holder's lease would end), and each probes in a turn: never more than WAKES
+    probes in flight (before: all N at once, queued in the client's pipeline)."""
+    holder = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=2.0)
+    locks = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix)
+    await holder.open()
+    await locks.open()
+    engine = locks._engine
+    assert engine is not None
+    hub = engine.hub
+    monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
+    held = [holder.lock(f"quiet{i}") for i in range(N)]
+    for lock in held:
+        await lock.acquire()  # renewed by the holder's watchdog: a live holder
+    kind: Any = locks.lock("quiet0")._kind
+    original = kind.still_held
+    let_go = asyncio.Event()
+    in_flight = peak = probes = 0
+
+    async def counted(keys: Any) -> Any:
+        nonlocal in_flight, peak, probes
+        probes += 1
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await let_go.wait()
+            return await original(keys)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(kind, "still_held", counted)
+
+    async def waiter(i: int) -> None:
+        async with locks.lock(f"quiet{i}", timeout=60):
+            pass
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(N)]
+    try:
+
+        def each_head_probing_or_in_line() -> bool:
+            waiters = [w for q in hub._queues.values() for w in q.waiters]
+            return len(waiters) == N and in_flight + sum(w.deferred for w in waiters) == N
+
+        # Every head's timer has run out (the probes in flight are held back meanwhile).
+        await eventually(each_head_probing_or_in_line, what="every head probing or in line")
+        let_go.set()
+        # The line moves on: looks of the next lease end come, still a few at a time.
+        await eventually(lambda: probes >= N + TURNS, what="looks after the first round")
+        assert peak <= TURNS, peak
+        for lock in held:
+            await lock.release()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        assert all(result is None for result in results), results
+        await eventually(lambda: hub._turns == 0, what="every turn ended")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await holder.aclose()
+        await holder.redis.aclose()
+        await locks.aclose()
+        await locks.redis.aclose()
+
+
+async def test_a_burst_of_new_acquisitions_attempts_a_few_at_a_time(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N tasks ask for N free locks at once: their first attempts (the fast path's) go
+    at most WAKES at a time, the rest wait in line (before: all N queued in the client's
+    pipeline at once); every task holds in the end."""
+    locks = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix)
+    await locks.open()
+    engine = locks._engine
+    assert engine is not None
+    hub = engine.hub
+    monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
+    client: Any = locks._client
+    original = client.run
+    let_go = asyncio.Event()
+    in_flight = peak = 0
+
+    async def counted(script: Any, keys: Any, args: Any) -> Any:
+        nonlocal in_flight, peak
+        if script.name != ACQUIRE:
+            return await original(script, keys, args)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await let_go.wait()
+            return await original(script, keys, args)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(client, "run", counted)
+    got = 0
+
+    async def taker(i: int) -> None:
+        nonlocal got
+        async with locks.lock(f"burst{i}", timeout=60):
+            got += 1
+
+    tasks = [asyncio.create_task(taker(i)) for i in range(N)]
+    try:
+
+        def each_attempting_or_in_line() -> bool:
+            waiters = [w for q in hub._queues.values() for w in q.waiters]
+            return len(waiters) == N and in_flight + sum(w.deferred for w in waiters) == N
+
+        await eventually(each_attempting_or_in_line, what="every task attempting or in line")
+        let_go.set()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        assert all(result is None for result in results), results
+        assert peak <= TURNS, peak
+        assert got == N
+        assert hub._turns == 0
+        assert engine.fast_acquired == N  # the fast path, in turns
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await locks.aclose()
+        await locks.redis.aclose()

@@ -201,6 +201,8 @@ class Acquiring(Releasing):
             #: lock busy (None otherwise): then a wait that ends unwoken probes instead
             quiet: int | None = None
             woken = True
+            #: the lease's end (monotonic) while a READY_WAIT timer stands in for it
+            ready_until: float | None = None
             backoff = MIN_BACKOFF
             failure: LockConnectionError | None = None
             while True:
@@ -227,7 +229,7 @@ class Acquiring(Releasing):
                     ):
                         ttl = probed  # renewed by a live holder: no attempt needed
                     else:
-                        quiet = None
+                        quiet = ready_until = None
                         try:
                             if first is None:
                                 outcome = await self._attempt(
@@ -266,13 +268,16 @@ class Acquiring(Releasing):
                             hub.listen(waiter)
                             if kind.registers_listeners:
                                 self._listeners.listening(kind, keys)
-                            if not hub.confirmed(channel) and (
-                                not kind.queued or hub.first(waiter)
+                            if (
+                                not hub.confirmed(channel)
+                                and (not kind.queued or hub.first(waiter))
+                                and ttl > READY_WAIT
                             ):
                                 # The confirmation wakes it. (A queued kind's later
                                 # waiters cannot be granted before the first: the hub
                                 # wakes each when it becomes the first, see _hub.)
-                                ttl = min(ttl, READY_WAIT)
+                                ready_until = time.monotonic() + ttl
+                                ttl = READY_WAIT
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     failure = failure or self.reach.failure
@@ -284,11 +289,24 @@ class Acquiring(Releasing):
                         raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
                     raise kind.timeout_error(keys, timeout, permits)
                 hub.pause(waiter)
-                woken = hub.resume(
-                    waiter,
-                    await waiter.wait(_shortest(remaining, ttl) if waiter.is_head else remaining),
+                woken = await waiter.wait(
+                    _shortest(remaining, ttl) if waiter.is_head else remaining
                 )
-                should_try = woken or waiter.is_head
+                if woken or not waiter.is_head or waiter.handed is not None:
+                    should_try = woken
+                elif (
+                    ready_until is not None
+                    and hub.subscribing(channel)
+                    and (left := ready_until - time.monotonic()) > 0
+                ):
+                    # Not confirmed within READY_WAIT, but SUBSCRIBE is out on the current
+                    # connection: its confirmation wakes this head, or the connection's
+                    # loss does (hub.on_lost). A retry now would find what the one after
+                    # the confirmation finds; at 50,000 new waiters, whose confirmations
+                    # take seconds to arrive, it was one more attempt per waiter (issue 24).
+                    should_try, ttl = False, left
+                else:  # the head's timer ran out: it tries too, but in a turn
+                    should_try, woken = await self._in_turn(waiter, deadline)
         finally:
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
@@ -307,6 +325,29 @@ class Acquiring(Releasing):
                 orphan, waiter.handed = waiter.handed, None
                 orphan.owner = ORPHAN
                 await self.release_quietly(orphan, pass_on=True)
+
+    async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]:
+        """A head whose timer ran out waits for a turn (:meth:`WaiterHub.take_turn`):
+        whether it tries now, and whether as woken (its wake waited in line: an attempt)
+        or as a timer that ran out (a quiet wait's probe, when the wait is quiet).
+
+        It does not try if its deadline passes before its turn comes; the wait then ends
+        as any wait whose deadline passed does.
+        """
+        hub = self.hub
+        woken = waiter.deferred  # a wake of it already waited in line
+        if hub.closed or hub.failure is not None or hub.take_turn(waiter):
+            return True, woken
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                hub.step_out(waiter)
+                return False, woken
+            if await waiter.wait(remaining):
+                # Its turn, or a hand-over, or the hub closed (the loop sees to those).
+                # A wake that came while it waited was taken by the line (see
+                # WaiterHub._wake): the probe that follows sees what it announced.
+                return True, woken
 
     async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
         """Seconds the lock has left if it is still held, probed without an attempt.

@@ -48,6 +48,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiolock._engine.acquire import Acquiring
+from aiolock._engine.hub import Waiter
 from aiolock._engine.kind import Attempt, Busy, Hold, LockKind, new_tuple
 from aiolock._errors import LockConnectionError, ReplicaAckError
 from aiolock._keys import LockKeys
@@ -110,8 +111,19 @@ class FastPath(Acquiring):
         waiter = None
         if timeout != 0:
             waiter = hub.join(
-                channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages
-            )
+                channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages,
+                turn=True,
+            )  # fmt: skip
+        called: float | None = None  # when it was called, if it waited in line
+        if waiter is not None and not waiter.turn and not hub.take_turn(waiter):
+            # At most WaiterHub.WAKES first attempts and woken waiters talk to Redis at
+            # once; this one waits in line (see _first_in_line).
+            called = time.monotonic()
+            deadline = None if timeout is None else called + timeout
+            if not await self._first_in_line(waiter, deadline):
+                return await self._wait(
+                    kind, keys, owner, lease, deadline, timeout, permits, waiter
+                )
         rt = self.rt
         lease_s = rt.lease if lease is None else lease
         number = next(rt.ids)  # (rt.next_id(), without a call of its own)
@@ -132,7 +144,7 @@ class FastPath(Acquiring):
                 raise
             # The wait undoes it (it may have run), then rides out a connection error
             # until the deadline, or lets the cancellation go on; its exit leaves the queue.
-            deadline = None if timeout is None else sent_at + timeout
+            deadline = None if timeout is None else (called or sent_at) + timeout
             return await self._wait(
                 kind, keys, owner, lease, deadline, timeout, permits, waiter, exc, attempt
             )
@@ -150,7 +162,7 @@ class FastPath(Acquiring):
             if waiter is None:
                 self.timeouts[kind.name] += 1
                 raise kind.timeout_error(keys, timeout, permits)
-            deadline = None if timeout is None else sent_at + timeout
+            deadline = None if timeout is None else (called or sent_at) + timeout
             return await self._wait(
                 kind, keys, owner, lease, deadline, timeout, permits, waiter, outcome
             )
@@ -172,6 +184,24 @@ class FastPath(Acquiring):
             hub.leave(waiter, acquired=not kind.shared)
         self.fast_acquired += 1
         return hold
+
+    async def _first_in_line(self, waiter: Waiter, deadline: float | None) -> bool:
+        """Wait for a turn for *waiter*'s first attempt: whether it has one.
+
+        Without a bound, N tasks that ask for N locks at once (a burst, a start-up) put N
+        attempts in the client's pipeline queue, where they waited long enough for
+        CPython's cyclic GC to move them to its oldest generation, whose full collections
+        walk every waiter (issue 24: 50,000 queued at 50,000 new waiters). A lone
+        acquisition never waits here: a turn is free while fewer than WAKES are taken.
+        Without one (the hub closed, a hand-over came, or the deadline passed in line),
+        the engine's wait goes on with this waiter, its place in line included.
+        """
+        try:
+            await self._in_turn(waiter, deadline)
+        except BaseException:
+            self.hub.leave(waiter, acquired=False)
+            raise
+        return waiter.turn and not self.hub.closed and waiter.handed is None
 
     def release(self, hold: Hold) -> Coroutine[Any, Any, None]:
         """Release one hold; the last one frees the lock or hands it to the next local

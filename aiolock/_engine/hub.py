@@ -22,7 +22,8 @@ manager holds the lock (whose release or loss wakes it). Hence:
   head that leaves without the lock each wake the (new) head;
 * a wake that arrives while the head is busy is kept (``pending``), never dropped;
 * at most ``WaiterHub.WAKES`` waiters are woken at once: a wake beyond them waits its
-  turn, in order, and one whose waiter leaves first is passed on like any other;
+  turn, in order, and one whose waiter leaves first is passed on like any other; a head
+  whose timer runs out (to probe or retry) takes a turn too, and waits in the same line;
 * a waiter cancelled after being woken passes the wake on.
 
 A queue of a *queued* kind (the fair lock, whose waiters' order Redis keeps) works
@@ -101,9 +102,9 @@ class Waiter:
         #: its grants must be acknowledged by replicas (replicas=): never handed over
         self.acknowledged = False
         self.task: asyncio.Task[object] | None = None  # the waiting task (WaiterHub.join)
-        #: the hub woke it and counts it among its woken waiters until it sleeps again
-        #: or leaves; *deferred*: a wake for it waits for one of those to end (see
-        #: WaiterHub.WAKES)
+        #: it has a turn (the hub woke it, its timer ran out, or it makes its first
+        #: attempt; see WaiterHub.take_turn) until it sleeps again or leaves;
+        #: *deferred*: it waits in line for one of those turns to end (WaiterHub.WAKES)
         self.turn = False
         self.deferred = False
 
@@ -278,18 +279,25 @@ class WaiterHub(SubscriptionEvents):
         *,
         queued: bool = False,
         anonymous: bool = False,
+        turn: bool = False,
     ) -> Waiter:
         """Queue a new waiter at the tail of *channel*'s queue (no I/O yet).
 
         *field* names its registration in Redis, if its kind has one; *queued* says that
         the kind keeps the waiters' order there (see the module docstring); *anonymous*
-        that its release messages do not name the releasing client.
+        that its release messages do not name the releasing client. *turn*: it is about
+        to attempt, and takes a turn if one is free and nobody waits in line for one
+        (``waiter.turn``; else see :meth:`take_turn`), here rather than in a call of its
+        own (the fast path's, see :mod:`aiolock._engine.fast`).
         """
         queue = self._queues.get(channel)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = Waiter(queue, owner, lease, field)
         waiter.task = asyncio.current_task(self.loop)  # (the task joins itself)
+        if turn and self._turns < self.WAKES and not self._deferred:
+            self._turns += 1
+            waiter.turn = True
         if not queue.waiters:
             self._busy += 1
         queue.waiters.append(waiter)
@@ -366,8 +374,11 @@ class WaiterHub(SubscriptionEvents):
         was_head = queue.queued or was_first
         waiter.left = True
         owed, waiter.deferred = waiter.deferred, False  # (its deque entry is skipped)
-        if waiter.turn:
-            self._end_turn(waiter)
+        if waiter.turn:  # (_end_turn, inline: the fast path's every acquisition ends here)
+            waiter.turn = False
+            self._turns -= 1
+            if self._deferred:
+                self._admit()
         try:
             waiters.remove(waiter)
         except ValueError:
@@ -422,6 +433,11 @@ class WaiterHub(SubscriptionEvents):
         """Whether the server may count this manager among *channel*'s subscribers."""
         return self.source.listening(channel)
 
+    def subscribing(self, channel: str) -> bool:
+        """Whether SUBSCRIBE for *channel* is out on the current connection and not yet
+        confirmed: its confirmation, or the connection's loss, will wake the head."""
+        return self.source.subscribed(channel) and not self.confirmed(channel)
+
     def confirmed(self, channel: str) -> bool:
         queue = self._queues.get(channel)
         return queue is not None and queue.confirmed
@@ -458,14 +474,43 @@ class WaiterHub(SubscriptionEvents):
             waiter.pending = False
             self._wake_asleep(waiter)
 
-    def resume(self, waiter: Waiter, woken: bool) -> bool:
-        """*waiter*'s :meth:`Waiter.wait` returned *woken*: whether it was woken, a wake
-        that still waited for its turn included (its timer ran out first, or a hand-over
-        came): it tries now, as it would have."""
-        if waiter.deferred:
-            waiter.deferred = False  # (its deque entry is skipped)
+    def take_turn(self, waiter: Waiter) -> bool:
+        """*waiter*, a head whose timer ran out, is about to talk to Redis: whether it has
+        a turn among the woken waiters now. If not, it waits in line (it is *deferred*,
+        and :meth:`Waiter.wait` returns True in its turn).
+
+        A timer runs out when the holder's lease would end (the quiet wait's probe, or an
+        attempt), when a subscription was not confirmed in time (``READY_WAIT``), or after
+        a connection error's backoff; the fast path's first attempt of a new waiter takes
+        a turn the same way (:mod:`aiolock._engine.fast`). N heads waiting on N locks
+        taken at the same moment have their timers run out together; each used to talk
+        to Redis at once, and their N commands waited in the client's pipeline queue long
+        enough for CPython's GC to move them to its oldest generation (issue 24). In a
+        turn, they go at most WAKES at a time, in the order their timers ran out; a wake
+        that arrives meanwhile is taken by that same turn. A waiter whose wake already
+        waits in line keeps its place.
+        """
+        if waiter.turn:
             return True
-        return woken
+        # A wake that came after the timer (kept as pending) is taken by this turn: the
+        # try it makes follows that wake's cause.
+        waiter.pending = False
+        if not waiter.deferred:
+            if self._turns < self.WAKES and not self._deferred:  # nobody in line: at once
+                self._turns += 1
+                waiter.turn = True
+                return True
+            waiter.deferred = True
+            self._deferred.append(waiter)
+            self._admit()
+        if waiter.turn:
+            waiter.pending = False  # (_admit's wake of a waiter that is not asleep)
+            return True
+        return False
+
+    def step_out(self, waiter: Waiter) -> None:
+        """*waiter* gives up its place in line (its deadline passed while it waited)."""
+        waiter.deferred = False  # (its deque entry is skipped)
 
     def _wake_head(self, queue: ChannelQueue) -> None:
         # In a queued kind's queue every waiter is a head, but a wake of unknown target
