@@ -9,7 +9,7 @@ from types import CodeType
 
 import aiolock
 from aiolock._engine.acquire import Acquiring
-from aiolock._engine.hub import ChannelQueue, Waiter
+from aiolock._engine.waiter import ChannelQueue, Waiter
 from aiolock._kinds.fair.kind import FairLockKind
 from aiolock._kinds.lock.kind import ReentrantLockKind
 from aiolock._redis.pipeline import Pipelining

@@ -17,10 +17,10 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
-from aiolock._engine.hub import Waiter
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
+from aiolock._engine.waiter import Waiter
 from aiolock._errors import (
     LockConnectionError,
     LockError,

@@ -48,8 +48,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiolock._engine.acquire import Acquiring
-from aiolock._engine.hub import Waiter
 from aiolock._engine.kind import Attempt, Busy, Hold, LockKind, new_tuple
+from aiolock._engine.waiter import Waiter
 from aiolock._errors import LockConnectionError, ReplicaAckError
 from aiolock._keys import LockKeys
 from aiolock._redis.replicas import INHERIT, handle_policy

@@ -16,10 +16,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
-from aiolock._engine.hub import Waiter
 from aiolock._engine.kind import Hold, Released, ReleaseStatus, Successor
 from aiolock._engine.runtime import TOMBSTONE_TTL
 from aiolock._engine.state import ORPHAN, EngineState
+from aiolock._engine.waiter import Waiter
 from aiolock._errors import LockConnectionError, LockError, LockKeyTypeError, LockLostError
 
 __all__ = ["MAX_LOCAL_STREAK", "YIELD_WINDOW", "Releasing"]

@@ -21,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 import aiolock
-from aiolock._engine.hub import Waiter
+from aiolock._engine.waiter import Waiter
 from aiolock.testing import RedisServer
 
 from ..helpers import lock_held

@@ -1,0 +1,169 @@
+"""A waiting task and its lock's local queue: the objects the hub keeps per waiter.
+
+:class:`Waiter` is one task waiting for one lock (its sleep, its wake, a hand-over made
+to it); :class:`ChannelQueue` is the local waiters of one lock and the state of its
+subscription. Both are kept as small as they can be (``__slots__``, a list per queue):
+at 50,000 waited-on names the per-waiter objects are most of the client's memory
+(issue 24). The rules by which they are woken and served are the hub's
+(:mod:`aiolock._engine.hub`); nothing here awaits anything but the waiter's own sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from aiolock._engine.kind import Hold
+
+__all__ = ["ChannelQueue", "Waiter"]
+
+
+class Waiter:
+    """One task waiting for one lock; lives in its channel's queue until it leaves.
+
+    A releasing task of the same manager may hand the lock straight to the head waiter
+    (one round trip instead of a release, a wake-up and an acquire): it *reserves* the
+    waiter, and once Redis confirms, :meth:`give` delivers the new hold.
+    """
+
+    __slots__ = (
+        "_future",
+        "acknowledged",
+        "deferred",
+        "field",
+        "handed",
+        "lease",
+        "left",
+        "owner",
+        "pending",
+        "queue",
+        "reserved",
+        "task",
+        "turn",
+    )
+
+    def __init__(
+        self, queue: ChannelQueue, owner: str, lease: float | None, field: str | None = None
+    ) -> None:
+        self.queue = queue
+        #: a queued kind's waiter: its field in Redis, which release messages name
+        self.field = field
+        #: the waiting task's owner id, and the fixed lease it asked for (None: renewed)
+        self.owner = owner
+        self.lease = lease
+        #: a wake that arrived while the waiter was not blocked; consumed by wait()
+        self.pending = False
+        self._future: asyncio.Future[bool] | None = None
+        #: a hand-over to this waiter is in flight
+        self.reserved = False
+        #: the hold handed over to this waiter
+        self.handed: Hold | None = None
+        self.left = False
+        #: its grants must be acknowledged by replicas (replicas=): never handed over
+        self.acknowledged = False
+        self.task: asyncio.Task[object] | None = None  # the waiting task (WaiterHub.join)
+        #: it has a turn (the hub woke it, its timer ran out, or it makes its first
+        #: attempt; see WaiterHub.take_turn) until it sleeps again or leaves;
+        #: *deferred*: it waits in line for one of those turns to end (WaiterHub.WAKES)
+        self.turn = False
+        self.deferred = False
+
+    def give(self, hold: Hold) -> None:
+        self.reserved = False
+        self.handed = hold
+        self.wake()
+
+    @property
+    def cancelling(self) -> bool:
+        """Whether the waiting task is being cancelled (it will give up, not take a lock).
+
+        A task cancelled while it sleeps in :meth:`wait` has its future cancelled at once
+        (every Python); on 3.11+ ``Task.cancelling()`` also tells a task cancelled while
+        it runs an attempt. A hand-over to such a task would land after it left, and the
+        lock would then have to be passed on by one more round trip: at a graceful
+        shutdown, after the manager had closed. (A task that swallowed a cancellation
+        without ``uncancel()`` counts as cancelling: it loses only the hand-over's fast
+        path, and takes the freed lock by its own attempt.)
+        """
+        future = self._future
+        if future is not None and future.cancelled():
+            return True
+        if sys.version_info >= (3, 11) and self.task is not None:
+            return self.task.cancelling() > 0
+        return False
+
+    @property
+    def is_head(self) -> bool:
+        queue = self.queue
+        # In a queued kind's queue Redis keeps the order: every waiter tries for itself.
+        return queue.queued or (bool(queue.waiters) and queue.waiters[0] is self)
+
+    def wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(True)
+        else:
+            self.pending = True
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Sleep until woken (True) or until *timeout* seconds pass (False)."""
+        if self.pending:
+            self.pending = False
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._future = future
+        timer = None if timeout is None else loop.call_later(timeout, _expire, future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Woken in the same loop iteration as the cancellation: keep the wake so
+            # that leave() passes it on instead of losing it.
+            if future.done() and not future.cancelled() and future.result():
+                self.pending = True
+            raise
+        finally:
+            self._future = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _expire(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
+
+
+class ChannelQueue:
+    """The local waiters of one lock, and the state of its subscription."""
+
+    __slots__ = (
+        "anonymous",
+        "answered",
+        "channel",
+        "confirmed",
+        "fields",
+        "listen",
+        "queued",
+        "waiters",
+    )
+
+    def __init__(self, channel: str, queued: bool = False, anonymous: bool = False) -> None:
+        self.channel = channel
+        #: the kind keeps its waiters' order in Redis (see the module docstring)
+        self.queued = queued
+        #: messages do not say who released (a foreign wire format): see _dispatch
+        self.anonymous = anonymous
+        #: a list, not a deque: most queues hold one waiter, and an empty deque with its
+        #: first block takes about 600 B against a list's 88 (issue 24: per-name memory
+        #: at 50,000 waited-on names); the head's removal moves the rest, a few
+        #: microseconds even for thousands of waiters on one name
+        self.waiters: list[Waiter] = []
+        #: a queued kind's waiters by field, for the release messages that name them
+        self.fields: dict[str, Waiter] = {}
+        #: a waiter found the lock busy: the queue needs the release channel
+        self.listen = False
+        #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
+        self.confirmed = False
+        #: an attempt of this queue found the lock busy: a waiter whose wait runs out may
+        #: say it was held (until then, Redis has not answered the queue at all)
+        self.answered = False
