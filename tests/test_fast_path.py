@@ -328,6 +328,25 @@ async def test_call_order_is_kept_with_the_fast_path(locks: aiolock.LockManager)
 CYCLE_CALLS = 49
 
 
+async def _profiled_cycle(locks: aiolock.LockManager, profiler: Any) -> None:
+    """One uncontended acquire and release under *profiler* (``sys.setprofile``), after
+    one unprofiled cycle that warms up (the task's owner known, scripts loaded, a
+    connection kept); both on the fast path."""
+
+    async def cycle() -> None:
+        lock = locks.lock("counted")
+        assert await lock.try_acquire(timeout=5)
+        await lock.release()
+
+    await cycle()
+    sys.setprofile(profiler)
+    try:
+        await cycle()
+    finally:
+        sys.setprofile(None)
+    assert counts(locks) == (2, 2, 2)
+
+
 async def test_an_uncontended_cycle_enters_few_python_functions(
     locks: aiolock.LockManager,
 ) -> None:
@@ -352,18 +371,7 @@ async def test_an_uncontended_cycle_enters_few_python_functions(
             seen.add(id(frame))
             frames.append(frame)
 
-    async def cycle() -> None:
-        lock = locks.lock("counted")
-        assert await lock.try_acquire(timeout=5)
-        await lock.release()
-
-    await cycle()  # warm: the task's owner known, scripts loaded, a connection kept
-    sys.setprofile(count)
-    try:
-        await cycle()
-    finally:
-        sys.setprofile(None)
-    assert counts(locks) == (2, 2, 2)
+    await _profiled_cycle(locks, count)
     entered = sorted(f"{f.f_code.co_filename[len(package) :]}:{f.f_code.co_name}" for f in frames)
     assert len(frames) <= CYCLE_CALLS, entered
 
@@ -397,16 +405,5 @@ async def test_an_uncontended_cycle_never_searches_for_the_running_loop(
             assert caller is not None
             searches.append(f"{caller.f_code.co_filename[len(package) :]}:{caller.f_code.co_name}")
 
-    async def cycle() -> None:
-        lock = locks.lock("counted")
-        assert await lock.try_acquire(timeout=5)
-        await lock.release()
-
-    await cycle()  # warm: the task's owner known, scripts loaded, a connection kept
-    sys.setprofile(count)
-    try:
-        await cycle()
-    finally:
-        sys.setprofile(None)
-    assert counts(locks) == (2, 2, 2)
+    await _profiled_cycle(locks, count)
     assert searches == []

@@ -24,6 +24,29 @@ TURNS = 4
 ACQUIRE = "_kinds/lock/acquire"
 
 
+class _HeldAttempts:
+    """Holds every acquire script call of *locks*' client until :attr:`let_go` is set,
+    counting how many are in flight at once (:attr:`in_flight`, :attr:`peak`)."""
+
+    def __init__(self, locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.let_go = asyncio.Event()
+        self.in_flight = self.peak = 0
+        client: Any = locks._client
+        self._original = client.run
+        monkeypatch.setattr(client, "run", self._counted)
+
+    async def _counted(self, script: Any, keys: Any, args: Any) -> Any:
+        if script.name != ACQUIRE:
+            return await self._original(script, keys, args)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await self.let_go.wait()
+            return await self._original(script, keys, args)
+        finally:
+            self.in_flight -= 1
+
+
 async def _herd(
     redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, cancel: int | None
 ) -> tuple[int, int, aiolock.LockManager]:
@@ -63,31 +86,14 @@ async def _herd(
     await eventually(
         lambda: locks.statistics().hub.subscriptions == N and asleep(), what="all asleep"
     )
-    client: Any = locks._client
-    original = client.run
-    heard = asyncio.Event()
-    in_flight = peak = 0
-
-    async def counted(script: Any, keys: Any, args: Any) -> Any:
-        nonlocal in_flight, peak
-        if script.name != ACQUIRE:
-            return await original(script, keys, args)
-        in_flight += 1
-        peak = max(peak, in_flight)
-        try:
-            await heard.wait()
-            return await original(script, keys, args)
-        finally:
-            in_flight -= 1
-
-    monkeypatch.setattr(client, "run", counted)
+    attempts = _HeldAttempts(locks, monkeypatch)
     try:
         for lock in held:
             await lock.release()
         await eventually(lambda: locks.statistics().hub.messages == N, what="all heard")
         if cancel is not None:
             tasks[cancel].cancel()
-        heard.set()
+        attempts.let_go.set()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         for i, result in enumerate(results):
             if i == cancel:
@@ -101,7 +107,7 @@ async def _herd(
         await asyncio.gather(*tasks, return_exceptions=True)
         await holder.aclose()
         await holder.redis.aclose()
-    return peak, got, locks
+    return attempts.peak, got, locks
 
 
 async def test_a_release_of_many_locks_wakes_their_waiters_a_few_at_a_time(
@@ -215,24 +221,7 @@ async def test_a_burst_of_new_acquisitions_attempts_a_few_at_a_time(
     assert engine is not None
     hub = engine.hub
     monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
-    client: Any = locks._client
-    original = client.run
-    let_go = asyncio.Event()
-    in_flight = peak = 0
-
-    async def counted(script: Any, keys: Any, args: Any) -> Any:
-        nonlocal in_flight, peak
-        if script.name != ACQUIRE:
-            return await original(script, keys, args)
-        in_flight += 1
-        peak = max(peak, in_flight)
-        try:
-            await let_go.wait()
-            return await original(script, keys, args)
-        finally:
-            in_flight -= 1
-
-    monkeypatch.setattr(client, "run", counted)
+    attempts = _HeldAttempts(locks, monkeypatch)
     got = 0
 
     async def taker(i: int) -> None:
@@ -245,13 +234,13 @@ async def test_a_burst_of_new_acquisitions_attempts_a_few_at_a_time(
 
         def each_attempting_or_in_line() -> bool:
             waiters = [w for q in hub._queues.values() for w in q.waiters]
-            return len(waiters) == N and in_flight + sum(w.deferred for w in waiters) == N
+            return len(waiters) == N and attempts.in_flight + sum(w.deferred for w in waiters) == N
 
         await eventually(each_attempting_or_in_line, what="every task attempting or in line")
-        let_go.set()
+        attempts.let_go.set()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         assert all(result is None for result in results), results
-        assert peak <= TURNS, peak
+        assert attempts.peak <= TURNS, attempts.peak
         assert got == N
         assert hub._turns == 0
         assert engine.fast_acquired == N  # the fast path, in turns
