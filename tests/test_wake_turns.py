@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._engine.hub import WaiterHub
 
 from .helpers import eventually
 
@@ -47,6 +48,25 @@ class _HeldAttempts:
             self.in_flight -= 1
 
 
+async def _held_by_another(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, stem: str, lease: float
+) -> tuple[aiolock.LockManager, list[aiolock.Lock], aiolock.LockManager, WaiterHub]:
+    """A holder manager holding N locks named *stem* 0..N-1 (*lease*, renewed), and an
+    open waiting manager whose hub wakes at most TURNS at once: (holder, its locks,
+    the waiting manager, its hub)."""
+    holder = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=lease)
+    locks = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix)
+    await holder.open()
+    await locks.open()
+    engine = locks._engine
+    assert engine is not None
+    monkeypatch.setattr(engine.hub, "WAKES", TURNS, raising=False)
+    held = [holder.lock(f"{stem}{i}") for i in range(N)]
+    for lock in held:
+        await lock.acquire()
+    return holder, held, locks, engine.hub
+
+
 async def _herd(
     redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, cancel: int | None
 ) -> tuple[int, int, aiolock.LockManager]:
@@ -57,17 +77,7 @@ async def _herd(
     flight. Returns the most attempts in flight at once and how many waiters held.
     *cancel*: the waiter (by name index) cancelled once every release was heard.
     """
-    holder = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=30)
-    locks = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix)
-    await holder.open()
-    await locks.open()
-    engine = locks._engine
-    assert engine is not None
-    hub = engine.hub
-    monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
-    held = [holder.lock(f"herd{i}") for i in range(N)]
-    for lock in held:
-        await lock.acquire()
+    holder, held, locks, hub = await _held_by_another(redis_url, prefix, monkeypatch, "herd", 30)
     got = 0
 
     async def waiter(i: int) -> None:
@@ -148,17 +158,8 @@ async def test_heads_whose_timers_run_out_together_probe_a_few_at_a_time(
     """N quiet heads on N renewed locks taken together: their timers run out together
     (the holder's lease would end), and each probes in a turn: never more than WAKES
     probes in flight (before: all N at once, queued in the client's pipeline)."""
-    holder = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix, lease=2.0)
-    locks = aiolock.LockManager(Redis.from_url(redis_url), prefix=prefix)
-    await holder.open()
-    await locks.open()
-    engine = locks._engine
-    assert engine is not None
-    hub = engine.hub
-    monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
-    held = [holder.lock(f"quiet{i}") for i in range(N)]
-    for lock in held:
-        await lock.acquire()  # renewed by the holder's watchdog: a live holder
+    # Renewed by the holder's watchdog: a live holder.
+    holder, held, locks, hub = await _held_by_another(redis_url, prefix, monkeypatch, "quiet", 2.0)
     kind: Any = locks.lock("quiet0")._kind
     original = kind.still_held
     let_go = asyncio.Event()
