@@ -153,9 +153,16 @@ async def test_a_master_down_at_open_gets_the_record_once_it_answers(
 
 
 async def test_the_cli_resolves_a_redlock_holder_on_a_master(
-    servers: list[RedisServer], prefix: str
+    servers: list[RedisServer], clients: list[Redis], prefix: str
 ) -> None:
     async with redlock(servers, prefix, lease=20, name="ledger") as manager, manager.lock("books"):
+        # open() writes the record on the masters that answer within node_timeout (0.1 s
+        # here); on a loaded machine one may answer later and get it at the next round
+        # (a fresh-clone CI run listed the holder without its host): wait for both.
+        async def recorded() -> bool:
+            return all([await client.exists(key_of(manager)) for client in clients[:2]])
+
+        await eventually(recorded, timeout=30, what="the identity record on masters 0 and 1")
         listed = await run_cli(servers[1].url, prefix, "--json", "list")
         shown = await run_cli(servers[0].url, prefix, "show", "books")
         refused = await run_cli(servers[0].url, prefix, "force-release", "books", "--yes")
