@@ -6,8 +6,11 @@ runs every selected workload for every selected library in a fresh worker proces
 ``RESULTS.md``, ``results.json`` and PNG plots to ``--out`` (default
 ``benchmarks/results``). ``--baseline REV`` (default: main before issue 21; ``none`` to
 skip) adds ``aiolock-pre21``, that revision's ``aiolock/`` run by the same adapter, to W1,
-W2 and W2mp. Exits 1 if an aiolock, baseline or floor run failed (peers' failures are
-recorded as results), 2 on bad arguments.
+W2 and W2mp. Repeats are interleaved across libraries; when W0 and W1 both run, W0's
+floor repeats are interleaved with W1's (round k: floor, then each library), so that the
+W1-vs-floor targets are judged on the median of the per-round ratios
+(:mod:`benchmarks.paired`). Exits 1 if an aiolock, baseline or floor run failed (peers'
+failures are recorded as results), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -149,7 +152,8 @@ def wait_for_clients_gone(admin: redis.Redis, limit_s: float = 3.0) -> int:
 
 
 def combine(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median repeat (by the workload's key metric), plus the key metric's spread."""
+    """The median repeat (by the workload's key metric), plus the key metric's spread and
+    its value per repeat (*runs* in repeat order)."""
     ok = [r for r in runs if r.get("ok")]
     if not ok:
         return {"ok": False, "error": runs[-1].get("error", "failed") if runs else "not run"}
@@ -161,6 +165,14 @@ def combine(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         chosen = ok[0]
     values = [float(r["metrics"][key]) for r in valued]
+    # the same values in repeat order (None: a failed repeat), for ratios taken round by
+    # round against another subject of the same rounds (benchmarks.paired)
+    by_repeat = [
+        float(r["metrics"][key])
+        if r.get("ok") and isinstance(r["metrics"].get(key), (int, float))
+        else None
+        for r in runs
+    ]
     return {
         "ok": True,
         "metrics": chosen["metrics"],
@@ -169,6 +181,7 @@ def combine(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "key_metric": key,
         "key_values": values,
         "key_median": statistics.median(values) if values else None,
+        "key_by_repeat": by_repeat,
     }
 
 
@@ -238,6 +251,88 @@ def prepare_baseline(
     return None, note
 
 
+def schedule(selected: list[str]) -> list[list[str]]:
+    """The workloads that run together, round by round, in the order they run.
+
+    W0's floor runs beside W1 when both are selected (round k: floor, library A, B, ...),
+    so every W1 repeat has a floor repeat taken in the same minute of the machine's load
+    and the W1-vs-floor targets can be judged round by round (issue 21); every other
+    workload, and W0 or W1 alone, runs by itself.
+    """
+    if "w0" in selected and "w1" in selected:
+        return [["w0", "w1"], *([w] for w in selected if w not in ("w0", "w1"))]
+    return [[w] for w in selected]
+
+
+def run_targets(workload: str, libs: list[str]) -> list[str]:
+    """Who runs *workload*: the floor alone for W0, else the libraries (the baseline only
+    in its workloads)."""
+    if workload == "w0":
+        return [FLOOR]
+    if workload not in BASELINE_WORKLOADS:
+        return [lib for lib in libs if lib != BASELINE]
+    return list(libs)
+
+
+def run_group(
+    args: argparse.Namespace,
+    group: list[str],
+    libs: list[str],
+    profile: str,
+    url: str,
+    admin: redis.Redis,
+    baseline: Baseline | None,
+    runs: list[dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Run *group*'s workloads for every library, round by round; their summaries.
+
+    Repeats are interleaved (round k: every workload of the group, each for lib A, B, C)
+    so that drifting load on the machine affects every library alike; a workload with
+    fewer repeats than another of its group sits out the last rounds. Each record is
+    appended to *runs* as it completes.
+    """
+    repeats = {w: args.repeats or REPEATS[profile].get(w, 1) for w in group}
+    who = {w: run_targets(w, libs) for w in group}
+    done: dict[tuple[str, str], list[dict[str, Any]]] = {
+        (w, lib): [] for w in group for lib in who[w]
+    }
+    for rep in range(max(repeats.values())):
+        for workload in group:
+            if rep >= repeats[workload]:
+                continue
+            for lib in who[workload]:
+                admin.flushall()
+                t0 = time.monotonic()
+                result = run_worker(
+                    lib,
+                    workload,
+                    url,
+                    PROFILES[profile][workload],
+                    RUN_TIMEOUT[profile],
+                    baseline,
+                )
+                leftover = wait_for_clients_gone(admin)
+                record = {
+                    "lib": lib,
+                    "workload": workload,
+                    "repeat": rep,
+                    "seconds": time.monotonic() - t0,
+                    "leftover_clients": leftover,
+                    **result,
+                }
+                done[(workload, lib)].append(record)
+                runs.append(record)
+                log(report.progress_line(record))
+    summary: dict[str, dict[str, Any]] = {}
+    for workload in group:
+        summary[workload] = {lib: combine(workload, done[(workload, lib)]) for lib in who[workload]}
+        if len(group) > 1:
+            # what the report pairs round by round (repeat k of each ran in round k)
+            for entry in summary[workload].values():
+                entry["interleaved_with"] = [w for w in group if w != workload]
+    return summary
+
+
 def run_suite(
     args: argparse.Namespace,
     argv: list[str] | None,
@@ -257,37 +352,8 @@ def run_suite(
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url, client_name=ADMIN_NAME)
         server_version = str(admin.info("server").get("redis_version", "?"))
-        for workload in selected:
-            params = PROFILES[profile][workload]
-            repeats = args.repeats or REPEATS[profile].get(workload, 1)
-            summary[workload] = {}
-            targets = [FLOOR] if workload == "w0" else libs
-            if workload not in BASELINE_WORKLOADS:
-                targets = [lib for lib in targets if lib != BASELINE]
-            by_lib: dict[str, list[dict[str, Any]]] = {lib: [] for lib in targets}
-            # Repeats are interleaved (lib A, B, C, A, B, C, ...) so that drifting load on
-            # the machine affects every library alike.
-            for rep in range(repeats):
-                for lib in targets:
-                    admin.flushall()
-                    t0 = time.monotonic()
-                    result = run_worker(
-                        lib, workload, server.url, params, RUN_TIMEOUT[profile], baseline
-                    )
-                    leftover = wait_for_clients_gone(admin)
-                    record = {
-                        "lib": lib,
-                        "workload": workload,
-                        "repeat": rep,
-                        "seconds": time.monotonic() - t0,
-                        "leftover_clients": leftover,
-                        **result,
-                    }
-                    by_lib[lib].append(record)
-                    runs.append(record)
-                    log(report.progress_line(record))
-            for lib, lib_runs in by_lib.items():
-                summary[workload][lib] = combine(workload, lib_runs)
+        for group in schedule(selected):
+            summary.update(run_group(args, group, libs, profile, server.url, admin, baseline, runs))
         admin.flushall()
         admin.close()
 
@@ -303,6 +369,7 @@ def run_suite(
         "versions": versions(libs, baseline),
         "baseline": baseline_note,
         "params": {w: PROFILES[profile][w] for w in selected},
+        "interleaved": [group for group in schedule(selected) if len(group) > 1],
         "total_seconds": time.monotonic() - started,
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,18 @@ def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
     assert [w for w, _ in issue21] == ["W1 (issue 21)", "W1 (issue 21)", "W2 (issue 21)",
                                        "W2mp (issue 21)"], rows  # fmt: skip
     assert any("3.2x redis-py's Lock" in text for _, text in issue21)
+    # W0's floor ran round by round beside W1 (round 0: the floor, then each library), and
+    # the W1 vs floor rows are judged on the per-round ratios, the medians' shown beside.
+    assert data["meta"]["interleaved"] == [["w0", "w1"]]
+    first = [(r["workload"], r["lib"]) for r in data["runs"][:4]]
+    assert first == [("w0", "floor"), ("w1", "aiolock"), ("w1", BASELINE), ("w1", "redis-py")]
+    floor = data["summary"]["w0"]["floor"]
+    assert floor["interleaved_with"] == ["w1"] and len(floor["key_by_repeat"]) == 1
+    w1 = data["summary"]["w1"]["aiolock"]
+    (vs_floor,) = [t for t in data["targets"] if "0.95x W0 floor" in t["target"]]
+    assert vs_floor["figure"] == w1["key_by_repeat"][0] / floor["key_by_repeat"][0]
+    assert "median of 1 per-round ratios" in vs_floor["measured"]
+    assert "ratio of medians" in vs_floor["measured"]
     # The baseline ran W1, W2 and W2mp only, on the extracted revision's package.
     if not _has_commit(BASELINE_REV):
         assert f"Baseline {BASELINE_REV} skipped" in report
@@ -90,6 +103,117 @@ def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
     assert "W2 (issue 21)" in report and data["meta"]["versions"][BASELINE].startswith(
         BASELINE_REV[:12]
     )
+
+
+def test_paired_ratios_match_rounds_by_position() -> None:
+    """benchmarks.paired: round k against round k, a round without both figures left out
+    (not paired with another round's), the median of those ratios; and the ratio of the
+    two medians, which pairs whatever rounds happen to be in the middle."""
+    from benchmarks.paired import median_ratio, per_round, ratio_of_medians
+
+    assert per_round([2.0, None, 3.0, 4.0], [1.0, 2.0, 0.0, 2.0]) == [2.0, 2.0]
+    assert per_round([1.0, 2.0, 3.0], [1.0, 4.0]) == [1.0, 0.5]
+    assert median_ratio([3.0, 8.0, 4.5], [2.0, 4.0, 5.0]) == 1.5  # 1.5, 2.0, 0.9
+    assert ratio_of_medians([3.0, 8.0, 4.5], [2.0, 4.0, 5.0]) == 4.5 / 4.0
+    assert median_ratio([None], [1.0]) is None and ratio_of_medians([], [1.0]) is None
+
+
+def _w1_summary(w1: list[float], floor: list[float], interleaved: bool) -> dict[str, Any]:
+    def entry(values: list[float]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "metrics": {"cycles_per_s": sorted(values)[len(values) // 2]},
+            "key_by_repeat": values,
+        }
+
+    summary = {"w0": {"floor": entry(floor)}, "w1": {"aiolock": entry(w1)}}
+    if interleaved:
+        summary["w0"]["floor"]["interleaved_with"] = ["w1"]
+        summary["w1"]["aiolock"]["interleaved_with"] = ["w0"]
+    return summary
+
+
+def test_w1_vs_floor_rows_are_judged_round_by_round() -> None:
+    """Issue 21, target 3: the floor drifted down over three rounds while W1 kept at about
+    0.96x of it in each; the ratio of the medians (W1's middle round over the floor's,
+    other rounds) reads 0.84x. The rows are judged on the per-round median when the floor
+    ran interleaved with W1, and on the ratio of medians (as before) when it did not."""
+    from benchmarks import report
+
+    floor, w1 = [4800.0, 4400.0, 3600.0], [4600.0, 3700.0, 3500.0]
+    rows = report.targets(_w1_summary(w1, floor, interleaved=True))
+    by_text = {t.text: t for t in rows if t.workload.startswith("W1") and "floor" in t.text}
+    assert len(by_text) == 3
+    issue21 = by_text[">= 0.95x W0 floor (two EVALSHA) cycles/s, same run"]
+    assert issue21.figure == 4600.0 / 4800.0  # per round 0.958, 0.841, 0.972
+    assert issue21.status == "met"
+    assert issue21.measured == (
+        "0.96x, median of 3 per-round ratios (0.96x, 0.84x, 0.97x); "
+        "ratio of medians 3,700 vs floor 4,400 = 0.84x"
+    )
+    assert by_text[">= 0.9x W0 floor cycles/s"].status == "met"
+    assert by_text[">= 1.0x W0 floor cycles/s"].status == "not met"
+    assert issue21.to_json()["figure"] == issue21.figure
+    lines = report.sections(_w1_summary(w1, floor, interleaved=True))
+    assert any("per-round ratios (W1 repeat k / floor repeat k)" in line for line in lines)
+    # W0 run on its own, in other minutes: no rounds to pair, the medians decide
+    alone = report.targets(_w1_summary(w1, floor, interleaved=False))
+    (separate,) = [t for t in alone if t.text.startswith(">= 0.95x W0 floor")]
+    assert separate.figure == 3700.0 / 4400.0 and separate.status == "not met"
+    assert separate.measured == "3,700 vs floor 4,400 = 0.84x"
+
+
+class _FakeAdmin:
+    """What run_group asks of the harness's connection: FLUSHALL and CLIENT LIST."""
+
+    def flushall(self) -> None:
+        pass
+
+    def client_list(self) -> list[dict[str, str]]:
+        return []
+
+
+def test_w0_runs_round_by_round_beside_w1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With both W0 and W1 selected, round k runs the floor and then each library (W1's
+    repeat k beside the floor's repeat k); each workload keeps its own summary, and its
+    values in repeat order (a failed repeat as None). Alone, each runs as before."""
+    import argparse
+
+    from benchmarks import __main__ as harness
+
+    order: list[tuple[str, str, int]] = []
+
+    def fake_worker(lib: str, workload: str, *_args: Any) -> dict[str, Any]:
+        rep = sum(1 for w, name, _ in order if (w, name) == (workload, lib))
+        order.append((workload, lib, rep))
+        if (workload, lib, rep) == ("w1", "redis-py", 1):
+            return {"ok": False, "error": "boom"}
+        return {"ok": True, "metrics": {"cycles_per_s": 1000.0 * (rep + 1) + len(lib)}}
+
+    monkeypatch.setattr(harness, "run_worker", fake_worker)
+    assert harness.schedule(["w0", "w1", "w2"]) == [["w0", "w1"], ["w2"]]
+    assert harness.schedule(["w1", "w2"]) == [["w1"], ["w2"]]
+    assert harness.schedule(["w0"]) == [["w0"]]
+    args = argparse.Namespace(repeats=2)
+    runs: list[dict[str, Any]] = []
+    libs = ["aiolock", "redis-py"]
+    admin: Any = _FakeAdmin()
+    summary = harness.run_group(args, ["w0", "w1"], libs, "quick", "redis://x", admin, None, runs)
+    assert order == [
+        ("w0", "floor", 0), ("w1", "aiolock", 0), ("w1", "redis-py", 0),
+        ("w0", "floor", 1), ("w1", "aiolock", 1), ("w1", "redis-py", 1),
+    ]  # fmt: skip
+    assert [(r["workload"], r["lib"], r["repeat"]) for r in runs] == order
+    assert list(summary) == ["w0", "w1"] and list(summary["w0"]) == ["floor"]
+    assert summary["w0"]["floor"]["key_by_repeat"] == [1005.0, 2005.0]
+    assert summary["w1"]["aiolock"]["key_by_repeat"] == [1007.0, 2007.0]
+    assert summary["w1"]["redis-py"]["key_by_repeat"] == [1008.0, None]
+    assert summary["w0"]["floor"]["interleaved_with"] == ["w1"]
+    order.clear()
+    alone = harness.run_group(args, ["w1"], libs, "quick", "redis://x", admin, None, [])
+    assert [w for w, _, _ in order] == ["w1"] * 4 and "interleaved_with" not in alone["w1"][
+        "aiolock"
+    ]
 
 
 def test_baseline_result_from_another_aiolock_is_refused(tmp_path: Path) -> None:
