@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,28 +173,32 @@ async def _loop(cycle: Cycle, tasks: int, seconds: float) -> tuple[float, float]
     return n / wall, cpu / max(n, 1) * 1e6
 
 
-async def _row(name: str, host: str, port: int, tasks: int, seconds: float) -> tuple[float, float]:
-    """One measurement of the client *name* (a fresh event loop and connections)."""
+@contextlib.asynccontextmanager
+async def client_cycle(name: str, host: str, port: int) -> AsyncIterator[Cycle]:
+    """The cycle of the client *name* (one of :data:`ROWS`), its connections open meanwhile.
+
+    Also :mod:`benchmarks.client_instructions`'s clients, so both measure the same code.
+    """
     if name == "minimal batching client":
         connections = [await asyncio.open_connection(host, port) for _ in range(3)]
         loader = Redis(host=host, port=port)
         try:
             for script in (ACQUIRE, RELEASE):
                 await loader.script_load(script.source)
-            return await _loop(ScriptCycles(MinimalClient(connections).run).cycle, tasks, seconds)
+            yield ScriptCycles(MinimalClient(connections).run).cycle
         finally:
             await loader.aclose()
             for _, writer in connections:
                 writer.close()
-    if name == "aiolock's Client":
+    elif name == "aiolock's Client":
         redis = Redis(host=host, port=port)
         client = Client(redis)
         try:
-            return await _loop(ScriptCycles(client.run).cycle, tasks, seconds)
+            yield ScriptCycles(client.run).cycle
         finally:
             await client.aclose()
             await redis.aclose()
-    if name == MANAGER:
+    elif name == MANAGER:
         redis = Redis(host=host, port=port)
         try:
             async with LockManager(redis, prefix=PREFIX, lease=LEASE_MS / 1000) as manager:
@@ -204,21 +209,30 @@ async def _row(name: str, host: str, port: int, tasks: int, seconds: float) -> t
                         raise RuntimeError(f"{lock_name} was busy")
                     await lock.release()
 
-                return await _loop(cycle, tasks, seconds)
+                yield cycle
         finally:
             await redis.aclose()
-    redis = Redis(host=host, port=port)
-    try:
+    else:
+        redis = Redis(host=host, port=port)
+        try:
 
-        async def peer(lock_name: str) -> None:
-            lock = redis.lock(f"redis-py:{lock_name}", timeout=LEASE_MS / 1000, blocking_timeout=5)
-            if not await lock.acquire():
-                raise RuntimeError(f"{lock_name} was busy")
-            await lock.release()
+            async def peer(lock_name: str) -> None:
+                lock = redis.lock(
+                    f"redis-py:{lock_name}", timeout=LEASE_MS / 1000, blocking_timeout=5
+                )
+                if not await lock.acquire():
+                    raise RuntimeError(f"{lock_name} was busy")
+                await lock.release()
 
-        return await _loop(peer, tasks, seconds)
-    finally:
-        await redis.aclose()
+            yield peer
+        finally:
+            await redis.aclose()
+
+
+async def _row(name: str, host: str, port: int, tasks: int, seconds: float) -> tuple[float, float]:
+    """One measurement of the client *name* (a fresh event loop and connections)."""
+    async with client_cycle(name, host, port) as cycle:
+        return await _loop(cycle, tasks, seconds)
 
 
 def run(seconds: float, repeats: int, tasks: int) -> dict[str, Any]:

@@ -214,3 +214,19 @@ def test_the_benchmarks_count_aiolocks_own_writes(monkeypatch: pytest.MonkeyPatc
     metrics.install_client_counters()
     assert transport.write is not original
     assert getattr(transport, "_bench_patched", False) is True
+
+
+def test_client_instructions_children_run_each_client() -> None:
+    """The measured child of ``benchmarks.client_instructions`` (run here without
+    valgrind): each client makes the given number of cycles, spread over the tasks, each
+    checked granted and released; bad cycle counts are refused before valgrind runs."""
+    from aiolock.testing import RedisServer
+    from benchmarks import client_instructions
+
+    with RedisServer() as server:
+        for client in client_instructions.CLIENTS:
+            argv = ["--child", client, "--port", str(server.port), "--tasks", "4"]
+            assert client_instructions.main([*argv, "--cycles", "8"]) == 0
+    for cycles in ("1920", "5760,1920", "100,200"):
+        with pytest.raises(SystemExit):
+            client_instructions.main(["--cycles", cycles])

@@ -378,7 +378,8 @@ class LockKind(Protocol):
         """Release one of *count* holds; the last frees the resource or hands it over.
 
         *hand_over_freely* allows the hand-over to *successor* even while other clients
-        wait; otherwise it happens only if nobody else listens. *listening* says whether
+        wait; otherwise it happens only if nobody else listens (without a successor it
+        means nothing and is False). *listening* says whether
         this manager itself is subscribed to the release channel.
         """
         ...

@@ -180,11 +180,16 @@ class Releasing(EngineState):
     ) -> Awaitable[Released]:
         """The kind's final release of *hold* (awaitable; no coroutine layer of its own)."""
         channel = hold.keys.channel
+        if handoff is None:
+            # hand_over_freely is about the successor only (LockKind.release): without one
+            # the hub's streak is not asked for, one call fewer on every fast release
+            # (issue 21)
+            return hold.kind.release(hold, 1, release_id, None, False, self.hub.listening(channel))
         return hold.kind.release(
             hold,
             1,
             release_id,
-            handoff.successor if handoff is not None else None,
+            handoff.successor,
             self.hub.streak(channel) < MAX_LOCAL_STREAK,
             self.hub.listening(channel),
         )
