@@ -157,6 +157,8 @@ class RedisServer:
         #: the server binary; None finds one when starting (:func:`find_redis_server`)
         self.binary = binary
         self.process: subprocess.Popen[bytes] | None = None
+        #: why the last start attempt failed (see :meth:`_spawn`)
+        self._failure = ""
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -181,13 +183,15 @@ class RedisServer:
         binary = self.binary = self.binary or find_redis_server()
         self._dir = self._dir or tempfile.TemporaryDirectory(prefix="aiolock-redis-")
         fixed = self.port != 0
+        failures: list[str] = []
         for _ in range(1 if fixed else 5):
             if not fixed:
                 self.port = free_port(self.host)
             if self._spawn(binary):
                 return self
+            failures.append(f"port {self.port}: {self._failure}")
         raise RedisServerError(
-            f"redis-server did not start on {self.host}:{self.port}; "
+            f"redis-server did not start on {self.host} ({'; '.join(failures)}); "
             f"see {os.path.join(self.workdir, 'redis.log')}"
         )
 
@@ -207,7 +211,9 @@ class RedisServer:
             if self._spawn(binary):
                 return
             time.sleep(0.1)  # the old socket may linger briefly in the kernel
-        raise RedisServerError(f"redis-server did not restart on port {fixed_port}")
+        raise RedisServerError(
+            f"redis-server did not restart on port {fixed_port}: {self._failure}"
+        )
 
     def __enter__(self) -> RedisServer:
         return self.start()
@@ -238,28 +244,74 @@ class RedisServer:
             "--logfile", os.path.join(self.workdir, "redis.log"),
         ]  # fmt: skip
 
-    def _spawn(self, binary: str) -> bool:
-        """Start the process on ``self.port``; True once it answers PING, else it is killed."""
-        self.process = subprocess.Popen(
-            [binary, *self._base_args(), *self.extra_args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
+    def _cluster_bus_args(self) -> list[str]:
+        """``--cluster-port`` on a free port, for a cluster-mode server that names none.
+
+        The cluster bus defaults to the client port + 10000, which is beyond 65535 for
+        about one free port in five the kernel hands out (Redis then exits: "port number
+        too high") and may be taken by another process otherwise.
+        """
+        args = self.extra_args
+        enabled = any(
+            a == "--cluster-enabled" and i + 1 < len(args) and args[i + 1] == "yes"
+            for i, a in enumerate(args)
         )
+        if not enabled or "--cluster-port" in args:
+            return []
+        return ["--cluster-port", str(free_port(self.host))]
+
+    def _spawn(self, binary: str) -> bool:
+        """Start the process on ``self.port``; True once it answers PING, else it is killed.
+
+        On False, ``self._failure`` says why (the process's exit and the last line it
+        logged, or how long it did not answer), for the error the caller raises.
+        """
+        output = os.path.join(self.workdir, "redis.out")
+        with open(output, "wb") as out:
+            # what the server prints before its log file opens (a bad option, say)
+            # lands here instead of nowhere, so the failure can be reported
+            self.process = subprocess.Popen(
+                [binary, *self._base_args(), *self._cluster_bus_args(), *self.extra_args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         if self._wait_ready():
             return True
         self._kill()
         return False
 
     def _wait_ready(self) -> bool:
-        deadline = time.monotonic() + self.startup_timeout
+        started = time.monotonic()
+        deadline = started + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                self._failure = f"exited with code {code}: {self._last_words()}"
                 return False
             if self._ping():
                 return True
             time.sleep(0.02)
+        self._failure = (
+            f"did not answer PING within {time.monotonic() - started:.1f} s "
+            f"(startup_timeout={self.startup_timeout}): {self._last_words()}"
+        )
         return False
+
+    def _last_words(self) -> str:
+        """The last lines the server logged or printed, or a note that it wrote none."""
+        # redis.out is rewritten by each attempt and holds only what came before the log
+        # file opened; redis.log is appended to by every attempt (and restart)
+        for name in ("redis.out", "redis.log"):
+            try:
+                with open(os.path.join(self.workdir, name), "rb") as file:
+                    lines = file.read().decode(errors="replace").strip().splitlines()
+            except OSError:
+                continue
+            if lines:
+                # two lines: Redis names a bad option on the line before its verdict
+                return " / ".join(line.strip() for line in lines[-2:])
+        return "it wrote no log"
 
     def _ping(self) -> bool:
         """A raw RESP PING, so this module needs no client library and no event loop."""

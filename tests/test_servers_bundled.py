@@ -126,3 +126,43 @@ def test_a_closed_port_refuses_connections_and_cannot_be_taken() -> None:
                 server.start()
         finally:
             server.stop()
+
+
+def _free_port_above_55535(host: str = "127.0.0.1") -> int:
+    """A port the kernel hands out as free, but only one above 55535 (bounded tries)."""
+    for _ in range(2000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port > 55535:
+            return port
+    pytest.skip("the kernel handed out no free port above 55535 in 2000 tries")
+
+
+def test_a_cluster_mode_server_starts_on_a_port_above_55535(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stop 31's CI run: a cluster-mode server's bus port defaulted to its port + 10000,
+    beyond 65535 for a port above 55535 (about one free port in five here), and Redis
+    exited. RedisServer now names a free bus port itself."""
+    monkeypatch.setattr("aiolock.testing.free_port", _free_port_above_55535)
+    with RedisServer(["--cluster-enabled", "yes"], startup_timeout=5) as server:
+        assert server.port > 55535
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"*3\r\n$7\r\nCLUSTER\r\n$7\r\nKEYSLOT\r\n$3\r\nfoo\r\n")
+            assert sock.recv(64) == b":12182\r\n"
+
+
+def test_a_server_that_cannot_start_says_why() -> None:
+    """A failed start names each port it tried and what the server said, not only a
+    path to a log in a directory that CI throws away."""
+    server = RedisServer(["--no-such-option", "x"], startup_timeout=5)
+    try:
+        with pytest.raises(RedisServerError) as caught:
+            server.start()
+    finally:
+        server.stop()
+    message = str(caught.value)
+    assert message.count("port ") == 5, message
+    assert "exited with code 1" in message
+    assert "no-such-option" in message
