@@ -44,6 +44,12 @@ READ_SIZE = 65536
 _REDIS_PY = "redis.asyncio.connection"
 
 
+#: Reply types that are neither an error, a push message, a list nor the end of the data:
+#: a reply of exactly one of them is simply kept, before any other check (most replies
+#: of aiolock's scripts are a bare integer)
+_PLAIN = frozenset((int, bytes, str))
+
+
 def fast_parser(conn: AbstractConnection) -> Any | None:
     """The hiredis parser of *conn* if its replies can be read directly, else ``None``."""
     parser = getattr(conn, "_parser", None)
@@ -97,9 +103,12 @@ async def exchange(conn: AbstractConnection, parser: Any, packed: bytes, count: 
     # handlers, as its parser does; they are not replies.
     push = getattr(parser, "_hiredis_PushNotificationType", None)
     replies: list[Any] = []
+    gets, append = reader.gets, replies.append
     while len(replies) < count:
-        reply = reader.gets()
-        if reply is NOT_ENOUGH_DATA:
+        reply = gets()
+        if type(reply) in _PLAIN:  # the common replies, none of the cases below (issue 21)
+            append(reply)
+        elif reply is NOT_ENOUGH_DATA:
             try:
                 data = await stream.read(READ_SIZE)
             except OSError as exc:
@@ -116,7 +125,7 @@ async def exchange(conn: AbstractConnection, parser: Any, packed: bytes, count: 
         elif type(reply) is list and reply and isinstance(reply[0], rex.ConnectionError):
             raise reply[0]
         else:
-            replies.append(reply)
+            append(reply)
     if conn.health_check_interval:  # what read_response records after a read
         conn.next_health_check = asyncio.get_running_loop().time() + conn.health_check_interval
     return replies
