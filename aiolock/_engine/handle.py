@@ -109,6 +109,7 @@ class Handle(Generic[K, E]):
         timeout: float | None,
         lease: float | None,
     ) -> None:
+        # (Lock.__init__ sets these fields itself: keep the two in step)
         self._manager = manager
         self._kind = kind
         self._keys = keys

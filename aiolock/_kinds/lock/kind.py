@@ -81,11 +81,17 @@ class ReentrantLockKind(KindBase):
         #: how this manager's owner fields begin: the scripts read a manager id argument left
         #: out as the field's part before its first ':' (issue 21: one argument less each)
         self._own = f"{runtime.manager_id}:"
+        #: the last lease an attempt sent and its ms (the manager's, nearly always): ms()
+        #: is a Python call, made per attempt before (issue 21)
+        self._lease_ms = (runtime.lease, ms(runtime.lease))
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
         keys = attempt.keys
         field = attempt.field
-        args: tuple[str | int, ...] = (field, ms(attempt.lease))
+        lease, lease_ms = self._lease_ms
+        if attempt.lease != lease:
+            lease, lease_ms = self._lease_ms = (attempt.lease, ms(attempt.lease))
+        args: tuple[str | int, ...] = (field, lease_ms)
         # ARGV[3..4] (the hold count before, the manager id) only when the script cannot
         # take them as 0 and the field's beginning: every argument costs the server a Lua
         # string (issue 21)
