@@ -249,8 +249,7 @@ class Releasing(EngineState):
         if status is ReleaseStatus.STILL_HELD:
             hold.count = outcome.value
             return None
-        self.registry.remove(hold)
-        self.registry.unpark(hold, settled=status is not ReleaseStatus.NOT_HELD)
+        self.registry.remove(hold, status is not ReleaseStatus.NOT_HELD)  # and unpark it
         if hold.observed_at is not None and status is not ReleaseStatus.NOT_HELD:
             self._ended(hold)  # (NOT_HELD: the loss below reports it)
         channel = hold.keys.channel
