@@ -105,7 +105,7 @@ class LockFactories:
             timeout = check_timeout(timeout)
         if lease is not None:
             lease = check_lease(lease)
-        handle = Lock(self, made[0], made[1], timeout=timeout, lease=lease)
+        handle = Lock(self, made[0], made[1], timeout, lease)  # (no keywords: no dict made)
         if replicas is not None or replica_timeout is not None:  # else it inherits
             handle._replicas = self._handle_replicas(replicas, replica_timeout)
         return handle

@@ -21,7 +21,7 @@ from aiolock._engine.handle import (
     resolve,
 )
 from aiolock._errors import LockError, WireFormatError
-from aiolock._keys import LockKeys, check_lease
+from aiolock._keys import LockKeys, check_lease, check_timeout
 from aiolock._kinds.lock.handoff import HandoffToken, adopt, detach, handoff_kind
 from aiolock._kinds.lock.kind import ReentrantLockKind
 from aiolock._redis.client import as_int
@@ -49,12 +49,12 @@ class Lock(Handle[LockKeys, "Lock"]):
         manager: ManagerLike,
         kind: LockKind,
         keys: LockKeys,
-        *,
         timeout: float | None,
         lease: float | None,
     ) -> None:
         # Handle.__init__'s fields, set here: a handle is made per lock(name) call, nearly
-        # always one per acquisition, and super().__init__ was one more call (issue 21)
+        # always one per acquisition, and super().__init__ was one more call (issue 21).
+        # (timeout and lease may come by position: keywords made a dict per handle.)
         self._manager = manager
         self._kind = kind
         self._keys = keys
@@ -104,16 +104,22 @@ class Lock(Handle[LockKeys, "Lock"]):
         out. *timeout* and *lease* default to the values given to
         :meth:`aiolock.LockManager.lock`.
         """
-        # (self._acquire, spelled out: one call fewer per acquisition; issue 21)
-        await self._take(self._keys, *resolve(timeout, lease, self._timeout, self._lease))
+        # (self._acquire and resolve(), spelled out: two calls fewer per acquisition; issue 21)
+        wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
+        fixed = self._lease if lease is _DEFAULT else None if lease is None else check_lease(lease)
+        await self._take(self._keys, wait, fixed)
 
     async def try_acquire(self, timeout: float | None = 0, lease: float | None = _DEFAULT) -> bool:
         """Like :meth:`acquire`, but return False instead of raising on timeout.
 
         The default ``timeout=0`` makes exactly one attempt.
         """
-        try:  # (self._acquire, spelled out: one call fewer per acquisition; issue 21)
-            await self._take(self._keys, *resolve(timeout, lease, self._timeout, self._lease))
+        try:  # (self._acquire and resolve(), spelled out: two calls fewer; issue 21)
+            wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
+            fixed = (
+                self._lease if lease is _DEFAULT else None if lease is None else check_lease(lease)
+            )
+            await self._take(self._keys, wait, fixed)
         except TimeoutError:
             return False
         return True
