@@ -3,7 +3,9 @@ time limits, and the retry after a broken connection (aiolock/_redis/transport.p
 
 from __future__ import annotations
 
+import asyncio
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from redis.asyncio import Redis
 import aiolock
 import aiolock._redis.client
 from aiolock._redis.client import Arg, Client
-from aiolock._redis.transport import fast_parser
+from aiolock._redis.transport import RoundTripTimer, RoundTripTimers, fast_parser
 from aiolock.testing import RedisServer
 
 
@@ -176,6 +178,50 @@ async def test_no_time_limit_arms_no_timer(redis_url: str, monkeypatch: pytest.M
     finally:
         await client.aclose()
         await client.redis.aclose()
+
+
+async def test_round_trips_share_one_loop_timer(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: a loop timer per round trip (armed, then cancelled) cost about a dozen
+    Python calls of asyncio's each; the round trips of a client share one."""
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counted(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    client = Client(Redis.from_url(redis_url, socket_timeout=5))
+    try:
+        await client.call("PING")  # connected
+        monkeypatch.setattr(loop, "call_at", counted)
+        for _ in range(20):
+            assert await client.call("PING") == b"PONG"
+        assert len(armed) <= 1, armed
+    finally:
+        monkeypatch.undo()
+        await client.aclose()
+        await client.redis.aclose()
+
+
+async def test_each_round_trip_expires_at_its_own_deadline() -> None:
+    """The shared timer fires at the earliest deadline pending and arms itself again at
+    the next one; a round trip answered in time (cancelled) never expires."""
+    loop = asyncio.get_running_loop()
+    timers = RoundTripTimers(loop)
+    conn: Any = SimpleNamespace(_writer=None)
+    now = loop.time()
+    late = RoundTripTimer(timers, now + 1.5, conn)
+    early = RoundTripTimer(timers, now + 0.05, conn)  # earlier: the timer moves to it
+    answered = RoundTripTimer(timers, now + 0.02, conn)
+    answered.cancel()
+    await asyncio.sleep(0.3)
+    assert early.expired and not late.expired and not answered.expired
+    await asyncio.sleep(max(0.0, now + 1.5 - loop.time()) + 0.2)
+    assert late.expired and not answered.expired
+    assert timers.armed is None and not timers.pending
 
 
 # -- broken connections ------------------------------------------------------------------

@@ -23,7 +23,13 @@ from redis.asyncio.connection import AbstractConnection
 from aiolock._redis.pipeline import Arg, Pipelining
 from aiolock._redis.reply import as_int, as_text
 from aiolock._redis.translate import POOL_EXHAUSTED, is_permanent, key_type_error, translate
-from aiolock._redis.transport import RoundTripTimer, exchange, fast_parser, where
+from aiolock._redis.transport import (
+    RoundTripTimer,
+    RoundTripTimers,
+    exchange,
+    fast_parser,
+    where,
+)
 
 __all__ = [
     "POOL_EXHAUSTED",
@@ -146,6 +152,9 @@ class Client(Pipelining):
         self.pipelined = 0
         #: round trips that failed on a connection error (and were retried once)
         self.connection_errors = 0
+        #: the one loop timer of the round trips' time limits (see RoundTripTimer); left
+        #: as it is when the client closes, so a round trip still out stays bounded
+        self._timers: RoundTripTimers | None = None
 
     async def aclose(self) -> None:
         """Wait for the pipelines in flight; fail what is still queued; give the kept
@@ -229,7 +238,10 @@ class Client(Pipelining):
                 when, per_socket = socket_deadline, True
         if when is None:
             return await self._talk(conn, parser, packed, count)
-        timer = RoundTripTimer(loop, when, conn)
+        timers = self._timers
+        if timers is None or timers.loop is not loop:
+            timers = self._timers = RoundTripTimers(loop)
+        timer = RoundTripTimer(timers, when, conn)
         try:
             return await self._talk(conn, parser, packed, count)
         except Exception as exc:  # not CancelledError: the caller's cancellation wins

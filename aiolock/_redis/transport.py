@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - redis-py without these names
     _AsyncHiredisParser = None  # type: ignore[assignment,misc]
     NOT_ENOUGH_DATA = object()
 
-__all__ = ["RoundTripTimer", "exchange", "fast_parser", "where", "write"]
+__all__ = ["RoundTripTimer", "RoundTripTimers", "exchange", "fast_parser", "where", "write"]
 
 #: bytes asked of the stream per read (redis-py's default socket_read_size)
 READ_SIZE = 65536
@@ -140,26 +140,72 @@ def where(conn: AbstractConnection) -> str:
 
 
 class RoundTripTimer:
-    """Aborts a connection's transport at *when* (loop time): one timer per round trip.
+    """Aborts a connection's transport at *when* (loop time), unless cancelled first.
 
     Aborting makes the pending read or write fail at once with a connection error; the
     caller then checks :attr:`expired` to report a timeout instead. The connection is
     dropped either way (a reply may still be on its way), which a per-read timeout did too.
-    Costs one ``call_at`` and one ``cancel`` per round trip.
+
+    The round trips of one client share one loop timer (*timers*, :class:`RoundTripTimers`):
+    a timer of the loop's own per round trip cost about a dozen Python calls of asyncio's
+    (its handle, the heap's comparisons, its cancellation), now a set's add and discard.
     """
 
-    __slots__ = ("_conn", "_handle", "expired")
+    __slots__ = ("_conn", "_timers", "expired", "when")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, when: float, conn: AbstractConnection):
+    def __init__(self, timers: RoundTripTimers, when: float, conn: AbstractConnection):
         self.expired = False
+        self.when = when
         self._conn = conn
-        self._handle = loop.call_at(when, self._fire)
+        self._timers = timers
+        timers.pending.add(self)
+        if timers.armed is None or when < timers.armed_at:
+            timers.arm(when)
 
-    def _fire(self) -> None:
+    def expire(self) -> None:
         self.expired = True
+        self._timers.pending.discard(self)
         writer = self._conn._writer
         if writer is not None:
             writer.transport.abort()
 
     def cancel(self) -> None:
-        self._handle.cancel()
+        self._timers.pending.discard(self)
+
+
+class RoundTripTimers:
+    """One loop timer for the :class:`RoundTripTimer` of every round trip of a client.
+
+    It is armed at the earliest deadline of those pending, or an earlier one that has
+    since been cancelled (a round trip answered in time is not looked for in the loop's
+    heap): when it fires, it expires the round trips whose deadline has come and arms
+    itself at the earliest deadline left, so each expires at its own deadline as with a
+    timer of its own. With round trips answered in time, it fires about once per time
+    limit instead of being armed and cancelled once per round trip.
+    """
+
+    __slots__ = ("armed", "armed_at", "loop", "pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: set[RoundTripTimer] = set()
+        self.armed: asyncio.TimerHandle | None = None
+        self.armed_at = 0.0
+
+    def arm(self, when: float) -> None:
+        if self.armed is not None:
+            self.armed.cancel()
+        self.armed = self.loop.call_at(when, self._fire)
+        self.armed_at = when
+
+    def _fire(self) -> None:
+        self.armed = None
+        now = self.loop.time()
+        earliest: float | None = None
+        for timer in list(self.pending):
+            if timer.when <= now:
+                timer.expire()
+            elif earliest is None or timer.when < earliest:
+                earliest = timer.when
+        if earliest is not None:
+            self.arm(earliest)
