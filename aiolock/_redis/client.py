@@ -201,7 +201,11 @@ class Client(Pipelining):
         self, packed: bytes, count: int, deadline: float | None, *, kept: bool
     ) -> list[Any]:
         """One try of a round trip on one connection (a kept one if *kept* allows)."""
-        conn = await self._checkout(deadline, kept=kept)
+        idle = self._idle
+        if kept and idle and not self._follows_primary and _usable(idle[-1]):
+            conn = idle.pop()  # (_checkout's common case, without its coroutine; issue 21)
+        else:
+            conn = await self._checkout(deadline, kept=kept)
         reusable = False
         try:
             replies = await self._on(conn, packed, count, deadline)
