@@ -13,8 +13,9 @@ with. Because it is the same reader:
 * redis-py's own reads on the connection (health checks, the pool's "has data?" check on
   checkout) see a consistent buffer.
 
-The time limit is a :class:`RoundTripTimer`: one timer per round trip that aborts the transport
-when it fires, instead of a timeout context per read.
+The time limit is a :class:`RoundTripTimer`: one deadline per round trip that aborts the
+transport when it passes, instead of a timeout context per read (the round trips of a client
+share one loop timer: :class:`RoundTripTimers`).
 
 Connections the fast path does not understand (no hiredis, a parser or connection class
 that reads differently, e.g. Sentinel's, which turns READONLY into a failover) return
