@@ -206,22 +206,47 @@ async def test_round_trips_share_one_loop_timer(
         await client.redis.aclose()
 
 
-async def test_each_round_trip_expires_at_its_own_deadline() -> None:
+class _Clock:
+    """A loop stand-in for RoundTripTimers: its time is set by the test, and call_at
+    records the one armed handle (so the test fires it, not the wall clock)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.armed: list[tuple[float, Any]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any) -> Any:
+        entry = (when, callback)
+        self.armed.append(entry)
+        return SimpleNamespace(cancel=lambda: self.armed.remove(entry))
+
+
+def test_each_round_trip_expires_at_its_own_deadline() -> None:
     """The shared timer fires at the earliest deadline pending and arms itself again at
-    the next one; a round trip answered in time (cancelled) never expires."""
-    loop = asyncio.get_running_loop()
-    timers = RoundTripTimers(loop)
+    the next one; a round trip answered in time (cancelled) never expires. Driven by a
+    clock of the test's, so a loaded machine cannot move what it sees."""
+    clock = _Clock()
+    timers = RoundTripTimers(clock)  # type: ignore[arg-type]
     conn: Any = SimpleNamespace(_writer=None)
-    now = loop.time()
-    late = RoundTripTimer(timers, now + 1.5, conn)
-    early = RoundTripTimer(timers, now + 0.05, conn)  # earlier: the timer moves to it
-    answered = RoundTripTimer(timers, now + 0.02, conn)
+    late = RoundTripTimer(timers, 101.5, conn)
+    early = RoundTripTimer(timers, 100.05, conn)  # earlier: the timer moves to it
+    answered = RoundTripTimer(timers, 100.02, conn)  # earlier still
     answered.cancel()
-    await asyncio.sleep(0.3)
+    assert [when for when, _ in clock.armed] == [100.02]  # one armed, at the earliest
+    clock.now = 100.02
+    clock.armed.pop()[1]()  # fires: nothing due (answered was cancelled)
+    assert not (early.expired or late.expired or answered.expired)
+    assert [when for when, _ in clock.armed] == [100.05]
+    clock.now = 100.3
+    clock.armed.pop()[1]()
     assert early.expired and not late.expired and not answered.expired
-    await asyncio.sleep(max(0.0, now + 1.5 - loop.time()) + 0.2)
+    assert [when for when, _ in clock.armed] == [101.5]
+    clock.now = 101.5
+    clock.armed.pop()[1]()
     assert late.expired and not answered.expired
-    assert timers.armed is None and not timers.pending
+    assert timers.armed is None and not timers.pending and not clock.armed
 
 
 # -- broken connections ------------------------------------------------------------------
