@@ -62,6 +62,7 @@ from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from aiolock._engine.runtime import task_in
 from aiolock._engine.waiter import ChannelQueue, FastEntry, Waiter
 from aiolock._redis.pubsub import Source, SubscriptionEvents
 
@@ -158,7 +159,8 @@ class WaiterHub(SubscriptionEvents):
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = Waiter(queue, owner, lease, field)
-        waiter.task = asyncio.current_task(self.loop)  # (the task joins itself)
+        loop = self.loop  # (the task joins itself)
+        waiter.task = asyncio.current_task() if loop is None else task_in(loop)
         if turn and self._turns < self.WAKES and not self._deferred:
             self._turns += 1
             waiter.turn = True
@@ -190,9 +192,9 @@ class WaiterHub(SubscriptionEvents):
         self._turns += 1  # (as join's turn=True: the waiter made from it has this turn)
         # (A tuple: an object of its own cost half of what the lazy entry saves. The task
         # is recorded here as in join: nobody else can tell it later, Waiter.cancelling.)
-        entry = self._lazy[channel] = (
-            owner, lease, queued, anonymous, asyncio.current_task(self.loop)
-        )  # fmt: skip
+        loop = self.loop
+        task = asyncio.current_task() if loop is None else task_in(loop)
+        entry = self._lazy[channel] = (owner, lease, queued, anonymous, task)
         return entry
 
     def materialize(self, channel: str, entry: FastEntry) -> Waiter:
