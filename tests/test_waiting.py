@@ -30,10 +30,20 @@ async def test_a_waiter_wakes_on_release_without_waiting_out_the_lease(
         held = holder_side.lock("wake")
         await held.acquire()
         waiting = asyncio.create_task(waiter_side.lock("wake").acquire(timeout=10))
-        await eventually(
-            lambda: waiter_side.statistics().hub.subscriptions == 1,
-            what="the waiter's subscription",
-        )
+        engine = waiter_side._engine
+        assert engine is not None
+
+        def asleep() -> bool:
+            # Subscribed, and asleep again after the attempt its confirmation woke it for:
+            # while that attempt is still on its way (a loaded CI machine), a release
+            # meanwhile lets the attempt take the lock, and the message then finds no
+            # waiter (stop 32's fresh-clone run counted 0 messages).
+            waiters = [w for q in engine.hub._queues.values() for w in q.waiters]
+            return waiter_side.statistics().hub.subscriptions == 1 and any(
+                w._future is not None and not w._future.done() for w in waiters
+            )
+
+        await eventually(asleep, what="the waiter subscribed and asleep")
         released_at = time.monotonic()
         await held.release()
         await asyncio.wait_for(waiting, 10)
