@@ -23,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from aiolock._engine.engine import Engine
 from aiolock._engine.hub import HubStatistics, WaiterHub
 from aiolock._engine.lifecycle import ManagerLifecycle
-from aiolock._engine.runtime import Runtime
+from aiolock._engine.runtime import Runtime, task_in
 from aiolock._errors import (
     LockBackendError,
     LockConnectionError,
@@ -532,7 +532,8 @@ class LockManager(ManagerLifecycle, LockFactories):
 
     def _owner(self) -> str:
         """The owner field of the current task, assigned on first use."""
-        task = asyncio.current_task(self._loop)  # (see _loop)
+        loop = self._loop  # (see _loop)
+        task = asyncio.current_task() if loop is None else task_in(loop)
         owner = self._owners.get(task)  # type: ignore[arg-type]
         if owner is None:
             if task is None:

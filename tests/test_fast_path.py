@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._engine.engine import Engine
+from aiolock._engine.hub import WaiterHub
 from aiolock._engine.kind import Attempt, Busy, Granted
 from aiolock._errors import LockConnectionError
 
@@ -320,15 +321,293 @@ async def test_call_order_is_kept_with_the_fast_path(locks: aiolock.LockManager)
     assert engine_of(locks).fast_acquired == 1
 
 
+# -- the fast path's lazy queue entry (issue 21) ----------------------------------------
+#
+# The fast path joins its lock's queue lazily (WaiterHub.enter): while its one attempt is in
+# flight, an entry stands for the queue and its head waiter, which are made only when
+# somebody needs them. These tests hold an attempt in flight and make each such somebody
+# come: the rules of the queue must apply exactly as if the waiter had been made at once.
+
+
+class _InFlight:
+    """Holds the replies of *kind*'s attempts (each ran in Redis) until :attr:`let_go`
+    is set; :attr:`sent` counts the attempts that ran."""
+
+    def __init__(self, kind: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.let_go = asyncio.Event()
+        self.sent = 0
+        real = kind.attempt
+
+        async def attempt(attempt: Attempt) -> Granted | Busy:
+            outcome: Granted | Busy = await real(attempt)
+            self.sent += 1
+            await self.let_go.wait()
+            return outcome
+
+        monkeypatch.setattr(kind, "attempt", attempt)
+
+
+def hub_of(locks: aiolock.LockManager) -> WaiterHub:
+    return engine_of(locks).hub
+
+
+def queue_sizes(locks: aiolock.LockManager) -> tuple[int, int]:
+    stats = locks.statistics().hub
+    return stats.queues, stats.waiters
+
+
+async def test_a_fast_attempt_in_flight_makes_no_queue_but_counts_as_one(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody looks: no queue nor waiter is made (before: both, for every acquisition),
+    and the statistics count the entry as the queue of one waiter it stands for."""
+    lock = locks.lock("lazy")
+    hub = hub_of(locks)
+    flight = _InFlight(lock._kind, monkeypatch)
+    held, leave = asyncio.Event(), asyncio.Event()
+
+    async def user() -> None:
+        async with lock:
+            held.set()
+            await leave.wait()
+
+    task = asyncio.create_task(user())
+    await eventually(lambda: flight.sent == 1, what="the attempt to run")
+    assert queue_sizes(locks) == (1, 1)
+    assert hub._queues == {} and list(hub._lazy) == [lock._keys.channel]
+    assert hub._turns == 1  # its turn among the woken waiters, as a waiter's
+    flight.let_go.set()
+    await within(held.wait(), what="the acquisition")
+    assert queue_sizes(locks) == (0, 0)
+    assert hub._lazy == {} and hub._queues == {} and hub._turns == 0
+    assert counts(locks) == (1, 0, 1)
+    leave.set()
+    await within(task, what="the release")
+
+
+async def test_a_task_asking_while_a_fast_attempt_is_in_flight_queues_behind_it(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second task's join makes the first's queue and waiter: it waits behind it
+    (no attempt of its own meanwhile), and is handed the lock when the first releases."""
+    lock = locks.lock("behind")
+    hub = hub_of(locks)
+    flight = _InFlight(lock._kind, monkeypatch)
+    order: list[str] = []
+    leave = asyncio.Event()
+
+    async def user(me: str) -> None:
+        async with lock:
+            order.append(me)
+            await leave.wait()
+
+    first = asyncio.create_task(user("first"))
+    await eventually(lambda: flight.sent == 1, what="the first attempt to run")
+    second = asyncio.create_task(user("second"))
+    await eventually(lambda: queue_sizes(locks) == (1, 2), what="the second waiter")
+    assert hub._lazy == {}  # the entry became the head of a real queue
+    head, behind = hub._queues[lock._keys.channel].waiters
+    assert head.task is first and behind.task is second
+    assert head.turn and hub._turns == 1  # the entry's turn is its waiter's
+    await asyncio.sleep(0.05)
+    assert flight.sent == 1  # the second waits its turn: no attempt of its own
+    flight.let_go.set()
+    await eventually(lambda: order == ["first"], what="the first holder")
+    leave.set()
+    await within(asyncio.gather(first, second), what="both users")
+    assert order == ["first", "second"]  # call order kept
+    assert counts(locks) == (1, 1, 2)  # the second by the engine's hand-over
+    assert queue_sizes(locks) == (0, 0) and hub._turns == 0
+    assert not await lock.locked()
+
+
+async def test_a_local_release_hands_the_lock_to_a_fast_attempt_in_flight(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder of the same manager releases while a fast attempt (which found the lock
+    busy) is in flight: the successor is its waiter, made from the entry, and it gets
+    the lock by the hand-over (the release script with its successor: 9 arguments)."""
+    lock = locks.lock("handed")
+    hub = hub_of(locks)
+    client: Any = locks._client
+    original = client.run
+    sent: list[int] = []
+
+    def recorded(script: Any, keys: Any, args: Any) -> Any:
+        if script.name == "_kinds/lock/release":
+            sent.append(len(args))
+        return original(script, keys, args)
+
+    monkeypatch.setattr(client, "run", recorded)
+    await lock.acquire()
+    flight = _InFlight(lock._kind, monkeypatch)
+
+    async def waiter() -> int:
+        await lock.acquire(timeout=10)
+        try:
+            return await lock.hold_count()
+        finally:
+            await lock.release()
+
+    task = asyncio.create_task(waiter())
+    await eventually(lambda: flight.sent == 1, what="the busy attempt to run")
+    assert len(hub._lazy) == 1
+    await lock.release()
+    assert sent == [9]  # handed over to the waiter made from the entry
+    assert hub._lazy == {} and queue_sizes(locks) == (1, 1)
+    flight.let_go.set()
+    assert await within(task, what="the waiter") == 1
+    assert sent == [9, 2]  # its own release: nobody to hand it to
+    assert counts(locks) == (1, 1, 2)
+    assert queue_sizes(locks) == (0, 0) and hub._turns == 0
+    assert not await lock.locked()
+
+
+async def test_a_local_release_wakes_a_fast_attempt_in_flight(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release that hands nothing over (the write side of a read-write lock) wakes the
+    local head: a fast attempt (a reader's, busy) in flight keeps that wake, and its wait
+    tries again at once, as a waiter made at the start would."""
+    rw = locks.rw_lock("woken")
+    hub = hub_of(locks)
+    writer = rw.write()
+    await writer.acquire()
+    reader = rw.read()
+    flight = _InFlight(reader._kind, monkeypatch)
+
+    async def read() -> None:
+        await reader.acquire(timeout=10)
+        await reader.release()
+
+    task = asyncio.create_task(read())
+    await eventually(lambda: flight.sent == 1, what="the reader's busy attempt")
+    assert len(hub._lazy) == 1
+    await writer.release()
+    assert hub._lazy == {}
+    (head,) = hub._queues[reader._keys.channel].waiters
+    assert head.task is task and head.pending  # the wake, kept for its wait
+    flight.let_go.set()
+    await within(task, what="the reader")
+    assert flight.sent == 2  # tried again at once
+    assert queue_sizes(locks) == (0, 0) and hub._turns == 0
+
+
+async def test_a_fast_attempt_cancelled_in_flight_is_no_successor(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task cancelled while its fast attempt is in flight, and a local release before
+    the task sees it: the waiter made from the entry is its task's, being cancelled, so
+    the lock is freed for others rather than handed to it (Python 3.11+ tells; on 3.10
+    it is handed over and passed on). The cancellation undoes the attempt as before."""
+    lock = locks.lock("cancelled-in-flight")
+    hub = hub_of(locks)
+    client: Any = locks._client
+    original = client.run
+    sent: list[int] = []
+
+    def recorded(script: Any, keys: Any, args: Any) -> Any:
+        if script.name == "_kinds/lock/release":
+            sent.append(len(args))
+        return original(script, keys, args)
+
+    monkeypatch.setattr(client, "run", recorded)
+    await lock.acquire()
+    flight = _InFlight(lock._kind, monkeypatch)
+    task = asyncio.create_task(lock.acquire(timeout=10))
+    await eventually(lambda: flight.sent == 1, what="the busy attempt to run")
+    task.cancel()
+    await lock.release()  # before the task runs again: its entry is still lazy
+    if sys.version_info >= (3, 11):
+        assert sent == [2]  # freed, not handed over
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: queue_sizes(locks) == (0, 0), what="the queue left")
+    assert hub._lazy == {} and hub._queues == {} and hub._turns == 0
+    await eventually(lambda: locks.statistics().pending_cleanups == 0, what="cleanups")
+    assert not await lock.locked()
+    assert locks.statistics().held == 0
+
+
+async def test_lazy_entries_take_turns_within_the_wakes_bound(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most WaiterHub.WAKES first attempts in flight, lazy or not: an entry holds a
+    turn, its waiter keeps that turn when it is made, the others wait in line as
+    waiters, and each entry dropped admits the next."""
+    hub = hub_of(locks)
+    monkeypatch.setattr(hub, "WAKES", 2, raising=False)
+    names = [f"turns{i}" for i in range(6)]
+    flight = _InFlight(locks.lock(names[0])._kind, monkeypatch)
+    in_flight = peak = 0
+    real = locks.lock(names[0])._kind.attempt
+
+    async def counted(attempt: Attempt) -> Granted | Busy:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            return await real(attempt)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(locks.lock(names[0])._kind, "attempt", counted)
+
+    async def user(name: str) -> None:
+        async with locks.lock(name, timeout=10):
+            pass
+
+    tasks = [asyncio.create_task(user(name)) for name in names]
+    await eventually(lambda: flight.sent == 2, what="two attempts in flight")
+    assert len(hub._lazy) == 2 and hub._turns == 2
+    assert queue_sizes(locks) == (6, 6)  # two entries, four waiters in line
+    in_line = [w for q in hub._queues.values() for w in q.waiters]
+    assert len(in_line) == 4 and all(w.deferred for w in in_line)
+    # One more task for the first name: it makes that entry's waiter, which keeps its turn.
+    tasks.append(asyncio.create_task(user(names[0])))
+    await eventually(lambda: queue_sizes(locks) == (6, 7), what="the seventh waiter")
+    assert len(hub._lazy) == 1 and hub._turns == 2
+    flight.let_go.set()
+    await within(asyncio.gather(*tasks), what="every user")
+    assert peak <= 2, peak
+    assert hub._lazy == {} and hub._turns == 0 and queue_sizes(locks) == (0, 0)
+    assert engine_of(locks).fast_acquired == 6  # the seventh waited behind the first
+
+
+async def test_the_hub_closing_with_a_lazy_entry_in_flight(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub closes (stop_acquiring) while a fast attempt, granted in Redis, is in
+    flight: its waiter is made and woken as every other, and the attempt's grant is given
+    back when it lands (the manager closed meanwhile), its queue left."""
+    lock = locks.lock("closing")
+    hub = hub_of(locks)
+    flight = _InFlight(lock._kind, monkeypatch)
+    task = asyncio.create_task(lock.acquire(timeout=10))
+    await eventually(lambda: flight.sent == 1, what="the attempt to run")
+    assert await lock.locked()  # granted in Redis, the reply not arrived
+    locks.stop_acquiring()
+    assert hub._lazy == {} and queue_sizes(locks) == (1, 1)
+    (head,) = hub._queues[lock._keys.channel].waiters
+    assert head.pending  # woken, as a waiter made at the start was
+    flight.let_go.set()
+    with pytest.raises(aiolock.ManagerNotOpenError):
+        await within(task, what="the attempt to land")
+    assert queue_sizes(locks) == (0, 0) and hub._turns == 0 and hub._lazy == {}
+    assert not await lock.locked()
+    assert counts(locks) == (0, 0, 0)
+
+
 #: Python functions of the engine, the kinds and the handles (aiolock's own files, not the
 #: command layer in aiolock/_redis) that one uncontended cycle may enter: a bound that
 #: keeps the fast path's work per cycle from creeping back (issue 21, target 2; 57 before
 #: the second round of that target, which took the kinds' channel, the closures of the
 #: reply decoding and the lock's unused release id off the path; 49 before a final release
 #: without a successor stopped asking for the hand-over streak; 48 before the lock handle
-#: set its own fields and checked its arguments inline, the lock kind kept its lease's ms
-#: and a final release unparked in registry.remove).
-CYCLE_CALLS = 43
+#: set its own fields and checked its arguments inline, the lock kind kept its lease's ms,
+#: a final release unparked in registry.remove, and the fast path's queue entry became
+#: lazy: no Waiter, ChannelQueue, leave or _forget per cycle).
+CYCLE_CALLS = 40
 
 
 async def _profiled_cycle(locks: aiolock.LockManager, profiler: Any) -> None:

@@ -15,7 +15,12 @@ same work, with the same kind calls through the seam, in one layer of its own:
   and that outcome in place of its first attempt: a busy lock waits there, and an
   attempt cancelled or cut off in flight is undone there by the kind's undo, exactly as
   the engine's own attempt is (the void marker rule: a late script must never grant a
-  hold nobody knows of).
+  hold nobody knows of). The task joins *lazily*
+  (:meth:`~aiolock._engine.hub.WaiterHub.enter`): its queue and waiter are made only
+  when somebody needs them while the attempt is in flight, or when the wait goes on;
+  an attempt that nobody needed to see only drops its entry. Making and dropping them
+  unseen was most of what the LockManager spent per cycle beyond twice the minimal
+  client's (issue 21).
 * **Release**: a final release (count 1) with nobody of this manager waiting for the
   lock (so nothing to hand over) sends the kind's release and applies its outcome; a
   release cancelled or cut off in flight is settled by the engine's own handling
@@ -108,16 +113,26 @@ class FastPath(Acquiring):
             return await self._acquire_new(kind, keys, owner, timeout, lease, permits)
         hub = self.hub
         # One attempt (timeout=0) joins no queue, as the engine's single attempt does.
-        waiter = None
+        # Any other joins its lock's queue: lazily if the lock has no queue and a turn is
+        # free (*entry*, see WaiterHub.enter), else as the engine's waiters do (*waiter*).
+        # A lazy entry stands for its waiter while nobody needs it; whoever does makes
+        # it, the one it would have had from the start, so the engine's rules apply to it
+        # unchanged: a task asking meanwhile queues behind it, a local release may hand
+        # it the lock, a wake meanwhile is kept for its wait (see WaiterHub).
+        entry = waiter = None
         if timeout != 0:
-            waiter = hub.join(
-                channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages,
-                turn=True,
-            )  # fmt: skip
+            entry = hub.enter(
+                channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages
+            )
+            if entry is None:
+                waiter = hub.join(
+                    channel, owner, lease, queued=kind.queued,
+                    anonymous=kind.anonymous_messages, turn=True,
+                )  # fmt: skip
         called: float | None = None  # when it was called, if it waited in line
         if waiter is not None and not waiter.turn and not hub.take_turn(waiter):
             # At most WaiterHub.WAKES first attempts and woken waiters talk to Redis at
-            # once; this one waits in line (see _first_in_line).
+            # once; this one waits in line (see _first_in_line). (An entry has a turn.)
             called = time.monotonic()
             deadline = None if timeout is None else called + timeout
             if not await self._first_in_line(waiter, deadline):
@@ -139,6 +154,8 @@ class FastPath(Acquiring):
         except (LockConnectionError, ReplicaAckError, asyncio.CancelledError) as exc:
             if isinstance(exc, LockConnectionError) and not hub.closed:
                 self.reach.failed(exc)  # every waiter of the manager may report it
+            if entry is not None:
+                waiter = hub.materialize(channel, entry)
             if waiter is None:
                 await self._undo(kind, attempt)  # it may have run
                 raise
@@ -149,16 +166,22 @@ class FastPath(Acquiring):
                 kind, keys, owner, lease, deadline, timeout, permits, waiter, exc, attempt
             )
         except Exception as exc:  # (a key of another type, a refusal): the wait raises it
+            if entry is not None:
+                waiter = hub.materialize(channel, entry)
             if waiter is None:
                 raise
             return await self._wait(kind, keys, owner, lease, None, timeout, permits, waiter, exc)
         except BaseException:  # closed, interrupted: nothing may be awaited now
-            if waiter is not None:
+            if entry is not None:
+                hub.drop(channel, entry, acquired=False)
+            elif waiter is not None:
                 hub.leave(waiter, acquired=False)
             raise
         if self.reach.failure is not None:
             self.reach.reached()
         if isinstance(outcome, Busy):
+            if entry is not None:
+                waiter = hub.materialize(channel, entry)
             if waiter is None:
                 self.timeouts[kind.name] += 1
                 raise kind.timeout_error(keys, timeout, permits)
@@ -176,11 +199,16 @@ class FastPath(Acquiring):
                 raise self.manager_closed()
             self._adopt(hold)
         except BaseException:
-            if waiter is not None:
+            if entry is not None:
+                hub.drop(channel, entry, acquired=False)
+            elif waiter is not None:
                 hub.leave(waiter, acquired=False)
             raise
-        if waiter is not None:
-            # A shared grant lets the next waiter try at once, as a failed one does.
+        # A shared grant lets the next waiter try at once, as a failed one does. (An
+        # entry nobody needed is only dropped: see WaiterHub.drop.)
+        if entry is not None:
+            hub.drop(channel, entry, acquired=not kind.shared)
+        elif waiter is not None:
             hub.leave(waiter, acquired=not kind.shared)
         self.fast_acquired += 1
         return hold

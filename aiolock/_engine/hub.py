@@ -42,6 +42,16 @@ server, one per primary on a Redis Cluster, chosen by whoever builds the hub), w
 tells the hub what it hears: release messages, confirmed subscriptions, and lost ones.
 If a connection drops, every head of its channels is woken (a release may have been
 missed), the subscriptions are re-established, and each confirmation wakes its head again.
+
+The fast path's first attempt (:mod:`aiolock._engine.fast`) joins *lazily* (issue 21):
+while its lock has no queue, :meth:`WaiterHub.enter` records an entry
+(:data:`~aiolock._engine.waiter.FastEntry`) and a turn, no queue nor waiter. The entry
+stands for a queue of that one waiter: :meth:`~WaiterHub.idle` is false for its lock,
+the statistics count it, and whatever would act on that queue or its head (a join
+behind it, a successor, a wake, a message, a confirmation, a loss, the hub closing)
+first makes them from the entry (``_make``), then acts as it always did; what only reads
+a queue answers for the entry as for a new one. Only an attempt nobody needed to see
+ends without a queue: :meth:`~WaiterHub.drop` undoes the entry as leave() its queue.
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from aiolock._engine.waiter import ChannelQueue, Waiter
+from aiolock._engine.runtime import task_in
+from aiolock._engine.waiter import ChannelQueue, FastEntry, Waiter
 from aiolock._redis.pubsub import Source, SubscriptionEvents
 
 __all__ = ["HubStatistics", "WaiterHub"]
@@ -98,6 +109,11 @@ class WaiterHub(SubscriptionEvents):
         source.bind(self)
         self._manager_id = manager_id
         self._queues: dict[str, ChannelQueue] = {}
+        #: the fast path's entries (see enter): a channel has a queue or an entry, never
+        #: both; each holds a turn. _made: waiters made from entries by others (_make),
+        #: until their fast path takes them (materialize, drop)
+        self._lazy: dict[str, FastEntry] = {}
+        self._made: dict[str, Waiter] = {}
         #: channels this manager yields, until when (monotonic)
         self._yields: dict[str, float] = {}
         #: hand-overs in a row within this manager, per channel, since it was last freed
@@ -139,11 +155,12 @@ class WaiterHub(SubscriptionEvents):
         (``waiter.turn``; else see :meth:`take_turn`), here rather than in a call of its
         own (the fast path's, see :mod:`aiolock._engine.fast`).
         """
-        queue = self._queues.get(channel)
+        queue = self._queue(channel)  # (behind a fast attempt in flight: see enter)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = Waiter(queue, owner, lease, field)
-        waiter.task = asyncio.current_task(self.loop)  # (the task joins itself)
+        loop = self.loop  # (the task joins itself)
+        waiter.task = asyncio.current_task() if loop is None else task_in(loop)
         if turn and self._turns < self.WAKES and not self._deferred:
             self._turns += 1
             waiter.turn = True
@@ -155,11 +172,86 @@ class WaiterHub(SubscriptionEvents):
             queue.fields[field] = waiter
         return waiter
 
+    def enter(
+        self, channel: str, owner: str, lease: float | None, *, queued: bool, anonymous: bool
+    ) -> FastEntry | None:
+        """The fast path's lazy place in *channel*'s queue for its first attempt: what
+        :meth:`join` with ``turn=True`` would make, unmade (see the module docstring).
+
+        Only if *channel* has no queue (nor entry) and a turn is free at once (fewer than
+        WAKES taken, nobody in line); the fast path ends it with :meth:`drop`, or goes on
+        with :meth:`materialize`. None: it joins as the engine's waiters do.
+        """
+        if (
+            channel in self._queues
+            or channel in self._lazy
+            or self._turns >= self.WAKES
+            or self._deferred
+        ):
+            return None
+        self._turns += 1  # (as join's turn=True: the waiter made from it has this turn)
+        # (A tuple: an object of its own cost half of what the lazy entry saves. The task
+        # is recorded here as in join: nobody else can tell it later, Waiter.cancelling.)
+        loop = self.loop
+        task = asyncio.current_task() if loop is None else task_in(loop)
+        entry = self._lazy[channel] = (owner, lease, queued, anonymous, task)
+        return entry
+
+    def materialize(self, channel: str, entry: FastEntry) -> Waiter:
+        """The waiter of the fast path's *entry* for *channel* (the engine's wait goes on
+        with it): made now, or by whoever needed the queue meanwhile."""
+        if self._lazy.get(channel) is entry:
+            self._make(channel)
+        return self._made.pop(channel)
+
+    def drop(self, channel: str, entry: FastEntry, *, acquired: bool) -> None:
+        """The fast path's *entry* for *channel* leaves: its waiter as :meth:`leave` says,
+        if somebody needed it made; else only the entry."""
+        if self._lazy.pop(channel, None) is not entry:
+            # (made: its waiter heads the queue until it leaves, so no new entry is made
+            # for the channel meanwhile)
+            self.leave(self._made.pop(channel), acquired=acquired)
+            return
+        # Nobody needed it: what leave() does for the lone waiter of a queue that never
+        # subscribed, acquired or not. Its turn ends (admitting the next in line); never
+        # woken nor reserved, it has nobody to wake after it; and nothing to unsubscribe:
+        # a channel without a queue has no subscription (only a queue's waiters want one,
+        # and a queue is forgotten only once its subscription is gone).
+        self._turns -= 1
+        if self._deferred:
+            self._admit()
+
+    def _make(self, channel: str) -> ChannelQueue:
+        """Make *channel*'s queue and head waiter from the fast path's entry, as join()
+        would have made them when it was recorded (the waiter is kept in ``_made``)."""
+        owner, lease, queued, anonymous, task = self._lazy.pop(channel)
+        # (no queue exists: enter() records none then, and a join meanwhile makes this)
+        queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
+        waiter = self._made[channel] = Waiter(queue, owner, lease)
+        waiter.task = task
+        waiter.turn = True  # the entry's turn, counted in _turns since enter()
+        queue.waiters.append(waiter)
+        self._busy += 1
+        self._waiting += 1
+        return queue
+
+    def _queue(self, channel: str) -> ChannelQueue | None:
+        """*channel*'s queue, made from the fast path's entry if it has one: for whoever
+        acts on the queue or its head (see enter)."""
+        queue = self._queues.get(channel)
+        if queue is None and channel in self._lazy:
+            queue = self._make(channel)
+        return queue
+
     def idle(self, channel: str) -> bool:
         """Whether *channel* has no local queue (no task of this manager waits for the
-        lock or is acquiring it in its queue) and this manager does not yield it: what
-        the engine's fast path needs (see :mod:`aiolock._engine.fast`)."""
-        return channel not in self._queues and (not self._yields or self.yielding(channel) <= 0)
+        lock or is acquiring it in its queue, lazily or not) and this manager does not
+        yield it: what the engine's fast path needs (see :mod:`aiolock._engine.fast`)."""
+        return (
+            channel not in self._queues
+            and channel not in self._lazy
+            and (not self._yields or self.yielding(channel) <= 0)
+        )
 
     def rename(self, waiter: Waiter, field: str) -> str:
         """*waiter* goes on under a new *field* (its old registration is withdrawn)."""
@@ -262,7 +354,7 @@ class WaiterHub(SubscriptionEvents):
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
-        queue = self._queues.get(channel)
+        queue = self._queue(channel)  # (a fast attempt in flight may be handed it)
         if queue is None or self.closed or not queue.waiters or queue.queued:
             return None
         head = queue.waiters[0]  # first come, first served: only the head
@@ -275,7 +367,7 @@ class WaiterHub(SubscriptionEvents):
     def wanted(self, channel: str) -> bool:
         """Whether a waiter of this manager found *channel*'s lock busy and waits there
         (the subscription is wanted, confirmed or not)."""
-        queue = self._queues.get(channel)
+        queue = self._queues.get(channel)  # (a fast path's entry wants none)
         return queue is not None and queue.listen and bool(queue.waiters)
 
     def listening(self, channel: str) -> bool:
@@ -288,7 +380,7 @@ class WaiterHub(SubscriptionEvents):
         return self.source.subscribed(channel) and not self.confirmed(channel)
 
     def confirmed(self, channel: str) -> bool:
-        queue = self._queues.get(channel)
+        queue = self._queues.get(channel)  # (a fast path's entry has no subscription)
         return queue is not None and queue.confirmed
 
     @property
@@ -308,6 +400,8 @@ class WaiterHub(SubscriptionEvents):
     def wake(self, channel: str) -> None:
         """The lock behind *channel* may be free: let its head try."""
         queue = self._queues.get(channel)
+        if queue is None and channel in self._lazy:  # (_queue, inline: every release)
+            queue = self._make(channel)  # a fast attempt in flight keeps it (pending)
         if queue is not None:
             self._wake_head(queue)
 
@@ -405,14 +499,17 @@ class WaiterHub(SubscriptionEvents):
         self._wake_all()
 
     def _wake_all(self) -> None:
+        for channel in list(self._lazy):
+            self._make(channel)  # (their waiters are woken as every other)
         for queue in self._queues.values():
             for waiter in queue.waiters:
                 waiter.wake()
 
     def statistics(self) -> HubStatistics:
+        lazy = len(self._lazy)  # each a queue with one waiter (see enter)
         return HubStatistics(
-            queues=self._busy,
-            waiters=self._waiting,
+            queues=self._busy + lazy,
+            waiters=self._waiting + lazy,
             subscriptions=self._confirmed,
             messages=self._messages,
             reconnects=self.source.tally.reconnects,
@@ -425,7 +522,7 @@ class WaiterHub(SubscriptionEvents):
         await self.source.run()
 
     def on_message(self, channel: str, data: str) -> None:
-        queue = self._queues.get(channel)
+        queue = self._queue(channel)
         if queue is not None and queue.queued:
             # A queued kind's release names the waiter it was granted to (which may be
             # one of ours, released by one of ours), or is "" if nobody waited.
@@ -446,7 +543,7 @@ class WaiterHub(SubscriptionEvents):
                 self._wake_head(queue)
 
     def on_confirmed(self, channel: str) -> None:
-        queue = self._queues.get(channel)
+        queue = self._queue(channel)
         if queue is not None:
             self.failure = None
             # First confirmation: the head may now retry without missing a release.
@@ -456,13 +553,13 @@ class WaiterHub(SubscriptionEvents):
             self._wake_head(queue)
 
     def on_unconfirmed(self, channel: str) -> None:
-        queue = self._queues.get(channel)
+        queue = self._queues.get(channel)  # (a fast path's entry is not confirmed)
         if queue is not None:
             self._confirm(queue, False)
 
     def on_dropped(self, channel: str) -> None:
         """Forget the queue of *channel* if nobody uses it any more (nor the server)."""
-        queue = self._queues.get(channel)
+        queue = self._queues.get(channel)  # (a fast path's entry is in use)
         if queue is not None and not queue.waiters:
             self._forget(queue)
 
@@ -478,7 +575,7 @@ class WaiterHub(SubscriptionEvents):
 
     def on_lost(self, channels: Collection[str]) -> None:
         for channel in channels:
-            queue = self._queues.get(channel)
+            queue = self._queue(channel)
             if queue is not None:
                 self._confirm(queue, False)
                 # A release may have been missed; heads fall back to TTL waits (a queued

@@ -4,8 +4,9 @@
 to it); :class:`ChannelQueue` is the local waiters of one lock and the state of its
 subscription. Both are kept as small as they can be (``__slots__``, a list per queue):
 at 50,000 waited-on names the per-waiter objects are most of the client's memory
-(issue 24). The rules by which they are woken and served are the hub's
-(:mod:`aiolock._engine.hub`); nothing here awaits anything but the waiter's own sleep.
+(issue 24). A :data:`FastEntry` stands for both while nobody needs them (issue 21). The
+rules by which they are woken and served are the hub's (:mod:`aiolock._engine.hub`);
+nothing here awaits anything but the waiter's own sleep.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import sys
 
 from aiolock._engine.kind import Hold
 
-__all__ = ["ChannelQueue", "Waiter"]
+__all__ = ["ChannelQueue", "FastEntry", "Waiter"]
+
+#: The fast path's lazy place in its lock's queue (WaiterHub.enter): what its Waiter
+#: would record (owner, lease, the kind's queued and anonymous flags, task).
+FastEntry = tuple[str, "float | None", bool, bool, "asyncio.Task[object] | None"]
 
 
 class Waiter:
