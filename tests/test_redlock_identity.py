@@ -79,7 +79,11 @@ def key_of(manager: RedlockManager) -> str:
 async def test_the_record_is_on_every_master_while_open(
     servers: list[RedisServer], clients: list[Redis], prefix: str
 ) -> None:
-    async with redlock(servers, prefix, lease=5, name="billing-worker") as manager:
+    # node_timeout 3 s (below a third of the lease), not the module's 0.1 s: open()
+    # writes the record on the masters that answer within it, and on a loaded machine one
+    # may take longer than 0.1 s (the next round, a third of the lease later, would write
+    # it there: not what this checks)
+    async with redlock(servers, prefix, lease=10, name="billing-worker", node_timeout=3) as manager:
         key = key_of(manager)
         # written by open() itself: there once it returns, on every master that answers
         raws = [await client.get(key) for client in clients]
@@ -93,7 +97,7 @@ async def test_the_record_is_on_every_master_while_open(
         assert record["p"] == os.getpid()
         assert record["n"] == "billing-worker"
         assert record["v"] == aiolock.__version__
-    assert all(0 < ttl <= 5000 for ttl in ttls), ttls
+    assert all(0 < ttl <= 10_000 for ttl in ttls), ttls
     assert all(size is not None and size <= MAX_RECORD_BYTES for size in sizes), sizes
     print(f"redlock identity record: {sizes[0]} bytes (MEMORY USAGE) per master")
     # deleted at close, from every master
@@ -139,8 +143,15 @@ async def test_a_master_down_at_open_gets_the_record_once_it_answers(
         async with redlock(servers, prefix, lease=0.9) as manager:
             opened_in = time.monotonic() - started
             key = key_of(manager)
-            assert await clients[0].exists(key) == 1
-            assert await clients[1].exists(key) == 1
+
+            # open() writes the record on the masters that answer within node_timeout
+            # (0.1 s); on a loaded machine one of the two running masters may answer
+            # later and get it at the next round, a third of the lease later (a
+            # fresh-clone CI run, stop 32, found it missing on master 0 right after open)
+            async def on_the_first_two() -> bool:
+                return all([await client.exists(key) for client in clients[:2]])
+
+            await eventually(on_the_first_two, timeout=10, what="the record on masters 0, 1")
             os.kill(pid, signal.SIGCONT)
 
             async def on_the_third() -> bool:
