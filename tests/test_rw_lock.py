@@ -654,3 +654,14 @@ async def test_re_entering_a_hold_that_ended_says_it_had_expired(
     await admin.delete(rw.key)  # the hold ends behind the manager's back
     with pytest.raises(aiolock.LockLostError, match="it had expired"):
         await rw.read().acquire()
+
+
+def test_the_sides_acquire_through_their_own_checks() -> None:
+    """Issue 21 inlined Lock._acquire into acquire() and try_acquire(); the read-write
+    lock's sides override _acquire (the upgrade refusal, the downgrade), so those two go
+    through it for them. A fresh-clone CI run caught the sides skipping it."""
+    from aiolock._kinds.lock.handle import FairLock, Lock
+    from aiolock._kinds.lock.readwrite import _ReadSide, _WriteSide
+
+    assert Lock._plain and FairLock._plain
+    assert not _ReadSide._plain and not _WriteSide._plain

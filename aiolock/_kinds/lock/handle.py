@@ -44,6 +44,17 @@ class Lock(Handle[LockKeys, "Lock"]):
 
     __slots__ = ("_resource",)
 
+    #: Whether this class acquires by Lock's own :meth:`_acquire`, so that acquire() and
+    #: try_acquire() may do its work inline (issue 21). A subclass that overrides
+    #: _acquire (the read-write lock's sides refuse an upgrade and take a downgrade
+    #: there) is False, and goes through its override: set by __init_subclass__, so a
+    #: new override cannot be skipped by mistake.
+    _plain = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain = cls._acquire is Lock._acquire
+
     def __init__(
         self,
         manager: ManagerLike,
@@ -104,6 +115,9 @@ class Lock(Handle[LockKeys, "Lock"]):
         out. *timeout* and *lease* default to the values given to
         :meth:`aiolock.LockManager.lock`.
         """
+        if not self._plain:  # a side of a read-write lock: its _acquire checks more
+            await self._acquire(timeout, lease)
+            return
         # (self._acquire and resolve(), spelled out: two calls fewer per acquisition; issue 21)
         wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
         fixed = self._lease if lease is _DEFAULT else None if lease is None else check_lease(lease)
@@ -114,7 +128,11 @@ class Lock(Handle[LockKeys, "Lock"]):
 
         The default ``timeout=0`` makes exactly one attempt.
         """
-        try:  # (self._acquire and resolve(), spelled out: two calls fewer; issue 21)
+        try:
+            if not self._plain:  # a side of a read-write lock: its _acquire checks more
+                await self._acquire(timeout, lease)
+                return True
+            # (self._acquire and resolve(), spelled out: two calls fewer; issue 21)
             wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
             fixed = (
                 self._lease if lease is _DEFAULT else None if lease is None else check_lease(lease)
