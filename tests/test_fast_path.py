@@ -421,14 +421,9 @@ async def test_a_task_asking_while_a_fast_attempt_is_in_flight_queues_behind_it(
     assert not await lock.locked()
 
 
-async def test_a_local_release_hands_the_lock_to_a_fast_attempt_in_flight(
-    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A holder of the same manager releases while a fast attempt (which found the lock
-    busy) is in flight: the successor is its waiter, made from the entry, and it gets
-    the lock by the hand-over (the release script with its successor: 9 arguments)."""
-    lock = locks.lock("handed")
-    hub = hub_of(locks)
+def _release_arguments(locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many arguments each lock release script sent carries, in order (9: with a
+    successor to hand the lock to, 2: without)."""
     client: Any = locks._client
     original = client.run
     sent: list[int] = []
@@ -439,6 +434,18 @@ async def test_a_local_release_hands_the_lock_to_a_fast_attempt_in_flight(
         return original(script, keys, args)
 
     monkeypatch.setattr(client, "run", recorded)
+    return sent
+
+
+async def test_a_local_release_hands_the_lock_to_a_fast_attempt_in_flight(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder of the same manager releases while a fast attempt (which found the lock
+    busy) is in flight: the successor is its waiter, made from the entry, and it gets
+    the lock by the hand-over (the release script with its successor: 9 arguments)."""
+    lock = locks.lock("handed")
+    hub = hub_of(locks)
+    sent = _release_arguments(locks, monkeypatch)
     await lock.acquire()
     flight = _InFlight(lock._kind, monkeypatch)
 
@@ -502,16 +509,7 @@ async def test_a_fast_attempt_cancelled_in_flight_is_no_successor(
     it is handed over and passed on). The cancellation undoes the attempt as before."""
     lock = locks.lock("cancelled-in-flight")
     hub = hub_of(locks)
-    client: Any = locks._client
-    original = client.run
-    sent: list[int] = []
-
-    def recorded(script: Any, keys: Any, args: Any) -> Any:
-        if script.name == "_kinds/lock/release":
-            sent.append(len(args))
-        return original(script, keys, args)
-
-    monkeypatch.setattr(client, "run", recorded)
+    sent = _release_arguments(locks, monkeypatch)
     await lock.acquire()
     flight = _InFlight(lock._kind, monkeypatch)
     task = asyncio.create_task(lock.acquire(timeout=10))
