@@ -93,7 +93,9 @@ async def test_a_token_whose_lease_ran_out_cannot_be_adopted(
     await lock.acquire()
     token = await lock.detach(lease=0.2)
     ttl = await lock.ttl()
-    assert ttl is not None and ttl <= 0.2
+    # None: the 0.2 s already ran out before this read (a loaded machine can take that
+    # long between two round trips); otherwise the lease is the detached one, not 30 s
+    assert ttl is None or ttl <= 0.2, ttl
     deadline = time.monotonic() + 10
     while await lock.locked():  # nobody renews a detached hold: the lease frees it
         assert time.monotonic() < deadline, "the detached lock never expired"
