@@ -21,6 +21,7 @@ from aiolock.testing import (
     RedisServerError,
     bundled_servers,
     find_redis_server,
+    free_port,
     server_version,
 )
 
@@ -131,9 +132,7 @@ def test_a_closed_port_refuses_connections_and_cannot_be_taken() -> None:
 def _free_port_above_55535(host: str = "127.0.0.1") -> int:
     """A port the kernel hands out as free, but only one above 55535 (bounded tries)."""
     for _ in range(2000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
+        port = free_port(host)  # (the module's own, bound at import: not the patched one)
         if port > 55535:
             return port
     pytest.skip("the kernel handed out no free port above 55535 in 2000 tries")
