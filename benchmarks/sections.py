@@ -19,6 +19,7 @@ MARKERS = {
     "script-floor": ("<!-- script-floor:start -->", "<!-- script-floor:end -->"),
     "client-floor": ("<!-- client-floor:start -->", "<!-- client-floor:end -->"),
     "scale": ("<!-- scale-bench:start -->", "<!-- scale-bench:end -->"),
+    "w1-gap": ("<!-- w1-gap:start -->", "<!-- w1-gap:end -->"),
     # Written by hand from what the failover tests print (tests/test_cluster.py,
     # tests/test_sentinel.py): kept like the others.
     "failover": ("<!-- failover:start -->", "<!-- failover:end -->"),

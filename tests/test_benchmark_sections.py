@@ -230,3 +230,49 @@ def test_client_instructions_children_run_each_client() -> None:
     for cycles in ("1920", "5760,1920", "100,200"):
         with pytest.raises(SystemExit):
             client_instructions.main(["--cycles", cycles])
+
+
+def test_w1_gap_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
+    """A short run of the W1-gap benchmark: every client completes its cycles (the
+    replay and the LockManager check each grant and release), the floor's row is 1.0x
+    itself, the scripts' server time shows in the replay's row and not the floor's
+    (structure only: a run this short says nothing about the figures)."""
+    from benchmarks import w1_gap
+
+    assert w1_gap.main(["--cycles", "30", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "w1_gap.json").read_text())
+    rows = {row["client"]: row for row in result["rows"]}
+    assert list(rows) == list(w1_gap.ROWS)
+    assert rows[w1_gap.FLOOR]["vs_floor_paired"] == 1.0
+    assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
+    # two EVALSHA of `return 1` cost Redis less than aiolock's two scripts, which each
+    # run commands of their own (MGET and SET PX; GET and SET PX)
+    for floor, replay in (
+        (w1_gap.FLOOR, w1_gap.REPLAY),
+        (w1_gap.MINIMAL_FLOOR, w1_gap.MINIMAL_REPLAY),
+    ):
+        assert rows[floor]["server_us_per_cycle"] < rows[replay]["server_us_per_cycle"]
+    assert [len(row["per_round"]) for row in result["comparisons"]] == [1, 1, 1]
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert MARKERS["w1-gap"][0] in text
+    assert all(f"| {name} |" in text for name in w1_gap.ROWS)
+
+
+def test_w1_gap_ratios_are_per_round() -> None:
+    """x floor is the median of each round's ratio, not the ratio of the medians: round
+    2's floor was slow, and its replay with it."""
+    from benchmarks import w1_gap
+
+    floor, replay = [1000.0, 500.0, 900.0], [900.0, 450.0, 720.0]
+    samples = {name: [(800.0, 10.0, 5.0)] * 3 for name in w1_gap.ROWS}
+    samples[w1_gap.FLOOR] = [(rate, 10.0, 2.0) for rate in floor]
+    samples[w1_gap.REPLAY] = [(rate, 10.0, 20.0) for rate in replay]
+    result = w1_gap.summarize(samples, 100, 3)
+    rows = {row["client"]: row for row in result["rows"]}
+    assert rows[w1_gap.REPLAY]["vs_floor_per_round"] == [0.9, 0.9, 0.8]
+    assert rows[w1_gap.REPLAY]["vs_floor_paired"] == 0.9
+    assert rows[w1_gap.REPLAY]["vs_floor"] == 720.0 / 900.0
+    assert rows[w1_gap.REPLAY]["server_us_per_cycle"] == 20.0
+    # the LockManager (800 every round) beside the floor's client sending the same scripts
+    assert result["comparisons"][2]["per_round"] == [800.0 / 900.0, 800.0 / 450.0, 800.0 / 720.0]
+    assert "0.90x (0.90x, 0.90x, 0.80x)" in w1_gap.render(result)
