@@ -235,8 +235,7 @@ def test_client_instructions_children_run_each_client() -> None:
 def test_w1_gap_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
     """A short run of the W1-gap benchmark: every client completes its cycles (the
     replay and the LockManager check each grant and release), the floor's row is 1.0x
-    itself, the scripts' server time shows in the replay's row and not the floor's
-    (structure only: a run this short says nothing about the figures)."""
+    itself (structure only: a run this short says nothing about the figures)."""
     from benchmarks import w1_gap
 
     assert w1_gap.main(["--cycles", "30", "--repeats", "1", "--out", str(tmp_path)]) == 0
@@ -245,13 +244,9 @@ def test_w1_gap_runs_every_client_and_writes_its_section(tmp_path: Path) -> None
     assert list(rows) == list(w1_gap.ROWS)
     assert rows[w1_gap.FLOOR]["vs_floor_paired"] == 1.0
     assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
-    # two EVALSHA of `return 1` cost Redis less than aiolock's two scripts, which each
-    # run commands of their own (MGET and SET PX; GET and SET PX)
-    for floor, replay in (
-        (w1_gap.FLOOR, w1_gap.REPLAY),
-        (w1_gap.MINIMAL_FLOOR, w1_gap.MINIMAL_REPLAY),
-    ):
-        assert rows[floor]["server_us_per_cycle"] < rows[replay]["server_us_per_cycle"]
+    # (Redis's time per cycle is a figure, not compared here: under CI's load one
+    # preempted command made 30 cycles of `return 1` read 231 us each.)
+    assert all(row["server_us_per_cycle"] >= 0 for row in rows.values())
     assert [len(row["per_round"]) for row in result["comparisons"]] == [1, 1, 1]
     text = (tmp_path / "RESULTS.md").read_text()
     assert MARKERS["w1-gap"][0] in text
