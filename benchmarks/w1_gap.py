@@ -11,10 +11,14 @@ stopped by pid) serves, interleaved over ``--repeats`` rounds of ``--cycles`` cy
 each, every client in a fresh event loop with fresh connections:
 
 * **W0 floor**: ``redis.asyncio.Redis()``, two ``EVALSHA`` of ``return 1`` (W0 itself);
-* **the floor's client, aiolock's scripts**: the same client sending aiolock's own
-  ``lock/acquire`` and ``lock/release`` with the keys and arguments the engine sends
+* **minimal client, return 1**: :class:`benchmarks.client_floor.MinimalClient` (one
+  asyncio stream, a hiredis reader, nothing else) sending the same two commands;
+* **the floor's client, aiolock's scripts** and **minimal client, aiolock's scripts**:
+  each of those two clients sending aiolock's own ``lock/acquire`` and ``lock/release``
+  with the keys and arguments the engine sends
   (:class:`benchmarks.client_floor.ScriptCycles`, which checks each grant and release);
-  its gap to the floor is what the scripts cost a sequential cycle, with the client fixed;
+  the minimal client's gap to itself with ``return 1`` is what the scripts cost a
+  sequential cycle, the client held fixed and lean;
 * **aiolock's LockManager**: ``manager.lock(name).try_acquire(timeout=5)`` and
   ``release()``, as W1 drives it;
 * **redis-py's Lock**: ``Redis.lock(name, timeout=30, blocking_timeout=5)``.
@@ -23,7 +27,10 @@ Each row gives cycles per second, the client process's CPU per cycle
 (``time.process_time``) and Redis's time inside commands per cycle (``INFO
 commandstats``, reset before each measurement), medians over the rounds, and its
 cycles/s over the floor's as the median of the per-round ratios
-(:mod:`benchmarks.paired`) with the ratio of medians beside it. Writes
+(:mod:`benchmarks.paired`) with the ratio of medians beside it, and three comparisons
+per round (:func:`summarize`): the scripts' cost to the minimal client, the engine's
+beside the minimal client with the same scripts, and the engine's beside the floor's
+client with the same scripts. Writes
 ``<out>/w1_gap.json`` and a section of ``<out>/RESULTS.md`` between the ``w1-gap``
 markers. Every loop is bounded by its cycle count and by a 120 s deadline.
 """
