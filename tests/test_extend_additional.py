@@ -27,11 +27,12 @@ async def test_additional_adds_to_the_lease_left_on_the_server(
 
 async def test_the_local_deadline_follows_the_addition(locks: aiolock.LockManager) -> None:
     # Watchdog and body guard use the manager's own deadline: had it stayed at the first
-    # lease, the hold would be reported lost after 0.5 s although Redis still has it.
-    lock = locks.lock("add-deadline", lease=0.5)
+    # lease, the hold would be reported lost after 1 s although Redis still has it. (1 s,
+    # not less: the extend must come before the first lease ends, on a loaded machine too.)
+    lock = locks.lock("add-deadline", lease=1.0)
     async with lock:
         await lock.extend(additional=10)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.5)
         assert await lock.owned()
         ttl = await lock.ttl()
         assert ttl is not None and ttl > 5
@@ -146,10 +147,10 @@ async def test_a_permit_adds_to_its_own_lease_left(
 
 
 async def test_a_permit_local_deadline_follows_the_addition(locks: aiolock.LockManager) -> None:
-    sem = locks.semaphore("add-sem-deadline", 2, lease=0.5)
+    sem = locks.semaphore("add-sem-deadline", 2, lease=1.0)
     permit = await sem.acquire()
     await permit.extend(additional=10)
-    await asyncio.sleep(1.0)  # past the first lease: lost, had the deadline not moved
+    await asyncio.sleep(1.5)  # past the first lease: lost, had the deadline not moved
     assert permit.held
     assert await sem.holders() == 1
     await permit.release()

@@ -369,7 +369,9 @@ async def test_an_expired_lease_lets_the_head_in_promptly(
     locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
 ) -> None:
     holder = other.fair_lock("lapsed")
-    await holder.acquire(lease=0.5)  # never released
+    # never released; 1.5 s, so that both waiters are queued before it ends, on a loaded
+    # machine too (had it ended first, they would not queue at all)
+    await holder.acquire(lease=1.5)
     acquired_at = time.monotonic()
     log: list[Any] = []
     gate = asyncio.Event()
@@ -382,7 +384,7 @@ async def test_an_expired_lease_lets_the_head_in_promptly(
     # At the lease's end (the head sleeps for the holder's PTTL), with room for a loaded
     # machine; not when the head's own wait for an unknown lease (the 30 s default) ends.
     took = time.monotonic() - acquired_at
-    assert took < 0.5 + 2.5, f"the head got in {took:.2f} s after a 0.5 s lease began"
+    assert took < 1.5 + 2.5, f"the head got in {took:.2f} s after a 1.5 s lease began"
     await within(second, what="the second waiter")
     assert [label for label, _ in log] == ["first", "second"]
     with pytest.raises(aiolock.LockLostError):
@@ -610,12 +612,13 @@ async def test_try_acquire_never_jumps_the_queue(
     locks: aiolock.LockManager, other: aiolock.LockManager, admin: Redis, prefix: str
 ) -> None:
     holder = other.fair_lock("nojump")
-    await holder.acquire(lease=0.3)  # lapses with a waiter queued
+    # lapses with a waiter queued (1 s: time to queue it first, on a loaded machine too)
+    await holder.acquire(lease=1.0)
     log: list[Any] = []
     gate = asyncio.Event()
     waiter = asyncio.create_task(hold_until(locks.fair_lock("nojump"), gate, log, "w"))
     await until_queued(admin, prefix, "nojump", 1)
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(1.05)
     # Free in Redis or already picked up: either way the newcomer does not get it, and
     # its one attempt leaves no trace in the queue.
     assert not await other.fair_lock("nojump").try_acquire()

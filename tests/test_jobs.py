@@ -77,7 +77,8 @@ async def test_another_holders_record_is_not_deleted(
     """After a lost lease, a new holder's record must survive the old holder's exit."""
     key = holder_key(locks, "lost")
     with pytest.raises(aiolock.LockLostError):
-        async with claim(locks, "lost", lease=0.3):
+        # a fixed 1 s lease: long enough for the body's first write on a loaded machine
+        async with claim(locks, "lost", lease=1.0):
             await admin.set(key, "someone else's", px=10_000)
             await asyncio.sleep(30)  # the fixed lease runs out: the body is cancelled
     assert await admin.get(key) == b"someone else's"

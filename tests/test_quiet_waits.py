@@ -24,7 +24,9 @@ from aiolock._engine.acquire import READY_WAIT
 from aiolock._engine.kind import Attempt, Busy, Granted, LockKind
 from aiolock._keys import LockKeys
 
-LEASE = 0.6
+# 1 s: a holder's renewal a few tenths of a second late on a loaded machine must not let
+# its key lapse, which would turn a quiet probe into an attempt
+LEASE = 1.0
 NAMES = 3
 
 

@@ -251,7 +251,8 @@ async def test_extend_a_fixed_lease(locks: aiolock.LockManager, admin: Redis, pr
 async def test_force_release_ends_both_sides(
     redis_url: str, prefix: str, other: aiolock.LockManager, admin: Redis
 ) -> None:
-    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=0.6) as short:
+    # renewed 1.5 s leases: the read hold outlives a late round, so the force-release ends it
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=1.5) as short:
         rw = short.rw_lock("doc")
         entered = asyncio.Event()
 

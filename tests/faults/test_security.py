@@ -169,7 +169,8 @@ async def test_manager_ids_never_appear_in_log_records(
         clients = [Redis.from_url(url) for _ in range(2)]
         try:
             async with (
-                aiolock.LockManager(clients[0], prefix=prefix, lease=0.6) as one,
+                # 1.5 s, renewed: "forced" must still be held when force_release runs
+                aiolock.LockManager(clients[0], prefix=prefix, lease=1.5) as one,
                 aiolock.LockManager(clients[1], prefix=prefix, lease=30) as two,
                 aiolock.LockManager(proxied, prefix=prefix, lease=1.0, command_timeout=0.3) as far,
             ):
