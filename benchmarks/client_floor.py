@@ -59,7 +59,7 @@ from aiolock._kinds.lock.kind import ACQUIRE, DEFAULT_KEEP_MS, RELEASE
 from aiolock._redis.client import Arg, Client, _pack
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
-from benchmarks.paired import median_ratio, per_round, ratio_of_medians
+from benchmarks.paired import median_ratio, per_round, ratio_of_medians, times
 from benchmarks.sections import write_section
 
 PREFIX = "clientfloor"
@@ -311,8 +311,8 @@ def render(result: dict[str, Any]) -> str:
         low, high = row["cpu_range"]
         lines.append(
             f"| {row['client']} | {row['cycles_per_s']:,.0f} | {row['cpu_us_per_cycle']:.1f} "
-            f"| {low:.1f}-{high:.1f} | {_times(row['cpu_vs_minimal'])} "
-            f"| {_times(row['cpu_vs_minimal_paired'])} | {row['rate_vs_redis_py']:.2f}x |"
+            f"| {low:.1f}-{high:.1f} | {times(row['cpu_vs_minimal'])} "
+            f"| {times(row['cpu_vs_minimal_paired'])} | {row['rate_vs_redis_py']:.2f}x |"
         )
     lines += [
         "",
@@ -327,14 +327,10 @@ def render(result: dict[str, Any]) -> str:
         verdict = "n/a" if target["met"] is None else "met" if target["met"] else "**not met**"
         each = ", ".join(f"{r:.2f}x" for r in target["per_round"])
         lines.append(
-            f"| {target['target']} | {_times(target['measured'])} ({each}) "
-            f"| {_times(target['ratio_of_medians'])} | {verdict} |"
+            f"| {target['target']} | {times(target['measured'])} ({each}) "
+            f"| {times(target['ratio_of_medians'])} | {verdict} |"
         )
     return "\n".join(lines)
-
-
-def _times(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TypeGuard
 
-__all__ = ["median_ratio", "per_round", "ratio_of_medians", "usable"]
+__all__ = ["median_ratio", "per_round", "ratio_of_medians", "times", "usable"]
 
 
 def usable(value: object) -> TypeGuard[float]:
@@ -51,3 +51,8 @@ def ratio_of_medians(mine: Sequence[float | None], theirs: Sequence[float | None
     if not a or not b:
         return None
     return statistics.median(a) / statistics.median(b)
+
+
+def times(value: float | None) -> str:
+    """A ratio as the floor benchmarks' tables print it ("1.04x"); "n/a" for None."""
+    return "n/a" if value is None else f"{value:.2f}x"

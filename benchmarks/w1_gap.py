@@ -40,10 +40,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -55,7 +57,7 @@ from aiolock._redis.client import Arg
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
 from benchmarks.client_floor import MANAGER, Cycle, MinimalClient, ScriptCycles, client_cycle
-from benchmarks.paired import median_ratio, per_round, ratio_of_medians
+from benchmarks.paired import median_ratio, per_round, ratio_of_medians, times
 from benchmarks.sections import write_section
 
 FLOOR = "W0 floor: redis.asyncio, two EVALSHA of `return 1`"
@@ -63,53 +65,47 @@ MINIMAL_FLOOR = "minimal client, two EVALSHA of `return 1`"
 REPLAY = "the floor's client, aiolock's two scripts"
 MINIMAL_REPLAY = "minimal client, aiolock's two scripts"
 PEER = "redis-py's Lock"
-ROWS = (FLOOR, MINIMAL_FLOOR, REPLAY, MINIMAL_REPLAY, MANAGER, PEER)
 #: no measurement may run longer than this, whatever --cycles says
 DEADLINE_S = 120.0
 
 
 @contextlib.asynccontextmanager
-async def _cycle(name: str, host: str, port: int) -> AsyncIterator[Cycle]:
-    """The cycle of the client *name* (one of :data:`ROWS`), its connections open meanwhile."""
-    if name in (MINIMAL_FLOOR, MINIMAL_REPLAY):
-        async with _minimal(name, host, port) as cycle:
-            yield cycle
-        return
-    if name not in (FLOOR, REPLAY):
-        async with client_cycle(name, host, port) as cycle:
-            yield cycle
-        return
+async def _floor(host: str, port: int) -> AsyncIterator[Cycle]:
+    """redis.asyncio sending `return 1` twice per cycle: the W0 floor."""
     redis = Redis(host=host, port=port)
     try:
-        if name == FLOOR:
-            sha = await redis.script_load("return 1")
+        sha = await redis.script_load("return 1")
 
-            async def floor(_: str) -> None:
-                await redis.evalsha(sha, 1, "floor")
-                await redis.evalsha(sha, 1, "floor")
+        async def floor(_: str) -> None:
+            await redis.evalsha(sha, 1, "floor")
+            await redis.evalsha(sha, 1, "floor")
 
-            yield floor
-        else:
-            for script in (ACQUIRE, RELEASE):
-                await redis.script_load(script.source)
-
-            async def run(script: Script, keys: tuple[str, ...], args: tuple[Arg, ...]) -> Any:
-                return await redis.evalsha(script.sha, len(keys), *keys, *args)
-
-            yield ScriptCycles(run).cycle
+        yield floor
     finally:
         await redis.aclose()
 
 
 @contextlib.asynccontextmanager
-async def _minimal(name: str, host: str, port: int) -> AsyncIterator[Cycle]:
+async def _replay(host: str, port: int) -> AsyncIterator[Cycle]:
+    """The floor's client (redis.asyncio, nothing else) sending aiolock's two scripts."""
+    redis = Redis(host=host, port=port)
+    try:
+        for script in (ACQUIRE, RELEASE):
+            await redis.script_load(script.source)
+
+        async def run(script: Script, keys: tuple[str, ...], args: tuple[Arg, ...]) -> Any:
+            return await redis.evalsha(script.sha, len(keys), *keys, *args)
+
+        yield ScriptCycles(run).cycle
+    finally:
+        await redis.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _minimal_floor(host: str, port: int) -> AsyncIterator[Cycle]:
     """client_floor's minimal client (an asyncio stream and a hiredis reader, nothing
-    else) sending the floor's `return 1` or aiolock's scripts: the same two commands per
-    cycle with the least client CPU."""
-    if name == MINIMAL_REPLAY:
-        async with client_cycle("minimal batching client", host, port) as cycle:
-            yield cycle
-        return
+    else) sending the floor's `return 1`: the same two commands per cycle with the least
+    client CPU."""
     loader = Redis(host=host, port=port)
     connection = await asyncio.open_connection(host, port)
     try:
@@ -125,6 +121,20 @@ async def _minimal(name: str, host: str, port: int) -> AsyncIterator[Cycle]:
     finally:
         await loader.aclose()
         connection[1].close()
+
+
+#: each row's client: its cycle, its connections open while the context is
+CLIENTS: dict[str, Callable[[str, int], AbstractAsyncContextManager[Cycle]]] = {
+    FLOOR: _floor,
+    MINIMAL_FLOOR: _minimal_floor,
+    REPLAY: _replay,
+    # client_floor's minimal client runs aiolock's scripts already
+    MINIMAL_REPLAY: functools.partial(client_cycle, "minimal batching client"),
+    MANAGER: functools.partial(client_cycle, MANAGER),
+    PEER: functools.partial(client_cycle, PEER),
+}
+#: the rows, in the tables' order
+ROWS = tuple(CLIENTS)
 
 
 async def _server_us(admin: Redis) -> float:
@@ -144,7 +154,7 @@ async def _measure(name: str, host: str, port: int, cycles: int) -> tuple[float,
     """Cycles/s, client CPU us per cycle and server us per cycle of *name*'s cycles."""
     admin = Redis(host=host, port=port)
     try:
-        async with _cycle(name, host, port) as cycle:
+        async with CLIENTS[name](host, port) as cycle:
             for _ in range(max(cycles // 20, 10)):  # warm up: scripts, connections, name
                 await cycle("w1")
             await admin.config_resetstat()
@@ -247,8 +257,8 @@ def render(result: dict[str, Any]) -> str:
         each = ", ".join(f"{r:.2f}x" for r in row["vs_floor_per_round"])
         lines.append(
             f"| {row['client']} | {row['cycles_per_s']:,.0f} | {row['cpu_us_per_cycle']:.1f} "
-            f"| {row['server_us_per_cycle']:.1f} | {_times(row['vs_floor_paired'])} ({each}) "
-            f"| {_times(row['vs_floor'])} |"
+            f"| {row['server_us_per_cycle']:.1f} | {times(row['vs_floor_paired'])} ({each}) "
+            f"| {times(row['vs_floor'])} |"
         )
     lines += [
         "",
@@ -257,12 +267,8 @@ def render(result: dict[str, Any]) -> str:
     ]
     for row in result["comparisons"]:
         each = ", ".join(f"{r:.2f}x" for r in row["per_round"])
-        lines.append(f"| {row['comparison']} | {_times(row['measured'])} ({each}) |")
+        lines.append(f"| {row['comparison']} | {times(row['measured'])} ({each}) |")
     return "\n".join(lines)
-
-
-def _times(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def main(argv: list[str] | None = None) -> int:

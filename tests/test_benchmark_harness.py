@@ -109,13 +109,14 @@ def test_paired_ratios_match_rounds_by_position() -> None:
     """benchmarks.paired: round k against round k, a round without both figures left out
     (not paired with another round's), the median of those ratios; and the ratio of the
     two medians, which pairs whatever rounds happen to be in the middle."""
-    from benchmarks.paired import median_ratio, per_round, ratio_of_medians
+    from benchmarks.paired import median_ratio, per_round, ratio_of_medians, times
 
     assert per_round([2.0, None, 3.0, 4.0], [1.0, 2.0, 0.0, 2.0]) == [2.0, 2.0]
     assert per_round([1.0, 2.0, 3.0], [1.0, 4.0]) == [1.0, 0.5]
     assert median_ratio([3.0, 8.0, 4.5], [2.0, 4.0, 5.0]) == 1.5  # 1.5, 2.0, 0.9
     assert ratio_of_medians([3.0, 8.0, 4.5], [2.0, 4.0, 5.0]) == 4.5 / 4.0
     assert median_ratio([None], [1.0]) is None and ratio_of_medians([], [1.0]) is None
+    assert (times(1.0449), times(None)) == ("1.04x", "n/a")  # as the floor tables print them
 
 
 def _w1_summary(w1: list[float], floor: list[float], interleaved: bool) -> dict[str, Any]:
