@@ -174,7 +174,7 @@ async def test_acquire_and_release_on_every_master(servers: list[RedisServer]) -
             await lock.acquire()  # re-entry: counted locally
             await lock.release()
             assert await lock.owned()
-        assert await values(masters, lock.key) == [None] * 3
+        await _nothing_left(masters, lock.key, locks)
         assert not await lock.owned()
         with pytest.raises(aiolock.LockNotOwnedError):
             await lock.release()
@@ -542,7 +542,7 @@ async def test_cancellation_at_every_await_leaves_nothing_behind(
             assert await other.try_acquire(), f"left held after {steps} steps"
             await other.release()
         assert outcomes == {"done", "cancelled"}
-        assert await values(masters, lock.key) == [None] * 3
+        await _nothing_left(masters, lock.key, a, b)
 
         # Cancelled while waiting for a lock held elsewhere.
         await other.acquire()
@@ -555,7 +555,27 @@ async def test_cancellation_at_every_await_leaves_nothing_behind(
                 await task
         await other.release()
         assert a.statistics().held == 0
-        assert await values(masters, lock.key) == [None] * 3
+        await _nothing_left(masters, lock.key, a, b)
+
+
+async def _nothing_left(
+    masters: Sequence[RedisServer], key: str, *managers: RedlockManager
+) -> None:
+    """The key gone from every master. A master that missed node_timeout (0.1 s here, a
+    loaded CI machine misses it now and then) is skipped for a second and gets its undo
+    or release from the background retries (a fresh-clone CI run found one such key right
+    after the loop): waited for, but for 15 s only, half the 30 s lease, so a key that
+    only its lease would end still fails the test."""
+
+    async def gone() -> bool:
+        return await values(masters, key) == [None] * 3
+
+    pending = [m.statistics().pending_cleanups for m in managers]
+    await eventually(
+        gone,
+        timeout=15,
+        what=f"{key} gone from every master (cleanups pending at first: {pending})",
+    )
 
 
 async def test_anyio_cancel_scopes_leave_nothing_behind(servers: list[RedisServer]) -> None:
@@ -572,7 +592,7 @@ async def test_anyio_cancel_scopes_leave_nothing_behind(servers: list[RedisServe
             assert a.statistics().held == 0
             assert await other.try_acquire(), step
             await other.release()
-        assert await values(masters, lock.key) == [None] * 3
+        await _nothing_left(masters, lock.key, a, b)
 
 
 async def test_a_cancelled_release_still_completes_on_every_master(
@@ -596,7 +616,7 @@ async def test_a_cancelled_release_still_completes_on_every_master(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            assert await values(masters, lock.key) == [None] * 3, steps
+            await _nothing_left(masters, lock.key, locks)
             assert locks.statistics().held == 0
 
 
@@ -771,7 +791,7 @@ async def test_local_tasks_are_served_in_order_and_a_cancelled_one_leaves_no_tra
         await asyncio.wait_for(asyncio.gather(tasks[0], tasks[2], tasks[3]), 10)
         assert order == [0, 2, 3]
         assert locks.statistics().held == 0
-        assert await values(masters, lock.key) == [None] * 3
+        await _nothing_left(masters, lock.key, locks)
 
 
 async def test_a_task_that_ends_holding_a_redlock_leaves_no_loss_remembered(
