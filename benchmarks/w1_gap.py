@@ -123,7 +123,8 @@ async def _minimal_floor(host: str, port: int) -> AsyncIterator[Cycle]:
         connection[1].close()
 
 
-#: each row's client: its cycle, its connections open while the context is
+#: each row's client: a context manager that yields its cycle and keeps its connections
+#: open until it exits
 CLIENTS: dict[str, Callable[[str, int], AbstractAsyncContextManager[Cycle]]] = {
     FLOOR: _floor,
     MINIMAL_FLOOR: _minimal_floor,
