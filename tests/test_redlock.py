@@ -400,10 +400,7 @@ async def test_a_majority_of_masters_down_times_out_clearly(servers: list[RedisS
 
         # The undo of every round reaches the resumed masters (retried in the background):
         # long before the 20 s lease could expire, no master keeps the key.
-        async def gone() -> bool:
-            return await values(masters, lock.key) == [None] * 3
-
-        assert await until(gone, PATIENCE)
+        await _nothing_left(masters, lock.key, locks)
         assert await lock.try_acquire(timeout=PATIENCE)
         await lock.release()
 
@@ -559,22 +556,19 @@ async def test_cancellation_at_every_await_leaves_nothing_behind(
 
 
 async def _nothing_left(
-    masters: Sequence[RedisServer], key: str, *managers: RedlockManager
+    masters: Sequence[RedisServer], key: str, *managers: RedlockManager, when: str = ""
 ) -> None:
     """The key gone from every master. A master that missed node_timeout (0.1 s here, a
     loaded CI machine misses it now and then) is skipped for a second and gets its undo
     or release from the background retries (a fresh-clone CI run found one such key right
-    after the loop): waited for, but for 15 s only, half the 30 s lease, so a key that
-    only its lease would end still fails the test."""
-
-    async def gone() -> bool:
-        return await values(masters, key) == [None] * 3
-
+    after a loop): waited for, but for PATIENCE only, at most half of every lease these
+    tests use, so a key that only its lease would end still fails the test."""
+    assert all(m.lease / 2 >= PATIENCE for m in managers), "a lease this short could pass it"
     pending = [m.statistics().pending_cleanups for m in managers]
     await eventually(
-        gone,
-        timeout=15,
-        what=f"{key} gone from every master (cleanups pending at first: {pending})",
+        lambda: _freed(masters, key),
+        timeout=PATIENCE,
+        what=f"{key} gone from every master{when} (cleanups pending at first: {pending})",
     )
 
 
@@ -616,7 +610,7 @@ async def test_a_cancelled_release_still_completes_on_every_master(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            await _nothing_left(masters, lock.key, locks)
+            await _nothing_left(masters, lock.key, locks, when=f" after {steps} steps")
             assert locks.statistics().held == 0
 
 
@@ -758,11 +752,7 @@ async def test_a_task_that_ends_holding_frees_the_masters(servers: list[RedisSer
     async with redlock(masters, f"t-{uuid.uuid4().hex[:8]}") as locks:
         lock = locks.lock("orphan")
         await asyncio.create_task(lock.acquire())  # the task ends holding it
-
-        async def freed() -> bool:
-            return await values(masters, lock.key) == [None] * 3
-
-        assert await until(freed, PATIENCE)
+        await _nothing_left(masters, lock.key, locks)
         assert await lock.try_acquire()
         await lock.release()
 
@@ -810,7 +800,7 @@ async def test_a_task_that_ends_holding_a_redlock_leaves_no_loss_remembered(
         await asyncio.sleep(0)  # the task's done callbacks run one loop step after it ends
         assert locks.statistics().held == 0
         assert len(locks._lost) == 0
-        assert await until(lambda: _freed(masters, lock.key), 10)
+        await _nothing_left(masters, lock.key, locks)
 
 
 async def _freed(masters: Sequence[RedisServer], key: str) -> bool:
