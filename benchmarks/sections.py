@@ -20,8 +20,8 @@ MARKERS = {
     "client-floor": ("<!-- client-floor:start -->", "<!-- client-floor:end -->"),
     "scale": ("<!-- scale-bench:start -->", "<!-- scale-bench:end -->"),
     "w1-gap": ("<!-- w1-gap:start -->", "<!-- w1-gap:end -->"),
-    # Written by hand from what the failover tests print (tests/test_cluster.py,
-    # tests/test_sentinel.py): kept like the others.
+    # Written by hand from what the failover tests print (tests/unit/_redis/test_cluster.py,
+    # tests/unit/_redis/test_sentinel.py): kept like the others.
     "failover": ("<!-- failover:start -->", "<!-- failover:end -->"),
 }
 

@@ -1,9 +1,16 @@
-"""Shared fixtures: private redis-server processes and open LockManagers.
+"""Shared fixtures (private redis-server processes, open LockManagers) and the scheduling of
+parallel workers.
 
 The suite starts its own ``redis-server`` on a free loopback port (see
-:mod:`aiolock.testing`) and stops it by pid. Set ``AIOLOCK_TEST_REDIS_URL`` to run the
-suite against a server of your choosing instead; tests never flush a database, each uses
-its own key prefix.
+:mod:`aiolock.testing`) and stops it by pid: under pytest-xdist each worker starts its own.
+Set ``AIOLOCK_TEST_REDIS_URL`` to run the suite against a server of your choosing instead;
+tests never flush a database, each uses its own key prefix.
+
+Workers take whole files (a file's module fixtures, a Redis Cluster or five Redlock
+masters, start once), except the tests marked ``serial``: those load the machine
+(benchmarks, multi-process stress, storms, fuzzing), so they form one group that one
+worker runs one after another, never two at once (``--dist loadgroup``, set in
+pyproject.toml). CONTRIBUTING.md lists the tiers.
 """
 
 from __future__ import annotations
@@ -18,6 +25,19 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
+
+
+#: the xdist group of the tests that load the machine (see the module docstring)
+SERIAL_GROUP = "serial"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            group = SERIAL_GROUP
+        else:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,9 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ._support import eventually
-from .proxy import FaultProxy
-from .servers import AclRedisServer, TlsRedisServer
+from tests._support.faults import eventually
+from tests._support.proxy import FaultProxy
+from tests._support.servers import AclRedisServer, TlsRedisServer
 
 
 def _prefix() -> str:

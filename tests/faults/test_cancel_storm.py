@@ -19,11 +19,10 @@ from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ..helpers import lock_held
-from ._storm import StormReport, alive_since, storm
-from ._support import LONG, Child, bounded, children, eventually, unique_prefix
-from .proxy import FaultProxy
+from tests._support.faults import LONG, Child, bounded, children, eventually, unique_prefix
+from tests._support.helpers import lock_held
+from tests._support.proxy import FaultProxy
+from tests._support.storm import StormReport, alive_since, storm
 
 NAMES = [f"storm-{i}" for i in range(4)]
 SEED = int(os.environ.get("AIOLOCK_STORM_SEED", "20261120"))
@@ -61,7 +60,7 @@ async def _assert_nothing_held(url: str, prefix: str) -> None:
         await check.aclose()
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 async def test_random_cancellations_in_one_process(fault_redis_server: RedisServer) -> None:
     target = 10_000 if LONG else 2_000
     prefix = unique_prefix("storm")
@@ -82,7 +81,7 @@ async def test_random_cancellations_in_one_process(fault_redis_server: RedisServ
     await _assert_nothing_held(fault_redis_server.url, prefix)
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 async def test_random_cancellations_across_processes(fault_redis_server: RedisServer) -> None:
     """Three child processes and this one run storms on the same names at once."""
     target = 10_000 if LONG else 2_000

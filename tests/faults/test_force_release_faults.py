@@ -10,8 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-
-from ._support import bounded, unique_prefix
+from tests._support.faults import bounded, unique_prefix
 
 
 async def test_a_force_release_elsewhere_cancels_the_body_at_the_next_renewal(

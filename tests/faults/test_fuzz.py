@@ -57,8 +57,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock._keys import LockKeys
 from aiolock.testing import RedisServer
-
-from ._support import LONG, unique_prefix
+from tests._support.faults import LONG, unique_prefix
 
 MANAGER_LEASE = 300.0  # no renewal round and no expiry within an example
 ACTORS = ("a1", "b1", "c2")
@@ -860,7 +859,7 @@ def fuzz_server() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.mark.slow
+@pytest.mark.serial
 # The net for a hang, far above the budget: the last batch may start just before the
 # budget is spent and take half a minute on a loaded machine.
 @pytest.mark.timeout(BUDGET + 240)

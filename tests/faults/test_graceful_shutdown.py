@@ -23,10 +23,9 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock._engine.waiter import Waiter
 from aiolock.testing import RedisServer
-
-from ..helpers import lock_held
-from ._support import eventually
-from .proxy import FaultProxy
+from tests._support.faults import eventually
+from tests._support.helpers import lock_held
+from tests._support.proxy import FaultProxy
 
 NAMES = 10
 PER_NAME = 3  # one holder and two waiters per name

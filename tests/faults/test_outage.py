@@ -23,9 +23,8 @@ from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ._support import bounded, eventually, unique_prefix
-from .servers import TlsRedisServer, make_tls_material, redis_tls_support
+from tests._support.faults import bounded, eventually, unique_prefix
+from tests._support.servers import TlsRedisServer, make_tls_material, redis_tls_support
 
 WAITERS = 5
 

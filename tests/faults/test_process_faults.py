@@ -1,6 +1,6 @@
 """A lock holder in another process is killed (SIGKILL) or paused (SIGSTOP/SIGCONT).
 
-The holders are child processes (:mod:`tests.faults._children`), stopped by pid.
+The holders are child processes (:mod:`tests._children.faults`), stopped by pid.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import time
 from redis.asyncio import Redis
 
 import aiolock
-
-from ._support import (
+from tests._support.faults import (
     Child,
     bounded,
     children,

@@ -16,9 +16,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from aiolock.testing import RedisServer
-
-from ._support import eventually
-from .proxy import _CHUNK, FaultProxy
+from tests._support.faults import eventually
+from tests._support.proxy import _CHUNK, FaultProxy
 
 
 def no_retry(url: str, **kwargs: Any) -> Redis:

@@ -24,10 +24,9 @@ from redis.backoff import ConstantBackoff, NoBackoff
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ..helpers import lock_held
-from ._support import bounded, eventually, unique_prefix
-from .proxy import FaultProxy
+from tests._support.faults import bounded, eventually, unique_prefix
+from tests._support.helpers import lock_held
+from tests._support.proxy import FaultProxy
 
 LEASE = 30.0  # long: an orphaned hold would visibly outlive every bound below
 

@@ -17,8 +17,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ._support import bounded, eventually, unique_prefix
+from tests._support.faults import bounded, eventually, unique_prefix
 
 LEASE = 30.0
 

@@ -26,10 +26,9 @@ from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ..helpers import lock_held
-from ._support import bounded, eventually, unique_prefix
-from .proxy import FaultProxy
+from tests._support.faults import bounded, eventually, unique_prefix
+from tests._support.helpers import lock_held
+from tests._support.proxy import FaultProxy
 
 LEASE = 30.0  # long: nothing in these tests may end by running out its lease
 

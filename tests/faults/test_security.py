@@ -21,10 +21,9 @@ from redis.backoff import NoBackoff
 import aiolock
 from aiolock._redis.scripts import REQUIRED_COMMANDS
 from aiolock.testing import RedisServer
-
-from ._support import bounded, eventually, unique_prefix
-from .proxy import FaultProxy
-from .servers import AclRedisServer, AclUser
+from tests._support.faults import bounded, eventually, unique_prefix
+from tests._support.proxy import FaultProxy
+from tests._support.servers import AclRedisServer, AclUser
 
 PREFIX = "sec"
 

@@ -22,8 +22,7 @@ from redis.backoff import ExponentialBackoff
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from ._support import bounded, eventually, unique_prefix
+from tests._support.faults import bounded, eventually, unique_prefix
 
 LEASE = 1.0
 

@@ -12,8 +12,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from .proxy import FaultProxy
-from .servers import AclRedisServer, AclUser, TlsRedisServer, redis_tls_support
+from tests._support.proxy import FaultProxy
+from tests._support.servers import AclRedisServer, AclUser, TlsRedisServer, redis_tls_support
 
 SCRIPT = "return redis.call('PING')"
 

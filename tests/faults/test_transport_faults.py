@@ -10,9 +10,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock._redis.client import Client
 from aiolock._redis.transport import fast_parser
-
-from .proxy import FaultProxy
-from .servers import TlsRedisServer
+from tests._support.proxy import FaultProxy
+from tests._support.servers import TlsRedisServer
 
 
 async def _through_blackhole(client: Client, proxy: FaultProxy) -> tuple[str, float]:

@@ -1,7 +1,7 @@
 """The ``redisson`` wire format while aiolock's connections are dropped (FaultProxy).
 
 aiolock reaches Redis through a proxy that drops every connection (commands, pub/sub)
-again and again; a Redisson-protocol model (tests/redisson_protocol.py) talks to Redis
+again and again; a Redisson-protocol model (tests/_support/redisson_protocol.py) talks to Redis
 directly. Acquires, undos and releases that fail in flight must neither let the two
 clients overlap nor leave a hold behind that keeps the model out until a lease ends.
 """
@@ -17,10 +17,9 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
-from tests.redisson_protocol import RedissonModel
-
-from ._support import bounded, eventually, unique_prefix
-from .proxy import FaultProxy
+from tests._support.faults import bounded, eventually, unique_prefix
+from tests._support.proxy import FaultProxy
+from tests._support.redisson_protocol import RedissonModel
 
 #: how long the mixed fleet may run before the test gives up waiting for enough entries
 _GIVE_UP = 45.0

@@ -26,10 +26,9 @@ from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock.testing import RedisServer
-
-from .._wire_fleet_child import legacy_release, legacy_try
-from ._support import bounded, eventually, unique_prefix
-from .proxy import FaultProxy
+from tests._children.wire_fleet import legacy_release, legacy_try
+from tests._support.faults import bounded, eventually, unique_prefix
+from tests._support.proxy import FaultProxy
 
 LEASE = 30.0  # long: an orphaned hold would visibly outlive every bound below
 

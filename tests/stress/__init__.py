@@ -1,1 +1,1 @@
-"""Multi-process safety checks for aiolock (see :mod:`.checker`)."""
+"""The stress tier: multi-process safety runs (the checker is :mod:`tests._support.checker`)."""

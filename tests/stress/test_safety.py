@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
-from .checker import CheckConfig, run_check
+from tests._support.checker import CheckConfig, run_check
+
+#: several processes load the machine: one at a time (the serial group, tests/conftest.py)
+pytestmark = pytest.mark.serial
 
 
 def _explain(report: dict[str, Any]) -> str:
@@ -50,7 +53,6 @@ def test_mutual_exclusion_across_processes() -> None:
     _assert_safe(report, 600)
 
 
-@pytest.mark.slow
 def test_mutual_exclusion_with_renewal() -> None:
     """Short lease; a tenth of the sections outlive it and rely on background renewal."""
     config = CheckConfig.for_mode(
@@ -68,7 +70,6 @@ def test_mutual_exclusion_with_renewal() -> None:
     _assert_safe(report, 60)
 
 
-@pytest.mark.slow
 def test_safety_under_network_faults() -> None:
     """Resets, latency, blackholes and refused connects between the lock clients and
     Redis: acquisitions may fail, but never two holders, never a stale token."""

@@ -1,0 +1,288 @@
+"""Leader election: one leader at a time, loss cancels the leader's body, terms fenced."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+import aiolock
+from aiolock.testing import RedisServer
+from tests._support.helpers import eventually, lock_held
+from tests._support.paths import REPO_ROOT
+
+
+@pytest.fixture
+async def other(redis_url: str, prefix: str) -> AsyncIterator[aiolock.LockManager]:
+    """A second manager on the same keys: another process, as far as Redis can tell."""
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as manager:
+        yield manager
+
+
+class Leader:
+    """A task running ``election.run`` whose body records its terms and waits."""
+
+    def __init__(self, election: aiolock.LeaderElection) -> None:
+        self.terms: list[aiolock.LeaderTerm] = []
+        self.ended: list[BaseException] = []
+        self.release = asyncio.Event()
+        self.task = asyncio.create_task(election.run(self._body))
+
+    async def _body(self, term: aiolock.LeaderTerm) -> None:
+        self.terms.append(term)
+        try:
+            await self.release.wait()
+        except BaseException as exc:
+            self.ended.append(exc)
+            raise
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def test_one_leader_at_a_time_and_the_next_term_has_a_larger_token(
+    locks: aiolock.LockManager, other: aiolock.LockManager
+) -> None:
+    first = Leader(locks.leader("scheduler"))
+    await eventually(lambda: bool(first.terms), what="the first leader")
+    second = Leader(other.leader("scheduler"))
+    await asyncio.sleep(0.2)  # it campaigns, and must not lead
+    assert not second.terms
+    assert locks.leader("scheduler").is_leader is False  # another object: not leading
+    election = locks.leader("other-name")
+    assert not election.is_leader and election.term is None
+    await first.stop()  # cancelling releases at once: no wait for the lease
+    await eventually(lambda: bool(second.terms), timeout=2, what="the second leader")
+    assert second.terms[0].fencing_token > first.terms[0].fencing_token
+    assert second.terms[0].number == 1 and second.terms[0].name == "scheduler"
+    await second.stop()
+    assert not await locks.lock("scheduler").locked()
+
+
+async def test_a_lost_leadership_cancels_the_body_and_campaigns_again(
+    locks: aiolock.LockManager,
+) -> None:
+    election = locks.leader("scheduler")
+    leader = Leader(election)
+    await eventually(lambda: bool(leader.terms), what="leading")
+    assert election.is_leader and election.term == leader.terms[0]
+    assert "leading term 1" in repr(election)
+    assert await locks.lock("scheduler").force_release()  # as if the lease had run out
+    await eventually(lambda: len(leader.terms) == 2, timeout=5, what="the second term")
+    assert isinstance(leader.ended[0], asyncio.CancelledError)  # the body was cancelled
+    assert leader.terms[1].number == 2
+    assert leader.terms[1].fencing_token > leader.terms[0].fencing_token
+    assert election.term == leader.terms[1]
+    await leader.stop()
+    assert not election.is_leader
+    assert not await locks.lock("scheduler").locked()
+
+
+async def test_a_body_that_returns_ends_the_run_and_releases(locks: aiolock.LockManager) -> None:
+    election = locks.leader("once")
+    seen: list[bool] = []
+
+    async def body(term: aiolock.LeaderTerm) -> None:
+        seen.append(election.is_leader)
+
+    await asyncio.wait_for(election.run(body), 5)
+    assert seen == [True]
+    assert not election.is_leader
+    assert not await locks.lock("once").locked()
+
+
+async def test_an_error_of_the_body_is_raised_after_release(locks: aiolock.LockManager) -> None:
+    async def body(term: aiolock.LeaderTerm) -> None:
+        raise aiolock.LockLostError("the body's own error about another lock")
+
+    with pytest.raises(aiolock.LockLostError, match="the body's own"):
+        await asyncio.wait_for(locks.leader("failing").run(body), 5)
+    assert not await locks.lock("failing").locked()
+
+
+async def test_stopping_and_closing_the_manager_end_the_run(redis_url: str, prefix: str) -> None:
+    manager = await aiolock.LockManager.from_url(redis_url, prefix=prefix).open()
+    leader = Leader(manager.leader("scheduler"))
+    await eventually(lambda: bool(leader.terms), what="leading")
+    waiting = Leader(manager.leader("scheduler"))  # campaigns while the first leads
+    await asyncio.sleep(0.1)
+    manager.stop_acquiring()  # a graceful stop: the campaign ends, the leader keeps leading
+    await asyncio.wait_for(waiting.task, 5)
+    assert not leader.task.done() and not waiting.terms
+    await manager.aclose()
+    await asyncio.wait_for(leader.task, 5)  # returns
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix) as locks:
+        assert not await locks.lock("scheduler").locked()
+
+
+async def test_an_outage_ends_the_term_and_the_campaign_resumes_when_redis_is_back() -> None:
+    with RedisServer() as server:
+        # No retries inside redis-py: each attempt fails at once while the server is down.
+        client = Redis.from_url(server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2)
+        try:
+            async with aiolock.LockManager(client, prefix="outage", lease=1) as locks:
+                election = locks.leader("scheduler")
+                leader = Leader(election)
+                await eventually(lambda: bool(leader.terms), what="leading")
+                server.stop()
+                await eventually(lambda: bool(leader.ended), timeout=10, what="the loss")
+                assert isinstance(leader.ended[0], asyncio.CancelledError)
+                assert not election.is_leader
+                assert not leader.task.done()  # the campaign waits through the outage
+                server.start()
+                await eventually(lambda: len(leader.terms) == 2, timeout=20, what="a new term")
+                assert leader.terms[1].number == 2 and election.is_leader
+                await leader.stop()
+        finally:
+            await client.aclose()
+
+
+async def test_bad_input_fails_at_the_call(locks: aiolock.LockManager) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        locks.leader("")
+    token = aiolock.LockManager(locks.redis, prefix=locks.prefix, wire="token")
+    with pytest.raises(aiolock.WireFormatError, match="fencing tokens"):
+        token.leader("a")
+    election = locks.leader("a")
+    async with election.lead():
+        with pytest.raises(RuntimeError, match="one election object per"):
+            async with election.lead():
+                pass  # pragma: no cover
+
+
+# -- across processes, with SIGKILL ----------------------------------------------------
+
+
+def _start_child(spec: dict[str, object]) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._children.leader", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO_ROOT),
+    )
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    """SIGKILL a child of this test (by its pid) if it still runs."""
+    if child.poll() is None:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(5)
+
+
+async def until(check: Callable[[], Awaitable[bool]], *, timeout: float, what: str) -> None:
+    """Poll Redis until *check* holds; fail after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def records(redis: Redis, key: str) -> list[tuple[int, int, float]]:
+    """The ``pid token time`` entries of a child's list."""
+    found = []
+    for raw in await redis.lrange(key, 0, -1):
+        pid, token, at = (raw.decode() if isinstance(raw, bytes) else raw).split()
+        found.append((int(pid), int(token), float(at)))
+    return found
+
+
+def intervals(
+    begins: list[tuple[int, int, float]],
+    ends: list[tuple[int, int, float]],
+    stopped_at: dict[int, float],
+) -> list[tuple[float, float, int]]:
+    """(start, end, pid) of every run of the job; a run cut short (SIGKILL, SIGTERM) ends
+    when its process was stopped."""
+    found = []
+    for pid in {pid for pid, _, _ in begins}:
+        starts = [at for p, _, at in begins if p == pid]
+        stops = [at for p, _, at in ends if p == pid]
+        assert len(stops) in (len(starts), len(starts) - 1)
+        stops += [stopped_at[pid]] * (len(starts) - len(stops))
+        found += [(start, stop, pid) for start, stop in zip(starts, stops, strict=True)]
+    return sorted(found)
+
+
+def overlaps(runs: list[tuple[float, float, int]]) -> list[tuple[int, int]]:
+    """The pids of consecutive runs (sorted by start) where one began before the other ended."""
+    return [(a[2], b[2]) for a, b in itertools.pairwise(runs) if a[1] > b[0]]
+
+
+def test_the_overlap_checker_finds_overlaps() -> None:
+    runs = intervals([(1, 7, 1.0), (2, 8, 1.5)], [(2, 8, 2.5)], {1: 2.0, 2: 9.0})
+    assert runs == [(1.0, 2.0, 1), (1.5, 2.5, 2)]
+    assert overlaps(runs) == [(1, 2)]
+    assert overlaps([(1.0, 2.0, 1), (2.0, 2.5, 2)]) == []
+
+
+@pytest.mark.processes
+async def test_a_killed_leader_is_replaced_within_the_lease(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    lease = 1.0
+    spec = {
+        "url": redis_url, "prefix": prefix, "name": "scheduler", "lease": lease,
+        "period": 0.05, "work": 0.02, "max_seconds": 60,
+    }  # fmt: skip
+    first = _start_child(spec)
+    children = [first]
+    try:
+        await until(lambda: _has(admin, f"{prefix}:terms", 1), timeout=30, what="a leader")
+        second = _start_child(spec)
+        children.append(second)
+        await until(lambda: _has(admin, f"{prefix}:ready", 2), timeout=30, what="the 2nd")
+        runs = await admin.llen(f"{prefix}:begin")
+        # The first keeps leading while the second campaigns.
+        await until(lambda: _has(admin, f"{prefix}:begin", runs + 5), timeout=30, what="runs")
+        ((leader, first_token, _),) = await records(admin, f"{prefix}:terms")
+        assert leader == first.pid
+        os.kill(first.pid, signal.SIGKILL)
+        killed_at = time.time()
+        first.wait(5)
+
+        async def second_ran() -> bool:
+            return any(p == second.pid for p, _, _ in await records(admin, f"{prefix}:begin"))
+
+        await until(second_ran, timeout=lease + 20, what="the second to run the job")
+        begins = await records(admin, f"{prefix}:begin")
+        failover = min(at for p, _, at in begins if p == second.pid) - killed_at
+        print(f"failover after SIGKILL with a {lease} s lease: {failover:.3f} s")
+        assert failover < lease + 4  # bounded by the lease, plus slack for a loaded machine
+        terms = await records(admin, f"{prefix}:terms")
+        assert [pid for pid, _, _ in terms] == [first.pid, second.pid]
+        assert terms[1][1] > first_token  # the new term is fenced off from the old one
+        assert {token for p, token, _ in begins if p == second.pid} == {terms[1][1]}
+        await asyncio.sleep(0.3)  # a few more runs of the second
+        second.send_signal(signal.SIGTERM)  # a clean stop releases the leadership
+        assert second.wait(15) == 0, second.stderr.read() if second.stderr else ""
+        stopped = {first.pid: killed_at, second.pid: time.time()}
+        begins = await records(admin, f"{prefix}:begin")
+        runs_of = intervals(begins, await records(admin, f"{prefix}:end"), stopped)
+        assert {pid for _, _, pid in runs_of} == {first.pid, second.pid}
+        assert overlaps(runs_of) == []
+        key = aiolock.LockManager(admin, prefix=prefix).lock("scheduler").key
+        assert not await lock_held(admin, key)
+    finally:
+        for child in children:
+            _kill(child)
+
+
+async def _has(redis: Redis, key: str, count: int) -> bool:
+    return bool(await redis.llen(key) >= count)

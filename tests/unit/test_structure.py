@@ -1,0 +1,219 @@
+"""The package's structure: no import cycles between aiolock's modules, type-only ones included.
+
+The engine must not know the kinds, and a kind's handle must not know the manager that
+makes it (issue 7): a cycle, even one that only type checkers follow, welds modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import aiolock
+from aiolock._redis.scripts import REQUIRED_COMMANDS
+from tests._support.paths import REPO_ROOT
+
+PACKAGE = Path(aiolock.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = ["aiolock", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports (any import)."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                if target in modules:
+                    targets.add(target)
+                else:  # "from . import x": x may be a module
+                    targets.update(
+                        f"{target}.{alias.name}"
+                        for alias in node.names
+                        if f"{target}.{alias.name}" in modules
+                    )
+            elif isinstance(node, ast.ImportFrom) and node.module:  # absolute
+                if node.module in modules:
+                    targets.add(node.module)
+                targets.update(
+                    f"{node.module}.{alias.name}"
+                    for alias in node.names
+                    if f"{node.module}.{alias.name}" in modules
+                )
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name in modules)
+        graph[name] = targets - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (found := visit(dep, [*path, dep])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_the_import_graph_is_read() -> None:
+    graph = _imports()
+    assert "aiolock._engine.engine" in graph["aiolock._manager"]
+    assert (
+        "aiolock._engine.kind" in graph["aiolock._engine.engine"]
+    )  # a type-only import is counted
+
+
+def test_no_import_cycles() -> None:
+    cycle = _cycle(_imports())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_engine_knows_no_kind() -> None:
+    graph = _imports()
+    generic = [
+        "aiolock._engine.engine",
+        "aiolock._engine.registry",
+        "aiolock._engine.watchdog",
+        "aiolock._engine.hub",
+    ]
+    for module in generic:
+        assert not {d for d in graph[module] if d.startswith("aiolock._kinds")}, module
+
+
+def test_every_command_the_scripts_call_is_in_required_commands() -> None:
+    """The ACL list in the README and the security tests comes from REQUIRED_COMMANDS."""
+    used: set[str] = set()
+    for path in PACKAGE.rglob("*.lua"):
+        for match in re.finditer(r"redis\.p?call\('(\w+)'(?:,\s*'(\w+)')?", path.read_text()):
+            command = match.group(1).lower()
+            if command == "pubsub":
+                command += "|" + match.group(2).lower()
+            used.add(command)
+    assert "zadd" in used  # the pattern finds calls
+    assert used <= set(REQUIRED_COMMANDS), sorted(used - set(REQUIRED_COMMANDS))
+
+
+# -- Python 3.10: asyncio.wait_for's TimeoutError (issue 22) -------------------------------
+
+SOURCES = ["aiolock", "tests", "examples", "benchmarks", "tools"]
+
+
+def _timeout_errors(node: ast.AST | None) -> set[str]:
+    """Which TimeoutErrors an except clause or pytest.raises(...) names: builtin, asyncio."""
+    found: set[str] = set()
+    for sub in ast.walk(node) if node is not None else ():
+        if isinstance(sub, ast.Name) and sub.id == "TimeoutError":
+            found.add("builtin")
+        elif (
+            isinstance(sub, ast.Attribute)
+            and sub.attr == "TimeoutError"
+            and isinstance(sub.value, ast.Name)
+            and sub.value.id == "asyncio"
+        ):
+            found.add("asyncio")
+    return found
+
+
+def _calls_wait_for(body: list[ast.stmt]) -> bool:
+    for sub in (n for stmt in body for n in ast.walk(stmt)):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if isinstance(func, ast.Attribute) and func.attr == "wait_for":
+                return True
+    return False
+
+
+def _builtin_timeout_around_wait_for(tree: ast.AST) -> list[int]:
+    """Lines that expect asyncio.wait_for's timeout as the builtin TimeoutError only."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and _calls_wait_for(node.body):
+            lines += [h.lineno for h in node.handlers if _timeout_errors(h.type) == {"builtin"}]
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and _calls_wait_for(node.body):
+            raises = [
+                item.context_expr
+                for item in node.items
+                if isinstance(item.context_expr, ast.Call)
+                and isinstance(item.context_expr.func, ast.Attribute)
+                and item.context_expr.func.attr == "raises"
+            ]
+            lines += [node.lineno for r in raises if _timeout_errors(r) == {"builtin"}]
+    return lines
+
+
+def test_the_wait_for_check_finds_the_python_3_10_trap() -> None:
+    trap = "try:\n    await asyncio.wait_for(f(), 1)\nexcept TimeoutError:\n    pass\n"
+    fixed = trap.replace("except TimeoutError", "except asyncio.TimeoutError")
+    raises = "with pytest.raises(TimeoutError):\n    await asyncio.wait_for(f(), 1)\n"
+    assert _builtin_timeout_around_wait_for(ast.parse(trap)) == [3]
+    assert _builtin_timeout_around_wait_for(ast.parse(raises)) == [1]
+    assert _builtin_timeout_around_wait_for(ast.parse(fixed)) == []
+
+
+def test_no_wait_for_timeout_is_caught_as_the_builtin_timeout_error() -> None:
+    """Before Python 3.11, ``asyncio.wait_for`` raises ``asyncio.TimeoutError``, which is not
+    the builtin ``TimeoutError``: an ``except TimeoutError`` around it catches nothing there
+    (the Redisson model of tests/_support/redisson_protocol.py failed that way on 3.10). Catch
+    ``asyncio.TimeoutError`` (the same class from 3.11 on) or both."""
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for top in SOURCES
+        if (REPO_ROOT / top).is_dir()
+        for path in sorted((REPO_ROOT / top).rglob("*.py"))
+        for line in _builtin_timeout_around_wait_for(ast.parse(path.read_text("utf-8")))
+    ]
+    assert (REPO_ROOT / "tests" / "_support" / "redisson_protocol.py").is_file()  # the tree is read
+    assert not found, "except TimeoutError around asyncio.wait_for: " + ", ".join(found)
+
+
+# -- The layout (issue 19): what import-linter cannot express -----------------------------
+
+
+def test_no_module_of_the_package_is_over_600_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text("utf-8").splitlines())) > 600
+    }
+    assert not long, f"split these by concept (docs/architecture.md): {long}"
+
+
+def test_at_most_12_modules_stand_directly_in_the_package() -> None:
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at the top: {top}; move one into its layer"
+
+
+def test_every_folder_of_lua_scripts_holds_the_kind_that_runs_them() -> None:
+    """A folder of .lua holds a kind.py (or, for Redlock, the module that loads them), and
+    every script is loaded somewhere: by its path, or included as a prelude."""
+    sources = "\n".join(path.read_text("utf-8") for path in PACKAGE.rglob("*.py"))
+    lua = "\n".join(path.read_text("utf-8") for path in PACKAGE.rglob("*.lua"))
+    folders = {path.parent for path in PACKAGE.rglob("*.lua")}
+    for folder in folders:
+        name = folder.relative_to(PACKAGE).as_posix()
+        if name == "_kinds/_lua":  # the one folder of shared preludes
+            continue
+        runners = [p for p in folder.glob("*.py") if f'"{name}/' in p.read_text("utf-8")]
+        assert runners, f"{name}/ holds scripts but no module of it loads them"
+    for path in PACKAGE.rglob("*.lua"):
+        script = path.relative_to(PACKAGE).with_suffix("").as_posix()
+        assert f'"{script}"' in sources or f"--@include {script}\n" in lua, script
