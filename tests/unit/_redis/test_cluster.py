@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NamedTuple
 
 import pytest
-from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.crc import key_slot
@@ -28,7 +27,6 @@ from aiolock._engine import listeners
 from aiolock._engine.engine import Engine
 from aiolock._kinds.lock.kind import RELEASE
 from aiolock._kinds.redisson.kind import RELEASE as REDISSON_RELEASE
-from aiolock._redis.client import Client
 from aiolock._redis.cluster import ClusterClient, sharded
 from aiolock._redis.cluster_pubsub import ClusterSubscriptions
 from aiolock.testing import free_port
@@ -614,26 +612,6 @@ async def test_max_in_flight_is_shared_by_the_primaries(cluster: LocalCluster, p
                     pass
             shares = [node.max_in_flight for node in client_of(locks)._nodes.values()]
             assert shares == [share] * cluster.primaries, (total, shares)
-
-
-async def test_a_pipeline_failure_keeps_its_cause_as_a_lone_command_does() -> None:
-    """What the cluster router decides on (a redirect, a connection error) is the cause
-    of the error; a command failed inside a pipeline carries it as a lone one does."""
-    with closed_port() as port:
-        redis = Redis(host="127.0.0.1", port=port)  # nothing listens there
-        client = Client(redis, max_in_flight=1)
-        try:
-            results = await asyncio.gather(
-                *(client.call("EXISTS", f"k{i}", key=f"k{i}") for i in range(5)),
-                return_exceptions=True,
-            )
-        finally:
-            await client.aclose()
-            await redis.aclose()
-    assert client.pipelines >= 1
-    for result in results:
-        assert isinstance(result, aiolock.LockConnectionError), result
-        assert isinstance(result.__cause__, rex.ConnectionError), repr(result.__cause__)
 
 
 @pytest.mark.parametrize(

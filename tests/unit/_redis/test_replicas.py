@@ -166,7 +166,7 @@ async def test_a_replica_that_does_not_acknowledge_undoes_the_acquisition(
 
 
 async def test_too_many_replicas_asked(pair: Pair, prefix: str, primary: Redis) -> None:
-    async with _manager(pair, prefix, replicas=2, replica_timeout=0.1) as locks:
+    async with _manager(pair, prefix, replicas=2, replica_timeout=1.0) as locks:
         with pytest.raises(aiolock.ReplicaAckError, match="only 1 of the 2 replicas"):
             await locks.semaphore("s", 3).acquire()
         assert await primary.exists(f"{prefix}:sem:{{s}}") == 0
@@ -176,7 +176,7 @@ async def test_on_replica_shortfall_warn_keeps_it(
     pair: Pair, prefix: str, primary: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with _manager(
-        pair, prefix, replicas=2, replica_timeout=0.1, on_replica_shortfall="warn"
+        pair, prefix, replicas=2, replica_timeout=1.0, on_replica_shortfall="warn"
     ) as locks:
         with caplog.at_level(logging.WARNING, logger="aiolock"):
             async with locks.lock("a"):
@@ -416,7 +416,7 @@ async def test_a_per_lock_shortfall_undoes_only_that_lock(pair: Pair, prefix: st
     a lock of the same manager without the option is unaffected."""
     async with _manager(pair, prefix) as locks:
         with pytest.raises(aiolock.ReplicaAckError, match="only 1 of the 2 replicas"):
-            await locks.lock("greedy", replicas=2, replica_timeout=0.2).acquire(timeout=0)
+            await locks.lock("greedy", replicas=2, replica_timeout=1.0).acquire(timeout=0)
         assert locks.statistics().held == 0
         async with locks.lock("greedy", timeout=0):  # undone: free
             pass
