@@ -6,11 +6,10 @@ The suite starts its own ``redis-server`` on a free loopback port (see
 Set ``AIOLOCK_TEST_REDIS_URL`` to run the suite against a server of your choosing instead;
 tests never flush a database, each uses its own key prefix.
 
-Workers take whole files (a file's module fixtures, a Redis Cluster or five Redlock
-masters, start once), except the tests marked ``serial``: those load the machine
-(benchmarks, multi-process stress, storms, fuzzing), so they form one group that one
-worker runs one after another, never two at once (``--dist loadgroup``, set in
-pyproject.toml). CONTRIBUTING.md lists the tiers.
+Workers (``-n 4`` in pyproject.toml) take whole files, so a file's module fixtures (a
+Redis Cluster, five Redlock masters) start once, except the tests of ``SERIAL_PATHS``:
+those load the machine, so they form one unit that one worker runs one after another,
+never two at once. CONTRIBUTING.md lists the tiers.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis as redis_sync
@@ -26,18 +26,48 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing import RedisServer
 
-
-#: the xdist group of the tests that load the machine (see the module docstring)
+#: The tests that load the machine: benchmarks, multi-process stress, cancellation storms
+#: and fuzzing. They are marked ``serial`` (``-m serial`` selects them) and form one work
+#: unit of the parallel run, so one worker runs them one after another, never two at once.
+SERIAL_PATHS = (
+    "tests/bench/",
+    "tests/stress/",
+    "tests/faults/test_cancel_storm.py",
+    "tests/faults/test_fuzz.py",
+)
 SERIAL_GROUP = "serial"
+
+
+def _is_serial(nodeid: str) -> bool:
+    return nodeid.startswith(SERIAL_PATHS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("serial") is not None:
-            group = SERIAL_GROUP
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if _is_serial(item.nodeid):
+            item.add_marker(pytest.mark.serial)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole files per worker, the serial tests as one unit handed out first.
+
+    Built on xdist's file scheduling (``--dist loadscope``); the ``xdist_group`` marker
+    cannot do this with pytest 9, whose node ids xdist 3.8 can no longer rename.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return SERIAL_GROUP if _is_serial(nodeid) else nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # the serial unit is the longest chain of the run: it starts first
+            if SERIAL_GROUP in self.workqueue:
+                self.workqueue.move_to_end(SERIAL_GROUP, last=False)
+            super()._assign_work_unit(node)
+
+    return TierScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

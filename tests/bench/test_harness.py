@@ -15,9 +15,6 @@ from benchmarks.adapters import BASELINE
 from benchmarks.config import BASELINE_REV
 from tests._support.paths import REPO_ROOT
 
-#: benchmarks load the machine: they run one at a time (the serial group, tests/conftest.py)
-pytestmark = pytest.mark.serial
-
 
 def _has_commit(rev: str) -> bool:
     """Whether this checkout's git knows *rev* (not in a source tarball or a shallow clone)."""

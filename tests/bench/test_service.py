@@ -7,12 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests._support.paths import REPO_ROOT
-
-#: benchmarks load the machine: they run one at a time (the serial group, tests/conftest.py)
-pytestmark = pytest.mark.serial
 
 
 def test_a_small_service_benchmark_run_reports_both_libraries(tmp_path: Path) -> None:

@@ -60,7 +60,6 @@ async def _assert_nothing_held(url: str, prefix: str) -> None:
         await check.aclose()
 
 
-@pytest.mark.serial
 async def test_random_cancellations_in_one_process(fault_redis_server: RedisServer) -> None:
     target = 10_000 if LONG else 2_000
     prefix = unique_prefix("storm")
@@ -81,7 +80,6 @@ async def test_random_cancellations_in_one_process(fault_redis_server: RedisServ
     await _assert_nothing_held(fault_redis_server.url, prefix)
 
 
-@pytest.mark.serial
 async def test_random_cancellations_across_processes(fault_redis_server: RedisServer) -> None:
     """Three child processes and this one run storms on the same names at once."""
     target = 10_000 if LONG else 2_000

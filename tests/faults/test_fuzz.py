@@ -859,7 +859,6 @@ def fuzz_server() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.mark.serial
 # The net for a hang, far above the budget: the last batch may start just before the
 # budget is spent and take half a minute on a loaded machine.
 @pytest.mark.timeout(BUDGET + 240)

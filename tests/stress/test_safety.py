@@ -5,12 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from tests._support.checker import CheckConfig, run_check
-
-#: several processes load the machine: one at a time (the serial group, tests/conftest.py)
-pytestmark = pytest.mark.serial
 
 
 def _explain(report: dict[str, Any]) -> str:
