@@ -116,9 +116,16 @@ class Engine(FastPath):
         )
 
     async def force_release(self, kind: LockKind, keys: LockKeys) -> bool:
+        # Only the holds registered when the script was sent can be the ones it deleted.
+        # A fair lock's script grants the lock to the next waiter, which may be one of
+        # ours and be holding it before this reply arrives: that hold is the new owner's,
+        # not a loss. (A hold whose acquire overtook the script on the server is found
+        # gone by the watchdog, as after any other client's force release.)
+        before = [hold for hold in self.registry if hold.keys.lock == keys.lock]
         held = await kind.force_release(keys)
-        for hold in self.registry:
-            if hold.keys.lock == keys.lock:
+        still_held = {id(hold) for hold in self.registry}
+        for hold in before:
+            if id(hold) in still_held:
                 self.registry.lose(hold, "it was force-released")
         self.hub.wake(keys.channel)
         return held
