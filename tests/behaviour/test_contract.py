@@ -95,8 +95,8 @@ CASES = [
     ),
     # The read-write lock's sides: a read hold keeps a writer out, a write hold keeps
     # another writer out. (A read probe cannot serve the write case: tests probe with it
-    # while another probe holds, and readers share. test_rw_lock.py shows that a write
-    # hold keeps readers out.)
+    # while another probe holds, and readers share. tests/unit/_kinds/rw/test_kind.py
+    # shows that a write hold keeps readers out.)
     Case(
         id="read",
         make=lambda m, n: m.rw_lock(n).read(),

@@ -1,7 +1,7 @@
 """A lock held across ``yield``: an async generator's ``async with`` block is closed,
 finalised or lost wherever that happens (issue 23, item 2).
 
-The FastAPI streaming case, under a real uvicorn, is in test_contrib_fastapi_streams.py.
+The FastAPI streaming case, under a real uvicorn, is in tests/unit/contrib/test_fastapi.py.
 """
 
 from __future__ import annotations

@@ -693,7 +693,7 @@ async def test_exclusion_under_churn_with_timeouts_and_cancellations(
 # --------------------------------------------------------------------------------------
 # Regressions from the adversarial review of the fair lock (issue 8).
 
-__all__ = ["other"]  # the second manager fixture, shared with test_fair_lock
+__all__ = ["other"]  # the second manager fixture
 
 
 def lock_key(prefix: str, name: str) -> str:
