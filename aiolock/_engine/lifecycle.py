@@ -24,6 +24,7 @@ from typing import ClassVar, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from aiolock._engine.cleanup import finish_despite_cancel
 from aiolock._errors import ManagerNotOpenError
 
 __all__ = ["ManagerLifecycle"]
@@ -111,17 +112,26 @@ class ManagerLifecycle:
         failed = self._state == "failed"
         self._state = "closing"
         try:
-            with anyio.CancelScope(shield=True):
-                await self._drain()
-                self._stop.set()
-                await asyncio.wait((supervisor,))
-                await self._after_stop()
+            # In a task of its own, which a cancelled caller waits for: an anyio shield
+            # alone lets a plain task.cancel() (asyncio.wait_for's timeout) cut the drain
+            # short, and the background tasks then ran on in a "closed" manager.
+            await finish_despite_cancel(lambda: self._shut_down(supervisor))
         finally:
             self._state = "closed"
             await self._after_close()
         if failed and not supervisor.cancelled():
             return supervisor.exception()
         return None
+
+    async def _shut_down(self, supervisor: asyncio.Task[None]) -> None:
+        """Drain, then stop the background tasks and close the connections, even if the
+        drain failed."""
+        try:
+            await self._drain()
+        finally:
+            self._stop.set()
+            await asyncio.wait((supervisor,))
+            await self._after_stop()
 
     async def _supervise(self) -> None:
         async with anyio.create_task_group() as tg:

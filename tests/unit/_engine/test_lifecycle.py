@@ -43,6 +43,7 @@ class Toy(ManagerLifecycle):
         self.check_gate: asyncio.Event | None = None  # holds _before_open until set
         self.checking = asyncio.Event()  # a task entered _before_open
         self.check_error: Exception | None = None
+        self.drain_error: Exception | None = None
 
     async def _before_open(self) -> None:
         self.steps.append("before_open")
@@ -77,6 +78,8 @@ class Toy(ManagerLifecycle):
         if self.drain_gate is not None:
             await self.drain_gate.wait()
             self.steps.append("drained")
+        if self.drain_error is not None:
+            raise self.drain_error
 
     async def _after_stop(self) -> None:
         self.steps.append("after_stop")
@@ -217,6 +220,57 @@ async def test_closing_is_shielded_from_an_anyio_cancellation() -> None:
         await closing
     assert toy._state == "closed"
     assert toy.steps == [*OPEN_STEPS, "drain", "drained", *CLOSE_STEPS[1:]]
+
+
+async def test_closing_finishes_when_the_closing_task_is_cancelled() -> None:
+    """A plain ``task.cancel()`` of the task that closes (``asyncio.wait_for``'s timeout,
+    a cancelled shutdown hook) waits for the whole close, then is raised: before, it cut
+    the drain short and the background task ran on in a manager that said "closed"."""
+    toy = Toy()
+    toy.drain_gate = asyncio.Event()
+    await toy.open()
+    await started(toy)
+    closing = asyncio.create_task(toy.aclose())
+    with anyio.fail_after(5):
+        await toy.draining.wait()
+    closing.cancel()
+    await asyncio.sleep(0)  # the cancellation reaches the closing task
+    assert not closing.done() and toy._state == "closing"
+    toy.drain_gate.set()
+    with anyio.fail_after(5), pytest.raises(asyncio.CancelledError):
+        await closing
+    assert toy._state == "closed"
+    assert toy._supervisor is not None and toy._supervisor.done()
+    assert toy.steps == [*OPEN_STEPS, "drain", "drained", *CLOSE_STEPS[1:]]
+
+
+async def test_a_drain_that_fails_still_stops_the_background_tasks() -> None:
+    toy = Toy()
+    toy.drain_error = RuntimeError("the drain failed")
+    await toy.open()
+    await started(toy)
+    with pytest.raises(RuntimeError, match="the drain failed"):
+        await toy.aclose()
+    assert toy._state == "closed"
+    assert toy._supervisor is not None and toy._supervisor.done()
+    assert toy.steps == OPEN_STEPS + CLOSE_STEPS
+
+
+async def test_a_lock_manager_whose_close_is_cancelled_still_frees_its_locks(
+    redis: Redis, prefix: str
+) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix) as observer:
+        manager = aiolock.LockManager(redis, prefix=prefix)
+        await manager.open()
+        await manager.lock("held").acquire()
+        closing = asyncio.create_task(manager.aclose())
+        await asyncio.sleep(0)  # closing has started
+        closing.cancel()
+        with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+            await closing
+        assert manager._state == "closed"
+        assert manager._supervisor is not None and manager._supervisor.done()
+        assert not await observer.lock("held").locked()
 
 
 async def test_open_and_close_in_tasks_of_their_own() -> None:
