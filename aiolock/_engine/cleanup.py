@@ -142,7 +142,7 @@ class Cleanup:
         """Try every job once; return how many are still pending."""
         jobs, self._jobs = self._jobs, []
         self._trying += len(jobs)  # (drain() may run one alongside the loop's)
-        for job in jobs:
+        for index, job in enumerate(jobs):
             try:
                 await job.action()
                 self.done += 1
@@ -152,6 +152,17 @@ class Cleanup:
                     logger.warning("gave up on %s (its lease has ended anyway): %s", job.what, exc)
                 else:
                     self._jobs.append(job)
+            except Exception:
+                # A defect rather than Redis away: a retry would fail alike. The other
+                # jobs and the retry loop go on; the lock's lease ends it anyway.
+                self.abandoned += 1
+                logger.exception("gave up on %s after an unexpected error", job.what)
+            except BaseException:
+                # Cancelled (the manager is closing): this job and the untried ones stay
+                # queued and are no longer counted as being tried.
+                self._jobs.extend(jobs[index:])
+                self._trying -= len(jobs) - index - 1
+                raise
             finally:
                 self._trying -= 1
                 self._quieter.set()

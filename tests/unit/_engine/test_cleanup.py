@@ -141,6 +141,50 @@ async def test_run_once_retries_failed_jobs_until_their_lease_has_ended(
     assert await cleanup.run_once() == 0  # nothing left to do
 
 
+async def test_a_job_that_fails_unexpectedly_is_given_up_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job raising something other than a Redis error used to end the round (the jobs
+    after it dropped), leave the count of jobs being tried too high (``drain`` waited
+    for it until ``close_timeout``) and end the retry loop, failing the manager."""
+    cleanup = Cleanup()
+    later = time.monotonic() + 60
+
+    async def broken() -> None:
+        raise RuntimeError("a defect in the job")
+
+    cleanup.add("broken release", broken, later)
+    cleanup.add("good release", failing(0), later)
+    caplog.set_level(logging.ERROR, logger="aiolock")
+    assert await cleanup.run_once() == 0
+    assert (cleanup.done, cleanup.abandoned, cleanup.pending) == (1, 1, 0)
+    assert "gave up on broken release after an unexpected error" in caplog.text
+    with anyio.fail_after(5):
+        await cleanup.drain()  # nothing counted as still being tried
+
+
+async def test_a_cancelled_round_keeps_the_untried_jobs_queued() -> None:
+    cleanup = Cleanup()
+    later = time.monotonic() + 60
+    trying, never = asyncio.Event(), asyncio.Event()
+
+    async def stuck() -> None:
+        trying.set()
+        await never.wait()
+
+    cleanup.add("stuck release", stuck, later)
+    cleanup.add("next release", failing(0), later)
+    round_ = asyncio.create_task(cleanup.run_once())
+    await trying.wait()
+    round_.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await round_
+    assert cleanup.pending == 2  # both queued again, none counted as being tried
+    never.set()
+    assert await cleanup.run_once() == 0
+    assert (cleanup.done, cleanup.pending) == (2, 0)
+
+
 async def test_drain_waits_for_the_sends_in_progress() -> None:
     cleanup = Cleanup()
     began, gate, draining = asyncio.Event(), asyncio.Event(), asyncio.Event()
