@@ -10,7 +10,9 @@ that gives up withdraws its registration at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import anyio
@@ -37,12 +39,19 @@ class WaiterClaims:
     def __init__(self) -> None:
         #: (kind, lock key) -> the lock's keys and the fields of this manager's waiters
         self._fields: dict[tuple[LockKind, str], tuple[LockKeys, set[str]]] = {}
+        #: when the sleep of :meth:`keep` ends (monotonic), and what ends it sooner
+        self._wake_at = float("inf")
+        self._sooner = asyncio.Event()
 
     def add(self, kind: LockKind, keys: LockKeys, field: str) -> None:
         entry = self._fields.get((kind, keys.lock))
         if entry is None:
             entry = self._fields[(kind, keys.lock)] = (keys, set())
         entry[1].add(field)
+        # A kind whose claims expire sooner than keep() wakes: it must not wait out a
+        # sleep chosen for longer-lived claims (its claim would lapse first).
+        if time.monotonic() + kind.claim_ttl / 3 < self._wake_at:
+            self._sooner.set()
 
     def discard(self, kind: LockKind, keys: LockKeys, field: str) -> None:
         entry = self._fields.get((kind, keys.lock))
@@ -60,7 +69,10 @@ class WaiterClaims:
         """Refresh the registrations of waiting tasks, in batches (see the module docstring)."""
         while True:
             period = min((kind.claim_ttl for kind, _ in self._fields), default=1.0) / 3
-            await anyio.sleep(period)
+            self._wake_at = time.monotonic() + period
+            self._sooner.clear()
+            with anyio.move_on_after(period):
+                await self._sooner.wait()  # set by add(): refresh now, then at its pace
             for (kind, _), (keys, fields) in list(self._fields.items()):
                 ordered = sorted(fields)
                 # In calls of at most CLAIM_BATCH: one script over all of them would keep

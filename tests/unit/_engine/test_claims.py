@@ -140,6 +140,24 @@ async def test_keep_refreshes_at_the_pace_of_the_shortest_claim_ttl(
     assert len(slow.of("slow")) >= 5  # every round refreshes every kind
 
 
+async def test_a_claim_of_a_shorter_lived_kind_does_not_wait_out_the_current_sleep(
+    runtime: Runtime, prefix: str
+) -> None:
+    """keep() sleeps a third of the shortest claim lifetime it knows of; a kind with a
+    shorter one, registered during that sleep, used to wait for its end (20 s here,
+    with claims that lapse after 30 ms)."""
+    slow = RecordingFairKind(runtime, claim_ttl=60.0)
+    quick = RecordingFairKind(runtime, claim_ttl=0.03)
+    claims = WaiterClaims()
+    claims.add(slow, LockKeys(prefix, "slow", "fair"), "w")
+    task = keeping(claims)
+    await asyncio.sleep(0)  # keep() is in its 20 s sleep
+    claims.add(quick, LockKeys(prefix, "quick", "fair"), "w")
+    with anyio.fail_after(5):
+        await quick.wait_for("quick", 3)
+    await stop(task)
+
+
 async def test_a_failed_refresh_is_logged_and_the_rest_go_on(
     runtime: Runtime, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
