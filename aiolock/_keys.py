@@ -316,6 +316,3 @@ class KeySpace:
 
     def owner(self, serial: int) -> str:
         return f"{self.manager_id}:{serial}"
-
-    def release_id(self, number: int) -> str:
-        return f"{self.manager_id}:r{number}"
