@@ -116,18 +116,25 @@ class Engine(FastPath):
         )
 
     async def force_release(self, kind: LockKind, keys: LockKeys) -> bool:
-        # Only the holds registered when the script was sent can be the ones it deleted.
-        # A fair lock's script grants the lock to the next waiter, which may be one of
-        # ours and be holding it before this reply arrives: that hold is the new owner's,
-        # not a loss. (A hold whose acquire overtook the script on the server is found
-        # gone by the watchdog, as after any other client's force release.)
+        # The holds registered when the script was sent are the ones it deleted. A hold
+        # registered while the reply was on its way is either, and only Redis can tell:
+        # its acquire may have run before the script (deleted: lost), or it may be the
+        # grant the script made to one of our waiters (a fair lock's next waiter), or
+        # have come after it (held). Those are checked at once, as a renewal checks.
         before = [hold for hold in self.registry if hold.keys.lock == keys.lock]
+        sent = {id(hold) for hold in before}  # (before keeps them alive: ids stay theirs)
         held = await kind.force_release(keys)
-        still_held = {id(hold) for hold in self.registry}
-        for hold in before:
-            if id(hold) in still_held:
+        meanwhile: list[Hold] = []
+        for hold in list(self.registry):
+            if hold.keys.lock != keys.lock:
+                continue
+            if id(hold) in sent:
                 self.registry.lose(hold, "it was force-released")
+            else:
+                meanwhile.append(hold)
         self.hub.wake(keys.channel)
+        if meanwhile:
+            await self.watchdog.run_round(meanwhile)  # loses those Redis no longer has
         return held
 
     async def shutdown(self) -> None:

@@ -8,8 +8,10 @@ import asyncio
 import pytest
 
 import aiolock
+from aiolock._engine.kind import Attempt, Busy, Granted
 from aiolock._keys import LockKeys
 from aiolock._kinds.fair.kind import FairLockKind
+from aiolock._kinds.lock.kind import ReentrantLockKind
 from tests._support.helpers import eventually
 
 
@@ -58,3 +60,44 @@ async def test_a_force_release_leaves_the_grant_it_made_to_our_own_waiter(
         assert token is not None and token > (holder.fencing_token or 0)
         with pytest.raises(aiolock.LockLostError):
             await holder.release()
+
+
+async def test_a_hold_registered_while_the_force_release_runs_is_checked_with_redis(
+    locks: aiolock.LockManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: the acquire ran on the server before the force release, but its
+    reply was read (and the hold registered) only while the force release's reply was
+    on its way. The force release deleted it: the holder must be told at once, not at
+    the next renewal, 10 s on (seen as a flake under two CI runs at once)."""
+    granted, registered = asyncio.Event(), asyncio.Event()
+    let_it_finish = asyncio.Event()
+    attempt, force_release = ReentrantLockKind.attempt, ReentrantLockKind.force_release
+
+    async def slow_attempt(self: ReentrantLockKind, request: Attempt) -> Granted | Busy:
+        outcome = await attempt(self, request)  # run on the server
+        granted.set()
+        await let_it_finish.wait()  # ... and read late
+        return outcome
+
+    async def reply_after_the_registration(self: ReentrantLockKind, keys: LockKeys) -> bool:
+        held = await force_release(self, keys)
+        let_it_finish.set()
+        await asyncio.wait_for(registered.wait(), 10)
+        return held
+
+    monkeypatch.setattr(ReentrantLockKind, "attempt", slow_attempt)
+    monkeypatch.setattr(ReentrantLockKind, "force_release", reply_after_the_registration)
+    lock = locks.lock("late")
+    stop = asyncio.Event()
+
+    async def holder() -> None:
+        async with lock:
+            registered.set()
+            await stop.wait()
+
+    task = asyncio.create_task(holder())
+    await asyncio.wait_for(granted.wait(), 10)
+    assert await locks.lock("late").force_release()
+    assert locks.statistics().lost.get("lock", 0) == 1
+    with pytest.raises(aiolock.LockLostError):
+        await asyncio.wait_for(task, 10)  # its body was cancelled by the loss
