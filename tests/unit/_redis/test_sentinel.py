@@ -91,8 +91,11 @@ async def test_a_client_made_by_master_for_is_followed_and_swept(
             stray = await redis.connection_pool.get_connection()
             await stray.disconnect()
             # The manager's sweep may close it while it is still connecting (seen on a
-            # loaded CI machine, issue 25): the very outcome under test.
-            with contextlib.suppress(RedisConnectionError):
+            # loaded CI machine, issue 25): the very outcome under test. redis-py 5.x
+            # then fails its handshake with AttributeError (its writer already gone)
+            # rather than a connection error (the lowest versions' run, beside a
+            # spinning core).
+            with contextlib.suppress(RedisConnectionError, AttributeError):
                 await stray.connect_to(("127.0.0.1", replica_port))
             await _eventually(lambda: not stray.is_connected, 5, "the stray connection closed")
             assert locks.statistics().failovers == 0
