@@ -524,7 +524,17 @@ async def test_cancellation_at_every_await_leaves_nothing_behind(
             async with lock:
                 await asyncio.sleep(0)
 
-        for steps in range(0, 60):
+        # Every step from 0 to 59, then longer and longer until a cycle ends before its
+        # cancellation: on a loaded machine (a CI pair beside a spinning core) the three
+        # masters' replies may take more than 60 loop steps, so "done" came only later.
+        def schedule() -> Iterator[int]:
+            yield from range(60)
+            steps = 60
+            while "done" not in outcomes and steps < 200_000:
+                steps = steps * 3 // 2
+                yield steps
+
+        for steps in schedule():
             task = asyncio.create_task(cycle())
             for _ in range(steps):
                 await asyncio.sleep(0)
