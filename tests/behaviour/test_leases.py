@@ -199,9 +199,13 @@ async def test_a_hold_lost_while_it_is_re_entered_never_enters_the_body(
         FaultProxy(upstream.hostname, upstream.port) as proxy,
         aiolock.LockManager.from_url(proxy.url, prefix=prefix) as locks,
     ):
-        lock = locks.lock("reenter-slow", lease=1.0)
+        # Each way 1.2 s: the re-entry is there at ~1.2 s, inside the 1.8 s lease, and back
+        # at ~2.4 s, after it. Either margin (0.6 s) is a stall the test outlasts on a
+        # loaded machine: with 0.3 s, a late arrival found the key already expired and
+        # took the other branch ("lost before this task re-entered it").
+        lock = locks.lock("reenter-slow", lease=1.8)
         await lock.acquire()
-        proxy.set_latency(0.7)  # each way: there at ~0.7 s, back at ~1.4 s
+        proxy.set_latency(1.2)
         ran = False
         with pytest.raises(aiolock.LockLostError, match="while this task re-entered it"):
             async with lock:
