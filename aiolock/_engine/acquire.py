@@ -192,7 +192,7 @@ class Acquiring(Releasing):
         claimed = False
         try:
             if undo is not None:
-                await self._undo(kind, undo)  # it may have run: as _attempt does
+                await self._undo(kind, undo, deadline)  # it may have run: as _attempt does
             if first is not None and not isinstance(first, (Busy, LockConnectionError)):
                 raise first  # cancelled (or an error) in the fast path's attempt
             should_try = waiter.is_head  # the head tries at once; the rest wait their turn
@@ -233,8 +233,9 @@ class Acquiring(Releasing):
                         try:
                             if first is None:
                                 outcome = await self._attempt(
-                                    kind, keys, owner, lease, permits=permits, field=field
-                                )
+                                    kind, keys, owner, lease, permits=permits, field=field,
+                                    until=deadline,
+                                )  # fmt: skip
                             else:  # the fast path's attempt, already made
                                 made, first = first, None
                                 if not isinstance(made, Busy):
@@ -281,6 +282,10 @@ class Acquiring(Releasing):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     failure = failure or self.reach.failure
+                    if failure is None and not waiter.queue.answered:
+                        # No attempt for this lock was answered: a slow server, or one
+                        # that refuses connections while redis-py retries inside them.
+                        failure = await self.reach.probe()
                     if failure is not None:  # an outage, whichever attempt saw it last
                         what = f"{kind.name} {keys.name!r}"
                         raise self.reach.unreachable_error(what, timeout, failure) from failure
@@ -317,7 +322,9 @@ class Acquiring(Releasing):
                     # Withdraw the registration now (and pass on a grant that came too
                     # late), rather than when it expires.
                     await self._undo(
-                        kind, self._new_attempt(keys, owner, field, lease, permits, kind=kind)
+                        kind,
+                        self._new_attempt(keys, owner, field, lease, permits, kind=kind),
+                        deadline,
                     )
             if not acquired and waiter.handed is not None:
                 # The lock was handed over just as this task gave up: pass it on, without
@@ -381,6 +388,7 @@ class Acquiring(Releasing):
         permits: int = 1,
         field: str | None = None,
         claim: bool = True,
+        until: float | None = None,
     ) -> Hold | Busy:
         """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
 
@@ -404,7 +412,9 @@ class Acquiring(Releasing):
         except (LockConnectionError, ReplicaAckError, asyncio.CancelledError) as exc:
             if isinstance(exc, LockConnectionError) and not self.hub.closed:
                 self.reach.failed(exc)  # every waiter of the manager may report it
-            await self._undo(kind, attempt)  # it may have run (or too few replicas have it)
+            # It may have run (or too few replicas have it). Sent by the waiter's deadline
+            # (*until*), else in the background.
+            await self._undo(kind, attempt, until)
             raise
         if self.reach.failure is not None:
             self.reach.reached()
@@ -489,8 +499,12 @@ class Acquiring(Releasing):
             "a longer lease="
         )
 
-    async def _undo(self, kind: LockKind, attempt: Attempt) -> None:
-        """Revert an attempt whose outcome is unknown, or void it before it runs."""
+    async def _undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None:
+        """Revert an attempt whose outcome is unknown, or void it before it runs.
+
+        The caller waits for it until *until* (its wait's deadline, monotonic) at most;
+        what is not sent by then is retried in the background.
+        """
         channel = attempt.keys.channel
 
         async def send() -> None:
@@ -506,7 +520,7 @@ class Acquiring(Releasing):
 
         self.cleanup.begin()  # closing waits for it (see release())
         try:
-            await finish_despite_cancel(lambda: send_or(send, retry_later))
+            await finish_despite_cancel(lambda: send_or(send, retry_later, until))
         finally:
             self.cleanup.end()
 

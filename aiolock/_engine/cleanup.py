@@ -58,10 +58,25 @@ async def finish_despite_cancel(make: Callable[[], Awaitable[T]]) -> T:
     return task.result()
 
 
-async def send_or(send: Callable[[], Awaitable[object]], otherwise: Callable[[], None]) -> None:
-    """Send within SHIELD_TIMEOUT; if Redis cannot be reached, call *otherwise*."""
+async def send_or(
+    send: Callable[[], Awaitable[object]],
+    otherwise: Callable[[], None],
+    until: float | None = None,
+) -> None:
+    """Send within SHIELD_TIMEOUT (and by *until*, monotonic, if given); if Redis cannot be
+    reached in that time, call *otherwise*.
+
+    *until* is the deadline of the wait that sends it: a caller whose timeout has passed
+    is not held back for it; the background retries see it through (*otherwise*).
+    """
+    limit = SHIELD_TIMEOUT
+    if until is not None:
+        limit = min(limit, until - time.monotonic())
+        if limit <= 0:
+            otherwise()
+            return
     try:
-        with anyio.fail_after(SHIELD_TIMEOUT):
+        with anyio.fail_after(limit):
             await send()
     except (LockError, TimeoutError):
         otherwise()

@@ -6,24 +6,45 @@ attempt's outcome here; a waiter whose wait ends while the last attempt failed o
 connection error then reports the outage (:class:`~aiolock.LockConnectionError`), not
 contention. The transitions are logged (rate-limited), so an outage is never silent,
 even for waiters that wait without a timeout.
+
+A head's attempt may also still be out when waits end: redis-py retries a refused
+connection inside one command (its default retry takes seconds), so no attempt has
+failed yet. A wait that ends unanswered then asks the server's address directly
+(:meth:`Reachability.probe`): a connection refused there is the outage the waiter
+reports; one that opens is a slow or paused server, which stays a timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
+import anyio
+
 from aiolock._errors import LockConnectionError, LockTimeoutError
 from aiolock._redis.client import POOL_EXHAUSTED
 
-__all__ = ["LOG_INTERVAL", "Reachability", "describe"]
+__all__ = ["LOG_INTERVAL", "PROBE_FRESH", "PROBE_LIMIT", "Reachability", "describe", "endpoint"]
 
 logger = logging.getLogger("aiolock")
 
 #: At most one "cannot reach" warning per this many seconds (a flapping link or a long
 #: outage would otherwise log on every retry of every waiter).
 LOG_INTERVAL = 30.0
+
+#: Seconds a probe's connection may take to open or be refused. A refusal comes back in
+#: one round trip; a connection that neither opens nor fails in this time says nothing
+#: (a server far away, or a network that drops packets): the wait stays a timeout.
+PROBE_LIMIT = 0.25
+
+#: Seconds a probe's answer stands for every wait that ends meanwhile (one probe per
+#: manager at a time, however many waits end together).
+PROBE_FRESH = 1.0
+
+#: Where a probe connects: (host, port), or a unix socket's path.
+Endpoint = tuple[str, int] | str
 
 
 def describe(redis: Any) -> str:
@@ -43,11 +64,35 @@ def describe(redis: Any) -> str:
     return "Redis"
 
 
+def endpoint(redis: Any) -> Endpoint | None:
+    """Where a probe of a redis-py client's one server connects, if it has one address.
+
+    None for a Sentinel service or a Cluster (their address changes with failovers, and
+    their own clients already report a node that refuses connections).
+    """
+    pool = getattr(redis, "connection_pool", None)
+    if isinstance(getattr(pool, "service_name", None), str):
+        return None
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+    if isinstance(host, str) and isinstance(port, int):
+        return host, port
+    return None
+
+
 class Reachability:
     """The outcome of the manager's latest round trip to Redis: reached, or why not."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, target: Endpoint | None = None) -> None:
         self.address = address
+        #: where probe() connects (None: it never probes)
+        self.target = target
+        self._probing: asyncio.Future[LockConnectionError | None] | None = None
+        self._probed_at = 0.0
         #: the connection error of the latest attempt, while no later one got through
         self.failure: LockConnectionError | None = None
         #: since when (monotonic) Redis has been unreachable
@@ -76,6 +121,7 @@ class Reachability:
         if self.failure is None:
             return
         self.failure = None
+        self._probing = None  # a refusal seen before this answer is out of date
         if self._outage_logged:
             self._outage_logged = False
             logger.warning(
@@ -83,6 +129,46 @@ class Reachability:
                 self.address,
                 time.monotonic() - self.since,
             )
+
+    async def probe(self) -> LockConnectionError | None:
+        """The outage, if the server refuses a new connection now; None if it opened one
+        (or the probe could not tell within PROBE_LIMIT).
+
+        Asked when a wait ends before any attempt for its lock was answered. One probe runs
+        at a time and its answer serves every wait that ends within PROBE_FRESH; a refusal
+        is recorded as a failure (logged, and reported by every waiter until an attempt
+        gets through).
+        """
+        if self.failure is not None:
+            return self.failure
+        if self.target is None:
+            return None
+        probing = self._probing
+        if probing is None or (probing.done() and time.monotonic() - self._probed_at > PROBE_FRESH):
+            self._probed_at = time.monotonic()
+            probing = self._probing = asyncio.ensure_future(self._connect(self.target))
+        # Shielded: a waiter cancelled meanwhile does not cancel the others' probe.
+        refused = await asyncio.shield(probing)
+        if refused is not None and self.failure is None:
+            self.failed(refused)
+        return self.failure if refused is not None else None
+
+    async def _connect(self, target: Endpoint) -> LockConnectionError | None:
+        writer = None
+        try:
+            with anyio.move_on_after(PROBE_LIMIT):  # neither opened nor refused: no answer
+                if isinstance(target, str):
+                    _, writer = await asyncio.open_unix_connection(target)
+                else:
+                    _, writer = await asyncio.open_connection(*target)
+        except OSError as exc:
+            return LockConnectionError(
+                f"a new connection to Redis at {self.address} failed ({exc}), while the "
+                "attempts already sent were unanswered"
+            )
+        if writer is not None:
+            writer.close()
+        return None
 
     def unreachable_error(
         self, what: str, timeout: float | None, failure: LockConnectionError
