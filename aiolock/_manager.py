@@ -504,6 +504,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         core = self._engine
         assert core is not None  # made when opening
         core.hub.close()  # waiting tasks give up first, so none acquires anew
+        core.heed.close()
         with anyio.move_on_after(self.close_timeout):
             await core.shutdown()
 

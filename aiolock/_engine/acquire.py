@@ -441,7 +441,7 @@ class Acquiring(Releasing):
         if self.hub.closed:  # the manager closed while the attempt was in flight
             await self.release_quietly(new)
             raise self.manager_closed()
-        return self._adopt(new)
+        return self._adopt(new, granted=True)
 
     def _new_attempt(
         self,
@@ -470,12 +470,22 @@ class Acquiring(Releasing):
             permits=permits,
         )
 
-    def _adopt(self, hold: Hold) -> Hold:
-        """Register *hold* for the current task, which has just acquired it."""
+    def _adopt(self, hold: Hold, granted: bool = False) -> Hold:
+        """Register *hold* for the current task, which has just acquired it (*granted*:
+        from Redis, not handed over by a local release)."""
         if time.monotonic() >= hold.valid_until:
             self._lost_at_birth(hold)
+        if granted and (stale := self.registry.superseded(hold)) is not None:
+            # Before the new holder's body starts: two tasks of one manager are never
+            # both inside the lock, even for the round trip a check would take.
+            self.registry.lose(
+                stale,
+                "Redis granted the lock to another task of this manager, so it no longer "
+                "had this hold (force-released, deleted, or expired there)",
+            )
         self.acquired[hold.kind.name] += 1
         self.registry.add(hold)
+        self.heed.granted(hold)
         if hold.owner not in self._watched:
             task = asyncio.current_task()
             if task is not None:

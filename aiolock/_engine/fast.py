@@ -197,7 +197,7 @@ class FastPath(Acquiring):
             if hub.closed:  # the manager closed while the attempt was in flight
                 await self.release_quietly(hold)
                 raise self.manager_closed()
-            self._adopt(hold)
+            self._adopt(hold, granted=True)
         except BaseException:
             if entry is not None:
                 hub.drop(channel, entry, acquired=False)

@@ -59,7 +59,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from aiolock._engine.runtime import task_in
@@ -132,6 +132,12 @@ class WaiterHub(SubscriptionEvents):
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
+        #: channels of locks this manager holds and listens to (aiolock._engine.heed), with
+        #: how many of its holds want each
+        self._held: dict[str, int] = {}
+        #: told of a release this manager did not make, and of a confirmed subscription,
+        #: on a channel in _held
+        self.on_held_release: Callable[[str], None] | None = None
 
     # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
 
@@ -343,7 +349,9 @@ class WaiterHub(SubscriptionEvents):
         ):
             self._wake_head(queue)
         if not queue.waiters:
-            if queue.listen or self.source.subscribed(queue.channel):
+            if queue.channel in self._held:
+                queue.listen = False  # the subscription stays: a hold of ours wants it
+            elif queue.listen or self.source.subscribed(queue.channel):
                 queue.listen = False
                 # The source unsubscribes, then reports it dropped: the queue is forgotten.
                 self.source.unwant(queue.channel)
@@ -351,6 +359,25 @@ class WaiterHub(SubscriptionEvents):
                 # Never subscribed (the common, uncontended case): forget it now, without
                 # waking the source on every acquisition.
                 self._forget(queue)
+
+    def hold(self, channel: str) -> None:
+        """A hold of this manager wants to hear the releases on *channel* (see heed)."""
+        count = self._held.get(channel, 0)
+        self._held[channel] = count + 1
+        if not count:
+            self.source.want(channel)
+
+    def unhold(self, channel: str) -> None:
+        """That hold ended: the subscription goes unless a waiter of ours still listens."""
+        count = self._held.get(channel, 0)
+        if count > 1:
+            self._held[channel] = count - 1
+            return
+        self._held.pop(channel, None)
+        queue = self._queues.get(channel)
+        if queue is None or not queue.listen or not queue.waiters:
+            # The source unsubscribes and reports it dropped (an empty queue is forgotten).
+            self.source.unwant(channel)
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
@@ -522,6 +549,11 @@ class WaiterHub(SubscriptionEvents):
         await self.source.run()
 
     def on_message(self, channel: str, data: str) -> None:
+        held = self._held and channel in self._held and self.on_held_release is not None
+        if held and data != self._manager_id and self.on_held_release is not None:
+            # A release we did not make (or a fair lock's grant: checked all the same)
+            # on a lock we hold: Redis may no longer have our hold.
+            self.on_held_release(channel)
         queue = self._queue(channel)
         if queue is not None and queue.queued:
             # A queued kind's release names the waiter it was granted to (which may be
@@ -543,6 +575,8 @@ class WaiterHub(SubscriptionEvents):
                 self._wake_head(queue)
 
     def on_confirmed(self, channel: str) -> None:
+        if self._held and channel in self._held and self.on_held_release is not None:
+            self.on_held_release(channel)  # a release may have come before it: check once
         queue = self._queue(channel)
         if queue is not None:
             self.failure = None

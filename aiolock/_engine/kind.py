@@ -78,6 +78,7 @@ class Hold:
     __slots__ = (
         "count",
         "field",
+        "heeded",
         "keys",
         "kind",
         "lease",
@@ -136,6 +137,9 @@ class Hold:
         #: the Redis Cluster slot of the hold's keys: renewal batches never mix slots
         self.slot = keys.slot
         self.timer: asyncio.TimerHandle | None = None
+        #: whether the manager listens on its lock's release channel for it (see
+        #: aiolock._engine.heed): the registry tells when it ends
+        self.heeded = False
         self.lost = False
         self.lost_reason = ""
         #: the ``async with`` blocks running under this hold: a loss cancels each

@@ -60,11 +60,17 @@ class HoldRegistry:
         self._parked: dict[tuple[str, str], Hold] = {}
         #: parked holds whose release the background retrier has since confirmed
         self._settled: OrderedDict[tuple[str, str], Hold] = OrderedDict()
+        #: channel -> the live hold of an exclusive kind (not ``shared``) last granted
+        #: there: what a new grant of that lock to another of this manager's tasks
+        #: shows to be gone from Redis (see superseded)
+        self._exclusive: dict[str, Hold] = {}
         self._shared: asyncio.TimerHandle | None = None
         #: when the shared timer fires (its loop time: the monotonic clock)
         self._shared_at = 0.0
         self._on_lost = on_lost
         self._on_fixed = on_fixed
+        #: told when a hold whose release channel is listened to ends (aiolock._engine.heed)
+        self.on_unheld: Callable[[Hold], None] | None = None
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -82,6 +88,8 @@ class HoldRegistry:
             self._settled.pop((hold.resource, owner), None)
         if hold.kind.reentrant:
             self._index[(hold.resource, owner)] = hold
+        if not hold.kind.shared:
+            self._exclusive[hold.keys.channel] = hold
         owned = self._by_owner.get(owner)
         if owned is None:  # (the usual case: a task holds one thing at a time)
             self._by_owner[owner] = {number: hold}
@@ -106,14 +114,49 @@ class HoldRegistry:
                 key = (hold.resource, owner)
                 if self._index.get(key) is hold:
                     del self._index[key]
+            if not hold.kind.shared:
+                channel = hold.keys.channel
+                if self._exclusive.get(channel) is hold:
+                    del self._exclusive[channel]
             owned = self._by_owner.get(owner)
             if owned is not None:
                 owned.pop(number, None)  # (the empty entry stays: see _by_owner)
             if hold.timer is not None:
                 hold.timer.cancel()
                 hold.timer = None
+            if hold.heeded:
+                hold.heeded = False
+                if self.on_unheld is not None:
+                    self.on_unheld(hold)
         if settled is not None and self._parked:  # (the usual case: nothing parked)
             self.unpark(hold, settled=settled)
+
+    def superseded(self, granted: Hold) -> Hold | None:
+        """The live hold of this manager that Redis just showed to be gone, if any.
+
+        Redis granted *granted*, of an exclusive kind, to one of this manager's tasks: a
+        hold of the same kind and lock still registered here for another task can no
+        longer be in Redis (force-released, deleted, or expired there), unless its
+        final release is in flight (the grant followed that release).
+        """
+        if granted.kind.shared:
+            return None
+        other = self._exclusive.get(granted.keys.channel)
+        if (
+            other is None
+            or other is granted
+            or other.kind is not granted.kind
+            or other.owner == granted.owner
+            or other.release_id is not None
+            or not self.holds(other)
+        ):
+            return None
+        return other
+
+    def holding(self, channel: str) -> Hold | None:
+        """The live hold of an exclusive kind this manager has on *channel*'s lock."""
+        hold = self._exclusive.get(channel)
+        return hold if hold is not None and self.holds(hold) else None
 
     def holds(self, hold: Hold) -> bool:
         """Whether *hold* is live (registered, not lost, not parked)."""

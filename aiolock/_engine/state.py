@@ -15,6 +15,7 @@ from collections import Counter
 
 from aiolock._engine.claims import WaiterClaims
 from aiolock._engine.cleanup import Cleanup
+from aiolock._engine.heed import ReleaseHeed
 from aiolock._engine.hub import WaiterHub
 from aiolock._engine.kind import Hold
 from aiolock._engine.listeners import ListenerRegistrations
@@ -51,6 +52,9 @@ class EngineState:
             observers=self.observers,
         )
         self.cleanup = Cleanup()
+        #: listens to the release channels of long-held locks (a release by another
+        #: client is noticed at once, not at the next renewal)
+        self.heed = ReleaseHeed(self.registry, hub, self.watchdog.check_soon)
         #: whether the latest attempt reached Redis: waiters that never talk to Redis
         #: themselves (all but a queue's head) report an outage from it, not contention
         self.reach = Reachability(describe(runtime.client.redis), endpoint(runtime.client.redis))

@@ -64,6 +64,8 @@ class Watchdog:
         self._changed = asyncio.Event()
         #: when the loop plans to wake up next (monotonic clock)
         self._wake_at = math.inf
+        #: holds to check with Redis at once (check_soon), by id
+        self._urgent: dict[int, Hold] = {}
 
     def reschedule(self, due: float) -> None:
         """A fixed-lease hold was added or extended and is due at *due*.
@@ -74,9 +76,21 @@ class Watchdog:
         if due < self._wake_at:
             self._changed.set()
 
+    def check_soon(self, hold: Hold) -> None:
+        """Check *hold* with Redis now, not at its next round: something suggests that
+        Redis no longer has it (a release this manager did not make was heard)."""
+        self._urgent[id(hold)] = hold
+        self._changed.set()
+
     async def run(self) -> None:
         next_round = time.monotonic() + self.period
         while True:
+            if self._urgent:
+                urgent, self._urgent = self._urgent, {}
+                live = [hold for hold in urgent.values() if self._registry.holds(hold)]
+                if live:  # (a renewal is a check; a fixed lease is only checked)
+                    await self.run_round(live)
+                continue
             now = time.monotonic()
             fixed = self._registry.fixed()
             due = min((hold.next_check for hold in fixed), default=math.inf)
