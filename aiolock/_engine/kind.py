@@ -69,6 +69,7 @@ __all__ = [
     "decode_attempt",
     "decode_release",
     "new_tuple",
+    "void_ttl_ms",
 ]
 
 
@@ -162,6 +163,13 @@ class Hold:
 MIN_VOID_TTL = 60.0
 
 
+def void_ttl_ms(lease: float) -> int:
+    """How long a compensation keeps the void marker of an attempt of *lease* s, in ms:
+    twice the lease, and at least :data:`MIN_VOID_TTL`, so a delayed attempt never runs
+    after the marker expired."""
+    return ms(max(2 * lease, MIN_VOID_TTL))
+
+
 class Attempt(NamedTuple):
     """One try at acquiring: everything a kind's attempt and undo scripts need.
 
@@ -187,7 +195,7 @@ class Attempt(NamedTuple):
     def void_ms(self) -> int:
         """How long an undo keeps this attempt's void marker, in ms: twice the lease, and
         at least :data:`MIN_VOID_TTL`, so a delayed attempt never runs after it expired."""
-        return ms(max(2 * self.lease, MIN_VOID_TTL))
+        return void_ttl_ms(self.lease)
 
 
 #: Makes a named tuple from a tuple of its fields: ``new_tuple(Granted, (token, 1))`` is

@@ -1,7 +1,8 @@
 -- aiolock redlock: take one master's vote for a Redlock acquisition.
 --
 -- KEYS[1]  lock key on this master: a string holding the acquisition's token
--- KEYS[2]  void marker of this acquisition: present if an undo reached this master first
+-- KEYS[2]  void marker of this acquisition: present if its undo or release reached this
+--          master first
 -- ARGV[1]  token of the acquisition (unique across clients)
 -- ARGV[2]  lease in milliseconds
 --
@@ -9,12 +10,15 @@
 --   { 1, 0   }  this master now holds the key for the token (also when a resent command
 --               finds it already there: the vote is the same)
 --   { 0, pttl}  another token holds it; pttl is its remaining lease in ms (-1: none)
---   { 2, 0   }  voided: an undo of this acquisition ran here first; nothing done
+--   { 2, 0   }  voided: the undo or release of this acquisition ran here first; nothing
+--               done
 --   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
 --
 -- The void marker matters because the client sends the undo of a failed or cancelled
--- acquisition to every master, also to one whose acquire is still on its way: the late
--- acquire must then not set a key that nobody would ever release.
+-- acquisition, and the release of a granted one, to every master, also to one whose
+-- acquire is still on its way (a round is decided by a majority, and the undo or release
+-- goes out on another connection): the late acquire must then not set a key that nobody
+-- would ever release.
 
 if redis.call('exists', KEYS[1], KEYS[2]) == 0 then
   redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])

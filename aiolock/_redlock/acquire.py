@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from aiolock._engine.cleanup import SHIELD_TIMEOUT, Cleanup, finish_despite_cancel
-from aiolock._engine.kind import MIN_VOID_TTL
+from aiolock._engine.kind import void_ttl_ms
 from aiolock._errors import (
     LockError,
     LockKeyTypeError,
@@ -301,7 +301,8 @@ class RedlockAcquire:
     def _adopt_straggler(self, task: asyncio.Task[Any]) -> None:
         """A call to a master that answered after the round was decided: let it finish
         (bounded by node_timeout; a grant it makes is released or undone with the rest,
-        which go to every master the round was sent to), awaited when the manager closes."""
+        which go to every master the round was sent to, and leave a void marker that
+        makes it do nothing if it lands after them), awaited when the manager closes."""
         self._stragglers.add(task)
         task.add_done_callback(self._straggler_done)
 
@@ -342,7 +343,7 @@ class RedlockAcquire:
         targets = [self._nodes[i] for i in where]
         if not targets:
             return
-        void_ms = ms(max(2 * lease, MIN_VOID_TTL))
+        void_ms = void_ttl_ms(lease)
 
         async def on(node: Node) -> None:
             undone = await node.run(UNDO, (keys.lock, keys.void(token)), (token, void_ms))

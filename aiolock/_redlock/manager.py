@@ -23,9 +23,11 @@ is lost at once; otherwise renewal is retried until the validity ends, and then 
 is lost. A loss cancels the ``async with`` body and raises :class:`LockLostError`.
 
 Release. The release script goes to every master the acquire was sent to (shielded
-against cancellation and bounded in time); a master that cannot be reached is retried in
-the background until the lease would have ended anyway. After a release that other
-clients heard, this manager's tasks yield the name for a moment (YIELD_WINDOW).
+against cancellation and bounded in time), and leaves the acquisition's void marker where
+it does not find the hold, as the undo does: an acquire still on its way to a master the
+round was decided without does nothing when it lands. A master that cannot be reached is
+retried in the background until the lease would have ended anyway. After a release that
+other clients heard, this manager's tasks yield the name for a moment (YIELD_WINDOW).
 
 The acquire path is in :mod:`aiolock._redlock.acquire` (a mixin of the manager); the
 open/close lifecycle is :mod:`aiolock._engine.lifecycle`'s, shared with LockManager.
@@ -58,6 +60,7 @@ from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 
 from aiolock._engine.cleanup import Cleanup
+from aiolock._engine.kind import void_ttl_ms
 from aiolock._engine.lifecycle import ManagerLifecycle
 from aiolock._errors import LockLostError, LockNotOwnedError
 from aiolock._keys import (
@@ -415,10 +418,14 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         gone = 0
         heard = 0
         channel = hold.keys.channel
+        # With the acquisition's void marker, left where the hold is not found: its acquire
+        # may still be on its way to a master the round was decided without (release.lua).
+        keys = (hold.keys.lock, hold.keys.void(hold.token))
+        args = (hold.token, void_ttl_ms(hold.lease))
 
         async def on(node: Node) -> None:
             nonlocal gone, heard
-            reply = as_int(await node.run(RELEASE, (hold.keys.lock,), (hold.token,)))
+            reply = as_int(await node.run(RELEASE, keys, args))
             if reply == 0:
                 gone += 1
             else:

@@ -7,14 +7,16 @@
 -- The release channel is KEYS[1] .. ':released'; the message is the token.
 --
 -- Returns 1 if the acquisition had taken this master (the key is deleted and the release
--- published), else 0, after leaving the void marker so that an acquire still on its way
--- to this master does nothing when it arrives.
+-- published), else 0. Either way the void marker is set first: an acquire still on its
+-- way to this master (or resent by the client after a dropped connection) does nothing
+-- when it arrives. The undo goes out on another connection than the acquire, so Redis
+-- may run it first (see _kinds/_lua/tombstone).
 --@include _kinds/_lua/tombstone
 
+void_attempt(KEYS[2], ARGV[2])
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
   redis.call('publish', KEYS[1] .. ':released', ARGV[1])
   return 1
 end
-void_attempt(KEYS[2], ARGV[2])
 return 0

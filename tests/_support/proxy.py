@@ -4,6 +4,8 @@ and a ``redis-server``.
 >>> async with FaultProxy("127.0.0.1", server.port) as proxy:     # doctest: +SKIP
 ...     client = Redis.from_url(proxy.url, socket_timeout=0.5)
 ...     proxy.set_latency(0.2)      # every chunk waits 200 ms, in both directions
+...     proxy.set_latency(0.3, "upstream")  # commands wait 300 ms, replies as before
+...     proxy.hold_back(b"EVALSHA", 0.3)    # only chunks with these bytes wait (upstream)
 ...     proxy.blackhole()           # bytes are read and thrown away; sockets stay open
 ...     proxy.restore()             # forward again (no latency change)
 ...     proxy.drop_all()            # RST every current connection, both sides
@@ -103,6 +105,8 @@ class _Connection:
         self.upstream_writer = upstream_writer
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False
+        #: chunks read from either peer and not yet sent on (or thrown away)
+        self.pending = 0
         for way, reader, writer in (
             (_Way.UP, client_reader, upstream_writer),
             (_Way.DOWN, upstream_reader, client_writer),
@@ -129,7 +133,11 @@ class _Connection:
                 if not self.proxy._forwarding[way].is_set():
                     self.proxy._count_blackholed(way, len(data))
                     continue
-                queue.put_nowait((loop.time() + self.proxy.latency, data))
+                self.pending += 1
+                delay = self.proxy._latency[way]
+                if way is _Way.UP:
+                    delay += self.proxy._held_back(data)
+                queue.put_nowait((loop.time() + delay, data))
         except (ConnectionError, OSError):
             self.abort()
 
@@ -149,16 +157,19 @@ class _Connection:
                     self._half_closed()
                     return
                 due, data = item
-                delay = due - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if not self.proxy._forwarding[way].is_set():
-                    # Blackholed while the chunk was in flight: it is lost too.
-                    self.proxy._count_blackholed(way, len(data))
-                    continue
-                writer.write(data)
-                await writer.drain()
-                self.proxy._count_delivered(way, len(data))
+                try:
+                    delay = due - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    if not self.proxy._forwarding[way].is_set():
+                        # Blackholed while the chunk was in flight: it is lost too.
+                        self.proxy._count_blackholed(way, len(data))
+                        continue
+                    writer.write(data)
+                    await writer.drain()
+                    self.proxy._count_delivered(way, len(data))
+                finally:
+                    self.pending -= 1
         except (ConnectionError, OSError):
             self.abort()
 
@@ -222,7 +233,11 @@ class FaultProxy:
         self.upstream_port = upstream_port
         self.scheme = scheme
         self.connect_timeout = connect_timeout
-        self.latency = 0.0
+        #: seconds each chunk read from now on waits, per direction (see set_latency)
+        self._latency = {_Way.UP: 0.0, _Way.DOWN: 0.0}
+        #: upstream chunks containing a key wait its seconds more (see hold_back)
+        self._holds: dict[bytes, float] = {}
+        self._chunks_held_back = 0
         self._port = port
         self._server: asyncio.Server | None = None
         self._refusing = False
@@ -292,15 +307,47 @@ class FaultProxy:
 
     # -- controls -------------------------------------------------------------------------
 
-    def set_latency(self, seconds: float) -> None:
-        """Delay every chunk read from now on by *seconds*, in both directions.
+    def set_latency(self, seconds: float, direction: Direction = "both") -> None:
+        """Delay every chunk read from now on by *seconds*, in *direction* (both by default;
+        the other direction keeps its own latency).
 
         Order is kept and throughput is not throttled: a chunk waits *seconds* after it
-        was read, not after the previous chunk was sent. ``0`` removes the delay.
+        was read, not after the previous chunk was sent. ``0`` removes the delay. A chunk
+        keeps the delay it was read with: setting the latency back to 0 right after a
+        command was read delays that command alone, while a command sent afterwards on
+        another connection overtakes it (each connection has its own queue).
         """
         if seconds < 0:
             raise ValueError("latency must be >= 0")
-        self.latency = float(seconds)
+        for way in _ways(direction):
+            self._latency[way] = float(seconds)
+
+    def hold_back(self, pattern: bytes, seconds: float) -> None:
+        """Delay by *seconds* more each client -> server chunk read from now on that
+        contains *pattern* (a script's SHA1, a key): one kind of command is held back,
+        the rest (a connection's handshake, other scripts) is not. ``0`` ends it."""
+        if seconds < 0:
+            raise ValueError("hold_back seconds must be >= 0")
+        if seconds == 0:
+            self._holds.pop(pattern, None)
+        else:
+            self._holds[pattern] = float(seconds)
+
+    @property
+    def chunks_held_back(self) -> int:
+        """How many chunks :meth:`hold_back` has delayed so far."""
+        return self._chunks_held_back
+
+    def _held_back(self, data: bytes) -> float:
+        extra = max((s for p, s in self._holds.items() if p in data), default=0.0)
+        if extra:
+            self._chunks_held_back += 1
+        return extra
+
+    @property
+    def latency(self) -> float:
+        """The larger of the two directions' latencies, in seconds."""
+        return max(self._latency.values())
 
     def blackhole(self, direction: Direction = "both") -> None:
         """Stop forwarding: bytes read (and in flight) are thrown away, FINs are held back,
@@ -329,6 +376,12 @@ class FaultProxy:
         """While on, every new connection is reset as soon as it is accepted (the client's
         connect succeeds, its first read or write fails); existing ones are untouched."""
         self._refusing = bool(refusing)
+
+    @property
+    def in_flight(self) -> int:
+        """Chunks read and not yet sent on, over the open connections: 0 once every
+        delayed command (or reply) has been delivered."""
+        return sum(conn.pending for conn in self._connections)
 
     @property
     def blackholed(self) -> bool:

@@ -88,6 +88,48 @@ async def test_latency_delays_each_direction(
     assert min([await timed_ping(client) for _ in range(3)]) < 0.3
 
 
+async def test_latency_of_one_direction_delays_one_command_alone(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    slow, fast = client_factory(fault_proxy.url), client_factory(fault_proxy.url)
+    assert await slow.ping() and await fast.ping()  # both connected before the delay
+    key = f"proxy-{uuid.uuid4().hex}"
+    fault_proxy.set_latency(0.3, "upstream")
+    assert fault_proxy.latency == 0.3
+    late = asyncio.ensure_future(slow.set(key, "late"))
+    # The proxy read the SET with the latency (a loopback write is read within the loop's
+    # next steps); setting it back delays nothing read afterwards.
+    await asyncio.sleep(0.05)
+    fault_proxy.set_latency(0, "upstream")
+    assert await fast.set(key, "early")  # on another connection: it overtakes the SET
+    assert await fast.get(key) == b"early"
+    assert fault_proxy.in_flight == 1  # the SET, still held back
+    assert await late
+    await wait_for(lambda: fault_proxy.in_flight == 0)
+    assert await fast.get(key) == b"late"
+    # The replies' direction was never delayed: a ping is quick again.
+    assert min([await timed_ping(slow) for _ in range(3)]) < 0.3
+    with pytest.raises(ValueError, match="direction"):
+        fault_proxy.set_latency(0.1, "sideways")  # type: ignore[arg-type]
+
+
+async def test_hold_back_delays_the_matching_commands_alone(
+    fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
+) -> None:
+    slow, fast = client_factory(fault_proxy.url), client_factory(fault_proxy.url)
+    assert await slow.ping() and await fast.ping()
+    key = f"proxy-{uuid.uuid4().hex}"
+    fault_proxy.hold_back(b"held-value", 0.3)
+    late = asyncio.ensure_future(slow.set(key, "held-value"))
+    await wait_for(lambda: fault_proxy.chunks_held_back == 1)
+    fault_proxy.hold_back(b"held-value", 0)
+    assert await fast.set(key, "early")  # not held back: it overtakes the first SET
+    assert await fast.get(key) == b"early"
+    assert await late
+    assert await fast.get(key) == b"held-value"
+    assert fault_proxy.chunks_held_back == 1
+
+
 async def test_latency_keeps_order_and_throughput(
     fault_proxy: FaultProxy, client_factory: Callable[..., Redis]
 ) -> None:

@@ -12,9 +12,13 @@
 -- says otherwise), or, where a release may hand the lock to a local successor, `handed`
 -- followed by the successor's fencing token.
 --
--- The void marker of an acquire attempt whose outcome is unknown: set by the undo that
--- finds the attempt has not run (or not yet), for a lifetime the client passes (longer
--- than any delayed attempt). The acquire script checks it first and does nothing.
+-- The void marker of an acquire attempt whose outcome is unknown: set by its undo,
+-- whatever the undo finds, for a lifetime the client passes (longer than any delayed
+-- attempt). The acquire script checks it first and does nothing. The undo goes out on
+-- another connection than the attempt, so Redis may run it first (the attempt still on
+-- its way), or between two copies of the attempt (the client resent it after a dropped
+-- connection; the undo reverted the first copy): either way no copy may grant anything
+-- after the undo ran. The rule of every compensation (issue 36; docs/reliability.md).
 --
 -- leave_tombstone(tomb, ttl_ms, mark)
 --     the final release ended the hold: tombstone `tomb` with `mark` ('1' if nil)

@@ -1,22 +1,27 @@
 -- aiolock lock: adopt a detached hold: the adopting task's field takes its place.
 --
 -- KEYS[1]  lock state (see state.lua)
+-- KEYS[2]  void marker of this adoption: present if its give-back ran first
 -- ARGV[1]  the field to take over (a detached field; see detach.lua)
 -- ARGV[2]  the adopting owner's new field (unique per acquisition)
--- ARGV[3]  the adopter's lease in milliseconds, or '0' to leave the lease as it is
+-- ARGV[3]  the adopter's lease in milliseconds
 --
 -- Returns {code, value}:
 --   { 1, 0   }  adopted: ARGV[2] holds the lock (count 1), ARGV[1] is gone
 --   { 0, pttl}  ARGV[1] does not hold the lock (adopted already, expired, released or
 --               force-released); pttl is the lock's remaining lease in ms, -2 if free
+--   { 3, 0   }  voided: the give-back of this adoption (give_back.lua) ran first; the
+--               adopter gave up, so nothing is done
 --   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
 --
 -- A rename that happens once: a second adoption of the same field finds it gone. A
 -- resend (the client retries after a dropped connection) finds ARGV[2] already there
--- and answers as the first run did. The client also runs it with the two fields swapped
--- and lease '0' to give a detached hold back after an adoption cancelled in flight.
+-- and answers as the first run did.
 --@include _kinds/lock/state
 
+if redis.call('exists', KEYS[2]) == 1 then
+  return {3, 0}
+end
 local state, bad = read_state(KEYS[1])
 if bad then
   return bad
@@ -29,9 +34,7 @@ if not field then
   return NOT_OURS
 end
 if field == ARGV[2] then
-  if ARGV[3] ~= '0' then
-    redis.call('pexpire', KEYS[1], ARGV[3])
-  end
+  redis.call('pexpire', KEYS[1], ARGV[3])
   return {1, 0}
 end
 if field ~= ARGV[1] then
@@ -40,10 +43,5 @@ if field ~= ARGV[1] then
   end
   return {0, redis.call('pttl', KEYS[1])}
 end
-local value = held_state(ARGV[2], 1, token, epoch, flag)
-if ARGV[3] ~= '0' then
-  redis.call('set', KEYS[1], value, 'px', ARGV[3])
-else
-  redis.call('set', KEYS[1], value, 'keepttl')
-end
+redis.call('set', KEYS[1], held_state(ARGV[2], 1, token, epoch, flag), 'px', ARGV[3])
 return {1, 0}

@@ -11,7 +11,10 @@ be released by a background task or another process. A hand-off moves it explici
   abandoned token is bounded by the detach lease: nobody renews a detached field.
 * :func:`adopt` renames the detached field, in one script, to a field of the adopting
   task iff it is still there, so a token is adopted once; the hold is then registered
-  like a fresh acquisition (renewed, loss-checked, released when its task ends).
+  like a fresh acquisition (renewed, loss-checked, released when its task ends). An
+  adoption cancelled or cut off in flight is given back (renamed back, if it ran) by a
+  script that also leaves the adoption's void marker, so an adoption that lands after
+  its give-back does nothing: the token stays adoptable.
 
 The fencing token travels in the token: the hold keeps the token it was granted, and
 the fence rule of the next acquisition is unchanged.
@@ -31,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
-from aiolock._engine.kind import Hold
+from aiolock._engine.kind import Hold, void_ttl_ms
 from aiolock._errors import (
     LockConnectionError,
     LockError,
@@ -211,12 +214,15 @@ async def adopt(
         )
     rt = engine.rt
     lease_s = rt.lease if lease is None else lease
-    field = kind.hold_field(owner, rt.next_id())
+    number = rt.next_id()
+    field = kind.hold_field(owner, number)
+    # The adoption's void marker, as an acquire attempt's: its id is unique across clients.
+    void = keys.void(f"{rt.manager_id}:{number}")
     sent_at = time.monotonic()
     try:
-        adopted, pttl = await kind.adopt(keys, token.field, field, lease_s)
+        adopted, pttl = await kind.adopt(keys, token.field, field, lease_s, void)
     except (LockConnectionError, asyncio.CancelledError):
-        await _give_back(engine, kind, keys, token, field)  # it may have run
+        await _give_back(engine, kind, keys, token, field, void, lease_s)  # it may have run
         raise
     if not adopted:
         raise LockHandoffError(_not_adoptable(keys.name, pttl))
@@ -243,21 +249,29 @@ def _not_adoptable(name: str, pttl: int) -> str:
 
 
 async def _give_back(
-    engine: Engine, kind: ReentrantLockKind, keys: LockKeys, token: HandoffToken, field: str
+    engine: Engine,
+    kind: ReentrantLockKind,
+    keys: LockKeys,
+    token: HandoffToken,
+    field: str,
+    void: str,
+    lease: float,
 ) -> None:
     """An adoption cancelled or failed in flight: if it ran, rename the field back, so
-    the token stays adoptable (the same script, fields swapped, lease untouched).
+    the token stays adoptable (lease untouched).
 
-    A command that is still in flight when this one runs (it could not be, on one
-    connection) would leave the adopter's field holding the lock unrenewed: its lease
-    frees it, as for an adopter that crashed.
+    The give-back goes out on another connection than the adoption (whose connection a
+    cancellation closes), so Redis may run it while the adoption is still on its way:
+    it leaves the adoption's void marker *void*, and the adoption does nothing when it
+    lands (the rule of every compensation: docs/reliability.md).
     """
+    void_ms = void_ttl_ms(lease)
 
     async def send() -> None:
-        await kind.adopt(keys, field, token.field, None)
+        await kind.give_back(keys, field, token.field, void, void_ms)
 
     def retry_later() -> None:
-        give_up_at = time.monotonic() + engine.rt.lease
+        give_up_at = time.monotonic() + lease
         engine.cleanup.add(f"give-back of an adoption of {keys.name!r}", send, give_up_at)
 
     engine.cleanup.begin()  # closing waits for it

@@ -49,6 +49,7 @@ LEASE_LEFT = Script("_kinds/lock/lease_left", writes=False)
 FORCE_RELEASE = Script("_kinds/lock/force_release")
 DETACH = Script("_kinds/lock/detach")
 ADOPT = Script("_kinds/lock/adopt")
+GIVE_BACK = Script("_kinds/lock/give_back")
 LISTEN = Script("_kinds/lock/listen")
 
 #: How long a free state is kept (ms) when the release leaves its ARGV[3] out: the keep of
@@ -216,17 +217,33 @@ class ReentrantLockKind(KindBase):
         return as_int(code) == 1
 
     async def adopt(
-        self, keys: LockKeys, detached: str, field: str, lease: float | None
+        self, keys: LockKeys, detached: str, field: str, lease: float, void: str
     ) -> tuple[bool, int]:
-        """Move the hold of field *detached* to *field* with a lease of *lease* s (None:
-        leave the lease as it is): (True, 0), or (False, the lock's PTTL in ms)."""
+        """Move the hold of field *detached* to *field* with a lease of *lease* s, unless
+        the adoption's void marker *void* is set: (True, 0), or (False, the lock's PTTL
+        in ms; -2 free, or voided: only a resend after the give-back sees that)."""
+        code, value = await self._client.run(ADOPT, (keys.lock, void), (detached, field, ms(lease)))
+        if as_int(code) == -1:
+            raise key_type_error(keys.lock, value)
+        if as_int(code) == _VOIDED:
+            return False, -2
+        return as_int(code) == 1, as_int(value)
+
+    async def give_back(
+        self, keys: LockKeys, field: str, detached: str, void: str, void_ms: int
+    ) -> bool:
+        """Undo an adoption into *field*: set its void marker *void* for *void_ms* ms,
+        and move the hold back to *detached* if the adoption ran; whether it had."""
         code, value = await self._client.run(
-            ADOPT, (keys.lock,), (detached, field, 0 if lease is None else ms(lease))
+            GIVE_BACK, (keys.lock, void), (field, detached, void_ms)
         )
         if as_int(code) == -1:
             raise key_type_error(keys.lock, value)
-        return as_int(code) == 1, as_int(value)
+        return as_int(code) == 1
 
+
+#: adopt.lua's reply when the adoption's give-back ran first
+_VOIDED = 3
 
 #: a free state: ``|<epoch>|<last token>``
 _FREE = re.compile(r"\|\d+\|\d+")

@@ -11,10 +11,12 @@
 -- ARGV[6]  how long a free state is kept, in ms ('-1' forever)
 --
 -- Returns 1 if the attempt had run and was undone (a new hold is released: its token
--- joins the epoch's released range; a re-entry uncounted), 0 if it had not run yet: the
--- void marker then makes sure it never does.
+-- joins the epoch's released range; a re-entry uncounted), 0 if it had not run yet.
+-- Either way the void marker is set first: a copy of the attempt still on its way (or
+-- resent by the client) does nothing when it arrives (see _kinds/_lua/tombstone).
 --@include _kinds/lock/state
 
+redis.call('set', KEYS[2], '1', 'px', ARGV[3])
 local before = tonumber(ARGV[2])
 local state = redis.pcall('get', KEYS[1])
 if type(state) == 'string' then
@@ -31,5 +33,4 @@ if type(state) == 'string' then
     return 1
   end
 end
-redis.call('set', KEYS[2], '1', 'px', ARGV[3])
 return 0

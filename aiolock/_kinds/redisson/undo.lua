@@ -10,9 +10,11 @@
 --
 -- Returns 1 if the attempt had run and was undone (a new hold is released, with
 -- Redisson's unlock message, so its waiters wake; a re-entry is uncounted), 0 if it had
--- not run yet: the void marker then makes sure it never does.
+-- not run yet. Either way the void marker is set first: a copy of the attempt still on
+-- its way (or resent by the client) does nothing when it arrives.
 --@include _kinds/_lua/tombstone
 
+void_attempt(KEYS[2], ARGV[3])
 local before = tonumber(ARGV[2])
 local count = redis.pcall('hget', KEYS[1], ARGV[1])
 if type(count) ~= 'table' and tonumber(count or 0) == before + 1 then
@@ -24,5 +26,4 @@ if type(count) ~= 'table' and tonumber(count or 0) == before + 1 then
   end
   return 1
 end
-void_attempt(KEYS[2], ARGV[3])
 return 0

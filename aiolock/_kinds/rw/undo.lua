@@ -12,8 +12,9 @@
 -- ARGV[4]  message to publish (the manager's id)
 --
 -- Returns 1 if something changed that may let a waiter in (the attempt had run and was
--- undone, or a claim was withdrawn): the release message is then published; else 0,
--- and the void marker makes sure the attempt never runs.
+-- undone, or a claim was withdrawn): the release message is then published; else 0.
+-- Either way the void marker is set: a copy of the attempt still on its way (or resent
+-- by the client) does nothing when it arrives.
 
 local hash, leases, claims, field = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local before = tonumber(ARGV[2])
@@ -24,6 +25,7 @@ local bad = wrong_type(hash, leases, claims)
 if bad then
   return bad
 end
+void_attempt(KEYS[4], ARGV[3])
 local now = now_ms()
 purge(hash, leases, now)
 purge_claims(claims, now)
@@ -45,8 +47,6 @@ if ran then
     redis.call('hset', hash, field, before)
   end
   changed = 1
-else
-  void_attempt(KEYS[4], ARGV[3])
 end
 if changed == 1 and before == 0 then
   redis.call('publish', hash .. ':released', ARGV[4])

@@ -10,15 +10,16 @@
 -- ARGV[4]  message to publish (the manager's id)
 --
 -- Returns 1 if the attempt had run and its lock is now deleted (and the release
--- announced), 0 if it had not: the void marker then makes sure it never does.
+-- announced), 0 if it had not. Either way the void marker is set first: a copy of the
+-- attempt still on its way (or resent by the client) does nothing when it arrives.
 --@include _kinds/timestamp/common
 --@include _kinds/_lua/tombstone
 
+void_attempt(KEYS[3], ARGV[2])
 local held = redis.pcall('get', KEYS[1])
 if type(held) == 'string' and written_by(held, redis.call('get', KEYS[2]), ARGV[1]) then
   redis.call('del', KEYS[1], KEYS[2])
   redis.call('publish', ARGV[3], ARGV[4])
   return 1
 end
-void_attempt(KEYS[3], ARGV[2])
 return 0

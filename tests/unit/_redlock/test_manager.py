@@ -31,6 +31,7 @@ from aiolock import LockManager, RedlockLock, RedlockManager
 from aiolock.testing import RedisServer
 from tests._support.helpers import PATIENCE, eventually, unchanged_for, within
 from tests._support.paths import REPO_ROOT
+from tests._support.proxy import FaultProxy
 
 
 @pytest.fixture(scope="module")
@@ -828,3 +829,67 @@ async def test_a_task_that_ends_holding_a_redlock_leaves_no_loss_remembered(
 
 async def _freed(masters: Sequence[RedisServer], key: str) -> bool:
     return await values(masters, key) == [None] * len(masters)
+
+
+# -- compensations are never overtaken (issue 36) -------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _through(server: RedisServer) -> AsyncIterator[FaultProxy]:
+    async with FaultProxy(server.host, server.port) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("end", ["release", "undo"])
+async def test_an_acquire_delayed_past_its_release_or_undo_takes_nothing(
+    servers: list[RedisServer], end: str
+) -> None:
+    """One master's acquire, delayed (under node_timeout), lands after the round was
+    decided and after its release (or undo) went out on another connection: the release
+    left the acquisition's void marker there, so the late acquire does nothing. Without
+    it the key stayed on that master for the whole lease, held by nobody, and with
+    another master down nobody could take the lock."""
+    masters = servers[:3]
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    async with _through(masters[0]) as first, _through(masters[2]) as slow:
+        clients = [Redis.from_url(first.url), Redis.from_url(masters[1].url)]
+        clients.append(Redis.from_url(slow.url))
+        try:
+            async with LockManager.redlock(
+                clients, prefix=prefix, node_timeout=1.0, identity=False
+            ) as locks:
+                lock = locks.lock("late", lease=30.0)
+                async with lock:  # connected, scripts loaded: nothing below waits on that
+                    pass
+                slow.set_latency(0.3, "upstream")
+                if end == "release":
+                    await lock.acquire()  # granted by the first two masters
+                    slow.set_latency(0, "upstream")
+                    await lock.release()  # on another connection to the slow master
+                else:
+                    # Undone: the round, undecided with two masters slow, is cancelled.
+                    first.set_latency(0.3, "upstream")
+                    task = asyncio.ensure_future(lock.acquire())
+                    await eventually(
+                        lambda: slow.in_flight > 0 and first.in_flight > 0, what="the acquires"
+                    )
+                    first.set_latency(0, "upstream")
+                    slow.set_latency(0, "upstream")
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                # The slow master's acquire was still on its way: it lands only now.
+                assert slow.in_flight > 0, "the slow acquire landed first: nothing was tested"
+                await eventually(lambda: slow.in_flight == 0, what="the slow acquire to land")
+                await eventually(lambda: not locks._stragglers, what="its reply")
+            # With the first master down, a fresh manager needs the other two: the slow
+            # one must be free (else it would wait for the 30 s lease).
+            first.refuse(True)
+            first.drop_all()
+            async with LockManager.redlock(
+                clients, prefix=prefix, node_timeout=1.0, identity=False
+            ) as fresh:
+                assert await fresh.lock("late").try_acquire(timeout=2.0)
+        finally:
+            for client in clients:
+                await client.aclose()

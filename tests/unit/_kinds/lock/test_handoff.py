@@ -21,6 +21,7 @@ import aiolock
 from aiolock.testing_cluster import LocalCluster
 from tests._support.helpers import eventually
 from tests._support.paths import REPO_ROOT
+from tests._support.proxy import FaultProxy
 
 
 async def in_task(coro: Any) -> Any:
@@ -260,6 +261,43 @@ async def test_an_adoption_cancelled_in_flight_leaves_the_token_adoptable(
         await admin.client_unpause()
     await in_task(_adopt_and_release(lock, token))  # it ran, and was given back
     assert not await lock.locked()
+
+
+async def test_an_adoption_delayed_past_its_give_back_leaves_the_token_adoptable(
+    redis_url: str, prefix: str
+) -> None:
+    """The adoption's command is delayed (300 ms) and cancelled after 50 ms: the
+    give-back goes out on another connection and lands first, finding nothing to give
+    back; it leaves the adoption's void marker, so the late adoption does nothing. Before
+    (issue 36), it took the hold for the cancelled adopter: the token was dead and the
+    lock held for the adoption's lease."""
+    server = Redis.from_url(redis_url)
+    host = server.connection_pool.connection_kwargs["host"]
+    port = server.connection_pool.connection_kwargs["port"]
+    await server.aclose()
+    async with FaultProxy(host, port) as proxy:
+        client = Redis.from_url(proxy.url)
+        try:
+            async with aiolock.LockManager(client, prefix=prefix) as locks:
+                lock = locks.lock("delayed-adopt")
+                await lock.acquire()
+                await in_task(_adopt_and_release(lock, await lock.detach()))  # scripts loaded
+                await lock.acquire()
+                token = await lock.detach(lease=60)
+                proxy.set_latency(0.3, "upstream")
+                task = asyncio.create_task(lock.adopt(token, lease=30))
+                await eventually(lambda: proxy.in_flight > 0, what="the adoption to be sent")
+                await asyncio.sleep(0.05)
+                proxy.set_latency(0, "upstream")
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task  # given back, on another connection
+                assert proxy.in_flight > 0, "the adoption landed first: nothing was tested"
+                await eventually(lambda: proxy.in_flight == 0, what="the late adoption to land")
+                await in_task(_adopt_and_release(lock, token))  # still adoptable
+                assert not await lock.locked()
+        finally:
+            await client.aclose()
 
 
 class _Events(aiolock.Observer):
