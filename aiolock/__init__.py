@@ -8,7 +8,7 @@ fencing tokens, and cancellation-safe acquire and release::
             ...
 """
 
-from aiolock._engine.hub import HubStatistics
+from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
     LockBackendError,
     LockConnectionError,

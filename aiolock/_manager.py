@@ -21,9 +21,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from aiolock._engine.engine import Engine
-from aiolock._engine.hub import HubStatistics, WaiterHub
+from aiolock._engine.hub import WaiterHub
 from aiolock._engine.lifecycle import ManagerLifecycle
 from aiolock._engine.runtime import Runtime, task_in
+from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
     LockBackendError,
     LockConnectionError,

@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.heed import LISTEN_AFTER
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
@@ -475,7 +476,9 @@ class Acquiring(Releasing):
         from Redis, not handed over by a local release)."""
         if time.monotonic() >= hold.valid_until:
             self._lost_at_birth(hold)
-        if granted and (stale := self.registry.superseded(hold)) is not None:
+        self.acquired[hold.kind.name] += 1
+        stale = self.registry.add(hold)
+        if granted and stale is not None:
             # Before the new holder's body starts: two tasks of one manager are never
             # both inside the lock, even for the round trip a check would take.
             self.registry.lose(
@@ -483,9 +486,11 @@ class Acquiring(Releasing):
                 "Redis granted the lock to another task of this manager, so it no longer "
                 "had this hold (force-released, deleted, or expired there)",
             )
-        self.acquired[hold.kind.name] += 1
-        self.registry.add(hold)
-        self.heed.granted(hold)
+        if not hold.kind.shared:  # listened for once held a while (see ReleaseHeed.due)
+            heed = self.heed
+            heed.due.append((hold.valid_until - hold.lease + LISTEN_AFTER, hold))
+            if heed.timer is None:
+                heed.arm()
         if hold.owner not in self._watched:
             task = asyncio.current_task()
             if task is not None:

@@ -51,29 +51,31 @@ class ReleaseHeed:
         self._registry = registry
         self._hub = hub
         self._check = check
-        #: (when to listen, hold), in the order the holds were granted (so by time)
-        self._due: deque[tuple[float, Hold]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        #: (when to listen, hold), in the order the holds were granted (so by time). The
+        #: engine appends a hold of an exclusive kind as it registers it, and calls arm()
+        #: if no timer is set (inline: the uncontended cycle's every call counts)
+        self.due: deque[tuple[float, Hold]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
         #: holds listened for: their channel's subscription is this manager's until they end
         self._listened: dict[int, str] = {}
+        #: channel -> how many of the listened-for holds are on it (the hub reads it)
+        self._held: dict[str, int] = {}
         #: holds listened for since the manager opened (statistics, tests)
         self.listened = 0
         #: checks asked for by a release heard on a held lock's channel
         self.checks = 0
+        hub.held = self._held
         hub.on_held_release = self._heard
         registry.on_unheld = self._ended
 
-    def granted(self, hold: Hold) -> None:
-        """A hold was registered: listen for its lock's releases if it is still held soon."""
-        if hold.kind.shared:
-            return
-        self._due.append((time.monotonic() + LISTEN_AFTER, hold))
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(LISTEN_AFTER, self._listen_due)
+    def arm(self) -> None:
+        if self.timer is None and self.due:
+            delay = max(self.due[0][0] - time.monotonic(), 0.0)
+            self.timer = asyncio.get_running_loop().call_later(delay, self._listen_due)
 
     def _listen_due(self) -> None:
-        self._timer = None
-        due, now = self._due, time.monotonic()
+        self.timer = None
+        due, now = self.due, time.monotonic()
         registry, hub = self._registry, self._hub
         while due and due[0][0] <= now:
             _, hold = due.popleft()
@@ -82,17 +84,24 @@ class ReleaseHeed:
                 self._listened[id(hold)] = channel
                 hold.heeded = True
                 self.listened += 1
-                hub.hold(channel)
-        if due:
-            self._timer = asyncio.get_running_loop().call_later(
-                max(due[0][0] - now, 0.0), self._listen_due
-            )
+                count = self._held.get(channel, 0)
+                self._held[channel] = count + 1
+                if not count:
+                    hub.hold(channel, hold.kind.queued, hold.kind.anonymous_messages)
+        self.arm()
 
     def _ended(self, hold: Hold) -> None:
-        """A listened-for hold ended (released or lost): its subscription is let go."""
+        """A listened-for hold ended (released or lost): its subscription is let go,
+        unless a waiter of this manager listens there too."""
         channel = self._listened.pop(id(hold), None)
-        if channel is not None:
-            self._hub.unhold(channel)
+        if channel is None:
+            return
+        count = self._held.get(channel, 0)
+        if count > 1:
+            self._held[channel] = count - 1
+            return
+        self._held.pop(channel, None)
+        self._hub.unhold(channel)
 
     def _heard(self, channel: str) -> None:
         """A release this manager did not make, or a confirmed subscription, on *channel*."""
@@ -102,7 +111,8 @@ class ReleaseHeed:
             self._check(hold)
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._due.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.due.clear()
+        self._held.clear()

@@ -59,38 +59,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Container
 
 from aiolock._engine.runtime import task_in
-from aiolock._engine.waiter import ChannelQueue, FastEntry, Waiter
+from aiolock._engine.waiter import ChannelQueue, FastEntry, HubStatistics, Waiter
 from aiolock._redis.pubsub import Source, SubscriptionEvents
 
-__all__ = ["HubStatistics", "WaiterHub"]
-
-
-@dataclass(frozen=True)
-class HubStatistics:
-    """A snapshot of the hub, for debugging and tests.
-
-    Attributes:
-        queues: lock names with at least one local waiter.
-        waiters: tasks waiting, over all names.
-        subscriptions: channels subscribed on the server (confirmed).
-        messages: release messages received from other clients.
-        reconnects: times the pub/sub connection was lost and re-established.
-    """
-
-    #: lock names with at least one local waiter
-    queues: int
-    #: tasks waiting, over all names
-    waiters: int
-    #: channels subscribed on the server (confirmed)
-    subscriptions: int
-    #: release messages received from other clients
-    messages: int
-    #: times the pub/sub connection was lost and re-established
-    reconnects: int
+__all__ = ["WaiterHub"]
 
 
 class WaiterHub(SubscriptionEvents):
@@ -132,11 +107,10 @@ class WaiterHub(SubscriptionEvents):
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
-        #: channels of locks this manager holds and listens to (aiolock._engine.heed), with
-        #: how many of its holds want each
-        self._held: dict[str, int] = {}
-        #: told of a release this manager did not make, and of a confirmed subscription,
-        #: on a channel in _held
+        #: channels of locks this manager holds and listens to, and who is told of a
+        #: release it did not make or a confirmed subscription there (aiolock._engine.heed,
+        #: which keeps both: a queue that empties leaves their subscription alone)
+        self.held: Container[str] = ()
         self.on_held_release: Callable[[str], None] | None = None
 
     # -- bookkeeping: synchronous, called by acquiring and releasing tasks ---------------
@@ -349,8 +323,8 @@ class WaiterHub(SubscriptionEvents):
         ):
             self._wake_head(queue)
         if not queue.waiters:
-            if queue.channel in self._held:
-                queue.listen = False  # the subscription stays: a hold of ours wants it
+            if queue.channel in self.held:
+                pass  # a hold of ours listens there: the queue and its subscription stay
             elif queue.listen or self.source.subscribed(queue.channel):
                 queue.listen = False
                 # The source unsubscribes, then reports it dropped: the queue is forgotten.
@@ -360,24 +334,22 @@ class WaiterHub(SubscriptionEvents):
                 # waking the source on every acquisition.
                 self._forget(queue)
 
-    def hold(self, channel: str) -> None:
-        """A hold of this manager wants to hear the releases on *channel* (see heed)."""
-        count = self._held.get(channel, 0)
-        self._held[channel] = count + 1
-        if not count:
+    def hold(self, channel: str, queued: bool, anonymous: bool) -> None:
+        """A hold of this manager listens on *channel* (aiolock._engine.heed): through a
+        queue's subscription, as its waiters do, kept until :meth:`unhold`."""
+        queue = self._queue(channel)  # (made from a fast path's entry too)
+        if queue is None:
+            queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
+        if not queue.listen:
+            queue.listen = True
             self.source.want(channel)
 
     def unhold(self, channel: str) -> None:
-        """That hold ended: the subscription goes unless a waiter of ours still listens."""
-        count = self._held.get(channel, 0)
-        if count > 1:
-            self._held[channel] = count - 1
-            return
-        self._held.pop(channel, None)
+        """No hold listens on *channel* any more: the subscription goes with its waiters."""
         queue = self._queues.get(channel)
-        if queue is None or not queue.listen or not queue.waiters:
-            # The source unsubscribes and reports it dropped (an empty queue is forgotten).
-            self.source.unwant(channel)
+        if queue is not None and queue.listen and not queue.waiters:
+            queue.listen = False
+            self.source.unwant(channel)  # reported dropped: the empty queue is forgotten
 
     def successor(self, channel: str) -> Waiter | None:
         """The waiter a releasing task of this manager may hand the lock to, if any."""
@@ -549,10 +521,8 @@ class WaiterHub(SubscriptionEvents):
         await self.source.run()
 
     def on_message(self, channel: str, data: str) -> None:
-        held = self._held and channel in self._held and self.on_held_release is not None
-        if held and data != self._manager_id and self.on_held_release is not None:
-            # A release we did not make (or a fair lock's grant: checked all the same)
-            # on a lock we hold: Redis may no longer have our hold.
+        if channel in self.held and data != self._manager_id and self.on_held_release:
+            # A release (or a fair lock's grant) we did not make: is our hold still there?
             self.on_held_release(channel)
         queue = self._queue(channel)
         if queue is not None and queue.queued:
@@ -575,7 +545,7 @@ class WaiterHub(SubscriptionEvents):
                 self._wake_head(queue)
 
     def on_confirmed(self, channel: str) -> None:
-        if self._held and channel in self._held and self.on_held_release is not None:
+        if channel in self.held and self.on_held_release:
             self.on_held_release(channel)  # a release may have come before it: check once
         queue = self._queue(channel)
         if queue is not None:

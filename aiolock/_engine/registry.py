@@ -81,15 +81,21 @@ class HoldRegistry:
     def get(self, resource: str, owner: str) -> Hold | None:
         return self._index.get((resource, owner))
 
-    def add(self, hold: Hold) -> None:
+    def add(self, hold: Hold) -> Hold | None:
+        """Register *hold*. Returns the hold of another task of this manager that *hold*
+        replaces on its lock, if it is of an exclusive kind and one is registered there
+        (see :meth:`_superseded`): lost, if Redis granted *hold*."""
         number, owner = id(hold), hold.owner
         self._holds[number] = hold
         if self._settled:  # (both are usually empty: no call on every acquisition)
             self._settled.pop((hold.resource, owner), None)
         if hold.kind.reentrant:
             self._index[(hold.resource, owner)] = hold
+        replaced = None
         if not hold.kind.shared:
-            self._exclusive[hold.keys.channel] = hold
+            channel = hold.keys.channel
+            replaced = self._exclusive.get(channel)
+            self._exclusive[channel] = hold
         owned = self._by_owner.get(owner)
         if owned is None:  # (the usual case: a task holds one thing at a time)
             self._by_owner[owner] = {number: hold}
@@ -103,6 +109,9 @@ class HoldRegistry:
         else:
             self._arm(hold)
             self._on_fixed(hold)
+        if replaced is None or replaced is hold:
+            return None
+        return self._superseded(hold, replaced)
 
     def remove(self, hold: Hold, settled: bool | None = None) -> None:
         """Forget *hold*; then, given *settled*, :meth:`unpark` it too (a final release's
@@ -131,21 +140,16 @@ class HoldRegistry:
         if settled is not None and self._parked:  # (the usual case: nothing parked)
             self.unpark(hold, settled=settled)
 
-    def superseded(self, granted: Hold) -> Hold | None:
-        """The live hold of this manager that Redis just showed to be gone, if any.
+    def _superseded(self, granted: Hold, other: Hold) -> Hold | None:
+        """*other* (registered on *granted*'s lock before it) if *granted* shows it gone.
 
-        Redis granted *granted*, of an exclusive kind, to one of this manager's tasks: a
-        hold of the same kind and lock still registered here for another task can no
+        If Redis granted *granted*, of an exclusive kind, to one of this manager's tasks,
+        a hold of the same kind and lock still registered here for another task can no
         longer be in Redis (force-released, deleted, or expired there), unless its
         final release is in flight (the grant followed that release).
         """
-        if granted.kind.shared:
-            return None
-        other = self._exclusive.get(granted.keys.channel)
         if (
-            other is None
-            or other is granted
-            or other.kind is not granted.kind
+            other.kind is not granted.kind
             or other.owner == granted.owner
             or other.release_id is not None
             or not self.holds(other)

@@ -4,7 +4,8 @@
 to it); :class:`ChannelQueue` is the local waiters of one lock and the state of its
 subscription. Both are kept as small as they can be (``__slots__``, a list per queue):
 at 50,000 waited-on names the per-waiter objects are most of the client's memory
-(issue 24). A :data:`FastEntry` stands for both while nobody needs them (issue 21). The
+(issue 24). A :data:`FastEntry` stands for both while nobody needs them (issue 21).
+:class:`HubStatistics` is the hub's snapshot of them all. The
 rules by which they are woken and served are the hub's (:mod:`aiolock._engine.hub`);
 nothing here awaits anything but the waiter's own sleep.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 
 from aiolock._engine.kind import Hold
 
-__all__ = ["ChannelQueue", "FastEntry", "Waiter"]
+__all__ = ["ChannelQueue", "FastEntry", "HubStatistics", "Waiter"]
 
 #: The fast path's lazy place in its lock's queue (WaiterHub.enter): what its Waiter
 #: would record (owner, lease, the kind's queued and anonymous flags, task).
@@ -172,3 +174,22 @@ class ChannelQueue:
         #: an attempt of this queue found the lock busy: a waiter whose wait runs out may
         #: say it was held (until then, Redis has not answered the queue at all)
         self.answered = False
+
+
+@dataclass(frozen=True)
+class HubStatistics:
+    """A snapshot of the hub, for debugging and tests.
+
+    Attributes:
+        queues: lock names with at least one local waiter.
+        waiters: tasks waiting, over all names.
+        subscriptions: channels subscribed on the server (confirmed).
+        messages: release messages received from other clients.
+        reconnects: times the pub/sub connection was lost and re-established.
+    """
+
+    queues: int
+    waiters: int
+    subscriptions: int
+    messages: int
+    reconnects: int

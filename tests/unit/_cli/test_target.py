@@ -99,7 +99,11 @@ async def test_list_finds_the_locks_of_every_primary(cluster: LocalCluster, pref
 
         waiter = asyncio.create_task(wait())  # another task: it waits for the lock
         await entered.wait()
-        await eventually(lambda: locks.statistics().hub.subscriptions == 1, what="SSUBSCRIBE")
+        # each held lock's channel (its holder listens for a release it did not make;
+        # the waited-for lock's waiter shares its manager's subscription)
+        await eventually(
+            lambda: locks.statistics().hub.subscriptions == len(names), what="SSUBSCRIBE"
+        )
         listed = await run_cli(node_url(url_port), prefix, "--json", "list")
         table = await run_cli(node_url(url_port), prefix, "list")
         waiter.cancel()
@@ -113,8 +117,9 @@ async def test_list_finds_the_locks_of_every_primary(cluster: LocalCluster, pref
     for obj in objects:
         if obj["kind"] == "semaphore":
             assert (obj["held"], obj["limit"]) == (1, 2)
-        # listeners are counted with PUBSUB SHARDNUMSUB on the name's node
-        assert obj["listeners"] == (1 if obj == _lock_of(objects, waiting_for) else 0)
+        # listeners are counted with PUBSUB SHARDNUMSUB on the name's node: the holder's
+        # manager listens on each lock's channel (a semaphore's permits are not listened for)
+        assert obj["listeners"] == (1 if obj["kind"] == "lock" else 0)
         (holder,) = obj["holders"]
         # the identity records live in other slots than the locks: read through the cluster
         assert holder["name"] == "cluster-cli-test"
@@ -175,9 +180,12 @@ async def test_watch_on_a_cluster_prints_the_releases_of_every_primary(
         )  # fmt: skip
         try:
             channels = [f"{lock.key}:released" for lock in held.values()]
-            # subscribed on the node owning each name's slot
+            # subscribed on the node owning each name's slot: by watch, and by the holder's
+            # manager, which listens for a release it did not make
+            heed = locks._open_engine().heed
+            await eventually(lambda: heed.listened == len(held), what="the holder listening")
             await eventually(
-                lambda: all(shard_listeners(cluster, c) == 1 for c in channels), what="ssubscribe"
+                lambda: all(shard_listeners(cluster, c) == 2 for c in channels), what="ssubscribe"
             )
             # since issue 21 a lock publishes only a release its waiter flag asks for
             async with aiolock.LockManager.from_url(
@@ -192,7 +200,8 @@ async def test_watch_on_a_cluster_prints_the_releases_of_every_primary(
             late = locks.lock(name)
             await late.acquire()
             channel = f"{late.key}:released"
-            await eventually(lambda: shard_listeners(cluster, channel) == 1, what=channel)
+            await eventually(lambda: heed.listened == len(held) + 1, what="the holder listening")
+            await eventually(lambda: shard_listeners(cluster, channel) == 2, what=channel)
             async with aiolock.LockManager.from_url(
                 cluster.url, cluster=True, prefix=prefix
             ) as other:
