@@ -224,11 +224,13 @@ class WaiterHub(SubscriptionEvents):
         return queue
 
     def idle(self, channel: str) -> bool:
-        """Whether *channel* has no local queue (no task of this manager waits for the
-        lock or is acquiring it in its queue, lazily or not) and this manager does not
-        yield it: what the engine's fast path needs (see :mod:`aiolock._engine.fast`)."""
+        """Whether *channel* has no local waiter (no task of this manager waits for the
+        lock or is acquiring it in its queue, lazily or not; an empty queue may stay for
+        its subscription) and this manager does not yield it: what the engine's fast path
+        needs (see :mod:`aiolock._engine.fast`)."""
+        queue = self._queues.get(channel)
         return (
-            channel not in self._queues
+            (queue is None or not queue.waiters)
             and channel not in self._lazy
             and (not self._yields or self.yielding(channel) <= 0)
         )
