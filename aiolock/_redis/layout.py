@@ -45,6 +45,7 @@ from aiolock._errors import (
     LockBackendError,
     LockConnectionError,
     LockError,
+    LockKeyTypeError,
 )
 from aiolock._keys import IDENTITY_TAG, LAYOUT, split_key
 from aiolock._redis.client import Client
@@ -189,9 +190,17 @@ async def _check_records(
     # One GET per record (each in a slot of its own on a cluster), sent together: the
     # client pipelines them, and routes each to its primary.
     raws = await _bounded(
-        asyncio.gather(*(client.call("GET", key, key=key) for key in others)), limit, "GET"
+        asyncio.gather(
+            *(client.call("GET", key, key=key) for key in others), return_exceptions=True
+        ),
+        limit,
+        "GET",
     )
     for key, raw in zip(others, raws, strict=True):
+        if isinstance(raw, LockKeyTypeError):  # no string: no record aiolock wrote
+            continue
+        if isinstance(raw, BaseException):
+            raise raw
         data = parse_record(raw)
         if data is None:  # gone since the SCAN, or not a record aiolock wrote
             continue

@@ -146,10 +146,12 @@ async def test_an_unreadable_layout_refuses_too(redis: Redis, prefix: str) -> No
 async def test_other_keys_and_other_prefixes_do_not_count(redis: Redis, prefix: str) -> None:
     """Only records under the manager's own prefix count: not another prefix's, not a
     longer prefix's (``P:x``), not one that the glob pattern would match unescaped (``*``),
-    and no value aiolock did not write."""
+    and no value aiolock did not write (not JSON, not a string)."""
     glob = f"{prefix}*"
-    stray = identity_key(prefix, new_manager_id())
+    stray, hashed = identity_key(prefix, new_manager_id()), identity_key(prefix, new_manager_id())
     await redis.set(stray, "not json", px=60_000)
+    await redis.hset(hashed, "l", "2")  # a key of another type where a record would be
+    await redis.pexpire(hashed, 60_000)
     await redis.set(identity_key(prefix, "not-a-manager-id"), json.dumps({"l": 99}), px=60_000)
     try:
         async with (
@@ -160,7 +162,7 @@ async def test_other_keys_and_other_prefixes_do_not_count(redis: Redis, prefix: 
                 async with aiolock.LockManager(redis, prefix=each) as manager:
                     assert manager.is_open
     finally:
-        await redis.delete(stray, identity_key(prefix, "not-a-manager-id"))
+        await redis.delete(stray, hashed, identity_key(prefix, "not-a-manager-id"))
 
 
 async def test_without_its_own_record_a_manager_still_refuses(redis: Redis, prefix: str) -> None:
