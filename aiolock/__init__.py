@@ -10,6 +10,7 @@ fencing tokens, and cancellation-safe acquire and release::
 
 from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
+    IncompatibleLayoutError,
     LockBackendError,
     LockConnectionError,
     LockError,
@@ -37,6 +38,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "FairLock",
     "HubStatistics",
+    "IncompatibleLayoutError",
     "LeaderElection",
     "LeaderTerm",
     "Lock",

@@ -10,6 +10,7 @@ arguments, which raise the built-in ``ValueError`` / ``TypeError`` at the call::
     │   └── LockHandoffError   a detached hold's token no longer holds the lock (adopt)
     ├── LockKeyTypeError       a lock's key holds a value of another Redis type
     ├── ManagerNotOpenError    (also a RuntimeError) the LockManager is not open
+    ├── IncompatibleLayoutError  a manager of another key layout is open on the prefix
     ├── WireFormatError        the chosen wire format cannot express this lock or feature
     ├── ReplicaAckError        too few replicas acknowledged an acquisition (replicas=)
     └── LockBackendError       Redis failed: unreachable, refused or errored
@@ -23,6 +24,7 @@ them, so the original is always at hand in ``__cause__``.
 from __future__ import annotations
 
 __all__ = [
+    "IncompatibleLayoutError",
     "LockBackendError",
     "LockConnectionError",
     "LockError",
@@ -75,6 +77,18 @@ class LockKeyTypeError(LockError):
 
 class ManagerNotOpenError(LockError, RuntimeError):
     """The LockManager is not open: enter it with ``async with`` first."""
+
+
+class IncompatibleLayoutError(LockError):
+    """A manager could not open: a manager of another key layout is open on its prefix.
+
+    Managers of two layouts (two aiolock builds that name or shape their keys differently)
+    do not exclude each other: each would take its own key for one lock name, and both
+    would hold it. Every manager announces its layout in its identity record, and one
+    that finds a live record of another layout under its prefix refuses to open, naming
+    that manager (host, pid, name), both layouts and what to do. The manager stays
+    unopened and may be opened again. See ``docs/wire-formats.md`` (upgrading).
+    """
 
 
 class WireFormatError(LockError):

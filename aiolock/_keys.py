@@ -56,6 +56,13 @@ which is injective in its own way.)
 
 Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
 (``secrets``), the serial numbers the asyncio tasks that manager has seen.
+
+All of this, with what each kind keeps in its keys, is one *layout*, numbered by
+:data:`LAYOUT`. Managers of two layouts on one prefix do not exclude each other where
+their keys differ (before issue 18 the lock was ``P:{T}``, and a manager of that build
+and one of this held a name at once), so every manager announces its layout in its
+identity record and refuses to open beside a manager of another one
+(:mod:`aiolock._redis.layout`).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from redis.crc import key_slot
 __all__ = [
     "ESCAPE",
     "IDENTITY_TAG",
+    "LAYOUT",
     "LOCK_TAG",
     "MAX_NAME_BYTES",
     "TAGS",
@@ -84,6 +92,16 @@ __all__ = [
     "new_manager_id",
     "split_key",
 ]
+
+#: The version of the layout of keys, channels and values under a prefix: the naming in
+#: this module, each kind's structures and messages, the identity record. Every manager
+#: announces it in its identity record (field ``l``) and refuses to open beside a live
+#: record of another version (:mod:`aiolock._redis.layout`). Bump it with any change after
+#: which a manager of this build and one of the next could miss or misread each other's
+#: keys (a key renamed, a structure of another type or shape): they then refuse each other
+#: instead of both holding a lock. Records written before the field existed have none and
+#: count as 1 (:data:`aiolock._redis.identity.UNVERSIONED`).
+LAYOUT = 1
 
 #: Prepended to a name that starts with ``}`` (which would give an empty Cluster hash tag)
 #: or with itself (so that the escaping stays reversible). See the module docstring.

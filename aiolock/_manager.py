@@ -44,6 +44,7 @@ from aiolock._redis.cluster import (
 )
 from aiolock._redis.cluster_pubsub import ClusterSubscriptions
 from aiolock._redis.identity import Identity, check_app_name
+from aiolock._redis.layout import refuse_other_layouts
 from aiolock._redis.pubsub import Source, Subscriber
 from aiolock._redis.reach import describe
 from aiolock._redis.replicas import (
@@ -153,17 +154,20 @@ class LockManager(ManagerLifecycle, LockFactories):
             password, TLS setting or client type fails at startup:
             :class:`~aiolock.LockConnectionError` if Redis cannot be reached,
             :class:`~aiolock.LockPermissionError` if it refuses the credentials,
-            :class:`~aiolock.LockBackendError` if its TLS certificate is refused. Pass
-            ``False`` for an application that may start before Redis does: its waiters
-            then retry until their timeout, and the manager logs the outage.
+            :class:`~aiolock.LockBackendError` if its TLS certificate is refused; and
+            :class:`~aiolock.IncompatibleLayoutError` beside a manager of another key
+            layout on the prefix (a ``SCAN`` of the identity records: see
+            ``docs/wire-formats.md``). Pass ``False`` for an application that may start
+            before Redis does: its waiters then retry until their timeout, and the
+            manager logs the outage.
         name: the application's name (``"billing-worker"``), shown by the ``aiolock``
             command next to the host and pid of this manager's holds; 1 to 64 printable
             characters, or ``None``.
         identity: whether the manager keeps its identity record in Redis while open
-            (host, pid, process and application name, version, start time; about
-            200 bytes, refreshed by the lease watchdog, no command per acquire), so that
-            the ``aiolock`` command can say who holds a lock. See
-            ``docs/wire-formats.md``.
+            (host, pid, process and application name, version, key layout, start time;
+            about 200 bytes, refreshed by the lease watchdog, no command per acquire), so
+            that the ``aiolock`` command can say who holds a lock (and managers of another
+            key layout refuse to open beside it). See ``docs/wire-formats.md``.
 
     A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
     follow failovers: see ``docs/sentinel.md``.
@@ -389,8 +393,8 @@ class LockManager(ManagerLifecycle, LockFactories):
         """Open the manager without ``async with`` (a worker's or app's startup hook).
 
         Pair it with :meth:`aclose` in the shutdown hook. Opening and closing may happen
-        in different tasks. Returns the manager. A manager opens once; one whose check
-        of the server failed (see ``check_on_open``) is not open and may be opened again.
+        in different tasks. Returns the manager. A manager opens once; one whose checks
+        at open failed (see ``check_on_open``) is not open and may be opened again.
         """
         return await self.__aenter__()
 
@@ -414,6 +418,9 @@ class LockManager(ManagerLifecycle, LockFactories):
             await self._check_server()
             if self._identity is not None:  # Redis answers: the record exists from now on
                 await self._identity.publish()
+            limit = self._client.command_timeout or OPEN_CHECK_TIMEOUT
+            own = [] if self._identity is None else [self._identity]
+            await refuse_other_layouts([self._client], self.prefix, self.id, own, self._WHAT, limit)
 
     async def _check_server(self) -> None:
         """One PING before anything starts: a wrong address, password or certificate fails

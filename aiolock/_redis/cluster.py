@@ -322,6 +322,12 @@ class ClusterClient:
                 "progress, or slots left unassigned): try again later"
             ) from exc
 
+    async def primary_clients(self) -> list[Client]:
+        """The client of every primary of the current map: for the commands that read
+        every node, not a slot (the SCAN of :mod:`aiolock._redis.layout`)."""
+        await self._ensure_map()
+        return [self._client(node) for node in self.redis.get_primaries()]
+
     def node_redis(self, node: ClusterNode) -> Redis:
         """The plain client of *node* (its pool also serves the hub's pub/sub connections)."""
         return self._client(node).redis

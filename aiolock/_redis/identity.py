@@ -10,6 +10,9 @@ one-letter fields, to keep it within about 200 bytes of server memory:
 ``c``  the process name (the module run with ``-m``, else the script)
 ``n``  the application name given as ``LockManager(name=...)``; absent when none was
 ``v``  aiolock's version
+``l``  the layout of keys the manager uses (:data:`aiolock._keys.LAYOUT`); absent
+       from records written before issue 36, which count as layout 1
+       (:data:`UNVERSIONED`)
 ``t``  when the manager opened (Unix time in whole seconds, the process's clock)
 =====  ===================================================================
 
@@ -22,6 +25,11 @@ lease later) and again every ``lease / 3``, the watchdog's period, by a loop of 
 (:meth:`Identity.keep`): no command per acquire, and a slow write never holds back a
 renewal. It disappears within one lease after the process
 dies, and is deleted when the manager closes. ``LockManager(identity=False)`` writes none.
+
+The record is also how managers of two layouts on one prefix find each other: a manager
+that opens reads the records under its prefix and refuses to open beside one of another
+layout (:mod:`aiolock._redis.layout`). So its key and its ``l`` field stay where they are
+in every layout to come.
 """
 
 from __future__ import annotations
@@ -37,13 +45,21 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from aiolock._errors import LockError
-from aiolock._keys import ms
+from aiolock._keys import LAYOUT, ms
 
 if TYPE_CHECKING:
     from aiolock._redis.client import Client
     from aiolock._redis.cluster import ClusterClient
 
-__all__ = ["MAX_NAME", "Identity", "check_app_name", "manager_of", "parse_record"]
+__all__ = [
+    "MAX_NAME",
+    "UNVERSIONED",
+    "Identity",
+    "check_app_name",
+    "layout_of",
+    "manager_of",
+    "parse_record",
+]
 
 logger = logging.getLogger("aiolock")
 
@@ -51,6 +67,14 @@ logger = logging.getLogger("aiolock")
 MAX_NAME = 64
 #: The longest process name and host name kept in the record (characters).
 _MAX_TEXT = 64
+
+#: The layout of a record without the field ``l``, written before it existed (issues 20 to
+#: 35): layout 1, this build's. The build just before this one keeps this layout, so an
+#: upgrade from it changes no layout and meets no refusal. The earlier pre-release builds
+#: that wrote records (all after issue 18's ``P:{T}`` -> ``P:lock:{T}``) are taken for 1
+#: too, though not all of them match it: those between issues 20 and 21 kept the lock as a
+#: hash at the same key, and fail loudly on it (LockKeyTypeError).
+UNVERSIONED = 1
 
 
 def check_app_name(name: object) -> str | None:
@@ -83,8 +107,9 @@ def process_name() -> str:
     return name[:_MAX_TEXT]
 
 
-def record(app_name: str | None) -> str:
-    """The record's value, as this process publishes it."""
+def record(app_name: str | None, layout: int = LAYOUT) -> str:
+    """The record's value, as this process publishes it (*layout*: this build's, but for
+    the tests that play a manager of another one)."""
     # Read from the package at call time (it is imported by then): importing it here
     # would be an import cycle, the package importing the manager, which imports this.
     version = getattr(sys.modules.get("aiolock"), "__version__", "?")
@@ -96,6 +121,7 @@ def record(app_name: str | None) -> str:
     if app_name is not None:
         data["n"] = app_name
     data["v"] = version
+    data["l"] = layout
     data["t"] = int(time.time())
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
@@ -111,6 +137,14 @@ def parse_record(raw: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def layout_of(data: dict[str, Any]) -> int | None:
+    """The layout a record announces: its ``l``, :data:`UNVERSIONED` without one, None if
+    ``l`` is not a layout number (a record aiolock did not write: no layout it knows)."""
+    layout = data.get("l", UNVERSIONED)
+    # (``type`` and not isinstance: True is an int, and no layout)
+    return layout if type(layout) is int else None
+
+
 def manager_of(field: str) -> str | None:
     """The manager id a field of a lock's structure starts with (``<id>:<serial>``), or None."""
     head = field.split(":", 1)[0]
@@ -123,11 +157,19 @@ class Identity:
     """Writes and deletes one manager's record (see the module docstring)."""
 
     def __init__(
-        self, client: Client | ClusterClient, key: str, app_name: str | None, lease: float
+        self,
+        client: Client | ClusterClient,
+        key: str,
+        app_name: str | None,
+        lease: float,
+        layout: int = LAYOUT,
     ) -> None:
         self._client = client
         self.key = key
         self._app_name = app_name
+        #: the layout announced: this build's (another only in the tests, which play a
+        #: manager of an older or a newer build with it)
+        self.layout = layout
         self._lease_ms = ms(lease)
         self._limit = lease / 3
         self._value: str | None = None
@@ -137,7 +179,7 @@ class Identity:
     async def publish(self) -> None:
         """Write (or refresh) the record; a failure is logged and the next round retries."""
         if self._value is None:
-            self._value = record(self._app_name)
+            self._value = record(self._app_name, self.layout)
         try:
             with anyio.fail_after(self._limit):
                 await self._client.call(

@@ -27,8 +27,8 @@ releases) is not a lock object: it is read and left out.
 Every holder and waiter field starts with the id of its manager, whose identity record
 ``P:mgr:{<manager id>}`` (:mod:`aiolock._redis.identity`) says which host, process and
 application it is: :func:`scan` and :func:`describe` read those records (one ``MGET``)
-and fill in :class:`Holder`'s ``host``, ``pid`` and ``name`` (None when the record is
-gone: the process died, or its manager runs with ``identity=False``).
+and fill in :class:`Holder`'s ``host``, ``pid``, ``name`` and ``layout`` (None when the
+record is gone: the process died, or its manager runs with ``identity=False``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from aiolock._keys import ESCAPE, hash_tag, identity_key, split_key
-from aiolock._redis.identity import manager_of, parse_record
+from aiolock._redis.identity import layout_of, manager_of, parse_record
 
 __all__ = [
     "KINDS",
@@ -110,6 +110,9 @@ class Holder:
     pid: int | None = None
     #: the application name of the manager (``name=``), else its process name
     name: str | None = None
+    #: the key layout the manager announces (:data:`aiolock._keys.LAYOUT`; 1 for a record
+    #: written before the field existed)
+    layout: int | None = None
     #: the process name
     process: str | None = None
     #: when the holder's manager opened (Unix time, its own clock)
@@ -132,6 +135,7 @@ class Who:
     host: str | None = None
     pid: int | None = None
     name: str | None = None
+    layout: int | None = None
 
 
 @dataclass(frozen=True)
@@ -339,13 +343,14 @@ def _who(text: str, records: dict[str, dict[str, Any] | None]) -> dict[str, Any]
     manager = manager_of(text)
     record = records.get(manager) if manager is not None else None
     if record is None:
-        return {"manager": manager, "host": None, "pid": None, "name": None}
+        return {"manager": manager, "host": None, "pid": None, "name": None, "layout": None}
     pid = record.get("p")
     return {
         "manager": manager,
         "host": _opt_text(record.get("h")),
         "pid": pid if isinstance(pid, int) else None,
         "name": _opt_text(record.get("n")) or _opt_text(record.get("c")),
+        "layout": layout_of(record),
     }
 
 

@@ -49,8 +49,9 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
     # sent by the client
     "evalsha", "script|load", "subscribe", "unsubscribe", "ping", "hello",
     "exists", "hget", "hexists", "pttl", "get",
-    # sent by the manager for its identity record (aiolock._redis.identity)
-    "set", "del",
+    # sent by the manager for its identity record (aiolock._redis.identity), and when it
+    # opens, to find managers of another key layout (aiolock._redis.layout)
+    "set", "del", "scan",
     # called from the scripts
     "type", "exists", "get", "mget", "set", "hget", "hset", "hexists", "hincrby",
     "pexpire", "pttl", "del", "time", "publish", "pubsub|numsub",

@@ -41,7 +41,10 @@ Identity. Like a LockManager, the manager keeps its identity record
 round), refreshed every ``lease / 3`` on a loop of its own (the renewal loop's period; a
 slow master never holds back a renewal), deleted when it closes. A Redlock hold's token
 is ``<manager id>:<number>``, so the ``aiolock`` command pointed at any master resolves
-its holder to the record on that master. ``identity=False`` writes none.
+its holder to the record on that master. ``identity=False`` writes none. Opening then
+reads the records on every master, and refuses beside a manager of another key layout
+(:mod:`aiolock._redis.layout`); a master that cannot be read is left out of the check,
+as it is left out of a round.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from aiolock._keys import (
 )
 from aiolock._redis.client import as_int
 from aiolock._redis.identity import Identity, check_app_name
+from aiolock._redis.layout import refuse_other_layouts
 from aiolock._redis.scripts import Script
 from aiolock._redlock.acquire import RedlockAcquire
 from aiolock._redlock.lock import Gate, RedlockHold, RedlockLock
@@ -139,7 +143,10 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
             ``LockManager(name=...)``); 1 to 64 printable characters, or ``None``.
         identity: whether the manager keeps its identity record on every master while
             open (as a LockManager's: about 200 bytes per master, refreshed every
-            ``lease / 3``, no command per acquire). See ``docs/wire-formats.md``.
+            ``lease / 3``, no command per acquire). Opening reads the other managers'
+            records on each master that answers, and raises
+            :class:`~aiolock.IncompatibleLayoutError` if one announces another key
+            layout (as a LockManager does). See ``docs/wire-formats.md``.
     """
 
     _WHAT = "RedlockManager"
@@ -279,6 +286,16 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         # The record exists on every master that answers once open() returns; a master
         # that does not answer within node_timeout gets it at the next round.
         await self._publish_identity()
+        # A master that cannot be read is left out of the check, as a round leaves it out.
+        await refuse_other_layouts(
+            [node.client for node in self._nodes],
+            self.prefix,
+            self.id,
+            self._identities,
+            what=self._WHAT,
+            limit=self.node_timeout,
+            tolerate=True,
+        )
 
     async def _publish_identity(self) -> None:
         async with anyio.create_task_group() as tg:

@@ -21,6 +21,7 @@ def test_public_names_are_pinned() -> None:
         "Lock",
         "LockBackendError",
         "LockConnectionError",
+        "IncompatibleLayoutError",
         "LockError",
         "LockHandoffError",
         "LockKeyTypeError",
@@ -54,6 +55,7 @@ def test_error_tree() -> None:
     assert issubclass(aiolock.LockLostError, aiolock.LockNotOwnedError)
     assert issubclass(aiolock.LockHandoffError, aiolock.LockNotOwnedError)
     assert issubclass(aiolock.LockKeyTypeError, aiolock.LockError)
+    assert issubclass(aiolock.IncompatibleLayoutError, aiolock.LockError)
     assert issubclass(aiolock.ManagerNotOpenError, RuntimeError)
     assert issubclass(aiolock.ManagerNotOpenError, aiolock.LockError)
     assert issubclass(aiolock.LockConnectionError, aiolock.LockBackendError)

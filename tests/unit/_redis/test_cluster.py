@@ -20,15 +20,18 @@ from typing import Any, NamedTuple
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 import aiolock
 from aiolock._engine import listeners
 from aiolock._engine.engine import Engine
+from aiolock._keys import LAYOUT, identity_key, new_manager_id
 from aiolock._kinds.lock.kind import RELEASE
 from aiolock._kinds.redisson.kind import RELEASE as REDISSON_RELEASE
 from aiolock._redis.cluster import ClusterClient, sharded
 from aiolock._redis.cluster_pubsub import ClusterSubscriptions
+from aiolock._redis.identity import Identity
 from aiolock.testing import free_port
 from aiolock.testing_cluster import LocalCluster
 from tests._support.helpers import PATIENCE, closed_port, eventually, unchanged_for, within
@@ -347,6 +350,37 @@ async def test_the_identity_record_lives_in_its_own_slot_beside_holds_in_others(
         assert await owner.exists(key) == 0
     finally:
         await owner.aclose()
+
+
+async def test_a_manager_of_another_layout_on_any_primary_keeps_a_manager_from_opening(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """The identity records lie in many slots: the layout check (issue 36) scans every
+    primary, and reads each record on the primary of its slot. A record of a newer layout
+    on each primary in turn (written by the record's own code, as such a manager writes
+    it) keeps the manager from opening; without one it opens."""
+    redis = RedisCluster.from_url(cluster.url)
+    client = ClusterClient(redis)
+    locks = aiolock.LockManager(redis, prefix=prefix)
+    try:
+        for port in cluster.primary_ports():
+            other_id = next(
+                found
+                for found in iter(new_manager_id, None)
+                if cluster.owner_port(key_slot(identity_key(prefix, found).encode())) == port
+            )
+            other = Identity(client, identity_key(prefix, other_id), "newer", 600.0, LAYOUT + 1)
+            await other.publish()
+            try:
+                with pytest.raises(aiolock.IncompatibleLayoutError, match="newer@"):
+                    await locks.open()
+            finally:
+                await other.delete()
+        async with locks, locks.lock("opened"):  # not open after a refusal: it opens again
+            assert locks.is_open
+    finally:
+        await client.aclose()
+        await redis.aclose()
 
 
 async def until(check: Callable[[], Awaitable[int]], *, what: str) -> None:

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 import aiolock
 import aiolock._redis.identity
+from aiolock._keys import LAYOUT
 from aiolock.contrib.jobs import Claim
 from tests._support.helpers import eventually
 from tests._support.paths import REPO_ROOT
@@ -57,6 +58,7 @@ async def test_an_open_manager_publishes_its_record_and_deletes_it_at_close(
     assert record["p"] == os.getpid()
     assert record["n"] == "billing-worker"
     assert record["v"] == aiolock.__version__
+    assert record["l"] == LAYOUT  # the key layout: managers of another refuse to open
     assert isinstance(record["c"], str) and record["c"]
     assert abs(float(str(record["t"])) - time.time()) < 60
     assert size is not None and size <= MAX_RECORD_BYTES, size
@@ -124,6 +126,7 @@ async def test_identity_false_writes_no_record(redis: Redis, prefix: str) -> Non
     assert isinstance(objects, list)
     (holder,) = objects[0]["holders"]
     assert holder["host"] is None and holder["pid"] is None and holder["name"] is None
+    assert holder["layout"] is None  # no record: nothing announced
 
 
 async def run_cli_json(redis: Redis, prefix: str, name: str) -> dict[str, object]:
@@ -186,10 +189,12 @@ async def test_the_cli_shows_host_pid_and_name_of_another_managers_holder(
     assert lock_holder["pid"] == os.getpid()
     assert lock_holder["name"] == "billing-worker"
     assert lock_holder["manager"] == holder.id
+    assert lock_holder["layout"] == LAYOUT
     assert 0 < lock_holder["lease_left"] <= LONG_LEASE
     assert lock_holder["held_for"] is None  # a plain hold's start is kept nowhere
     (who,) = objects["invoice"]["waiting_who"]
     assert who["manager"] == waiter.id and who["pid"] == os.getpid()
+    assert who["layout"] == LAYOUT
     assert who["name"]  # no name=: the process name
     assert "billing-worker@" in table.out and f"pid {os.getpid()}" in table.out
     assert shown.code == 0, shown.err

@@ -24,10 +24,12 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock import LockManager, RedlockManager
+from aiolock._keys import LAYOUT
 from aiolock.testing import RedisServer
 from tests._support.helpers import eventually
 from tests.unit._cli.test_main import run_cli
 from tests.unit._redis.test_identity import MAX_RECORD_BYTES
+from tests.unit._redis.test_layout import manager_of_layout
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +194,23 @@ async def test_the_cli_resolves_a_redlock_holder_on_a_master(
     assert f"ledger@{socket.gethostname()} pid {os.getpid()}" in shown.out
     assert refused.code == 1 and "Redlock" in refused.err
     assert still  # force-release left it alone
+
+
+async def test_a_manager_of_another_layout_on_one_master_keeps_it_from_opening(
+    servers: list[RedisServer], clients: list[Redis], prefix: str
+) -> None:
+    """The layout check (issue 36) reads every master: a manager of a newer layout on one
+    of them is enough to refuse, and the refused manager's records leave every master."""
+    async with manager_of_layout(clients[1], prefix, LAYOUT + 1, name="newer-build"):
+        # node_timeout 3 s: each master must answer the check on a loaded machine
+        with pytest.raises(aiolock.IncompatibleLayoutError) as caught:
+            async with redlock(servers, prefix, node_timeout=3):
+                raise AssertionError("opened beside a manager of another layout")
+        for client in clients:
+            found = [k async for k in client.scan_iter(match=f"{prefix}:mgr:*")]
+            assert len(found) == (1 if client is clients[1] else 0), found
+    message = str(caught.value)
+    assert message.startswith("the RedlockManager could not open: newer-build@"), message
+    assert f"announces layout {LAYOUT + 1}, newer than this build's" in message, message
+    async with redlock(servers, prefix, node_timeout=3) as manager:  # the other one closed
+        assert manager.is_open
