@@ -156,10 +156,9 @@ class LockManager(ManagerLifecycle, LockFactories):
             :class:`~aiolock.LockPermissionError` if it refuses the credentials,
             :class:`~aiolock.LockBackendError` if its TLS certificate is refused; and
             :class:`~aiolock.IncompatibleLayoutError` beside a manager of another key
-            layout on the prefix (a ``SCAN`` of the identity records: see
-            ``docs/wire-formats.md``). Pass ``False`` for an application that may start
-            before Redis does: its waiters then retry until their timeout, and the
-            manager logs the outage.
+            layout on the prefix (``docs/wire-formats.md``). Pass ``False`` for an
+            application that may start before Redis does: its waiters then retry until
+            their timeout, and the manager logs the outage.
         name: the application's name (``"billing-worker"``), shown by the ``aiolock``
             command next to the host and pid of this manager's holds; 1 to 64 printable
             characters, or ``None``.
@@ -512,7 +511,6 @@ class LockManager(ManagerLifecycle, LockFactories):
         core = self._engine
         assert core is not None  # made when opening
         core.hub.close()  # waiting tasks give up first, so none acquires anew
-        core.heed.close()
         with anyio.move_on_after(self.close_timeout):
             await core.shutdown()
 

@@ -17,7 +17,6 @@ from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
-from aiolock._engine.heed import LISTEN_AFTER
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
@@ -488,7 +487,7 @@ class Acquiring(Releasing):
             )
         if not hold.kind.shared:  # listened for once held a while (see ReleaseHeed.due)
             heed = self.heed
-            heed.due.append((hold.valid_until - hold.lease + LISTEN_AFTER, hold))
+            heed.due.append((hold.valid_until - hold.lease + heed.after, hold))
             if heed.timer is None:
                 heed.arm()
         if hold.owner not in self._watched:

@@ -140,6 +140,7 @@ class Engine(FastPath):
     async def shutdown(self) -> None:
         """Release every hold (all counts at once) and fail the bodies still using them;
         then wait for the releases other tasks are sending (see :meth:`Cleanup.drain`)."""
+        self.heed.close()  # no hold listens any more: the hub is closing
         holds = list(self.registry)
         for hold in holds:
             self.registry.lose(hold, "the LockManager was closed")

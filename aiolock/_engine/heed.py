@@ -50,6 +50,8 @@ class ReleaseHeed:
     ) -> None:
         self._registry = registry
         self._hub = hub
+        #: seconds a hold is held before it is listened for (LISTEN_AFTER)
+        self.after = LISTEN_AFTER
         self._check = check
         #: (when to listen, hold), in the order the holds were granted (so by time). The
         #: engine appends a hold of an exclusive kind as it registers it, and calls arm()
