@@ -81,7 +81,8 @@ class ReleaseHeed:
         registry, hub = self._registry, self._hub
         while due and due[0][0] <= now:
             _, hold = due.popleft()
-            if registry.holds(hold) and id(hold) not in self._listened:
+            # (not a hold whose final release is out: that release ends it either way)
+            if registry.holds(hold) and hold.release_id is None and id(hold) not in self._listened:
                 channel = hold.keys.channel
                 self._listened[id(hold)] = channel
                 hold.heeded = True
