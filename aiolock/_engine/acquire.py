@@ -516,9 +516,13 @@ class Acquiring(Releasing):
     async def _undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None:
         """Revert an attempt whose outcome is unknown, or void it before it runs.
 
-        The caller waits for it until *until* (its wait's deadline, monotonic) at most;
-        what is not sent by then is retried in the background.
+        While Redis cannot be reached, the caller waits for it until *until* (its wait's
+        deadline, monotonic) at most, and what is not sent by then is retried in the
+        background; otherwise it is sent at once (a claim withdrawn before a timeout is
+        raised, say), within SHIELD_TIMEOUT.
         """
+        if self.reach.failure is None:
+            until = None
         channel = attempt.keys.channel
 
         async def send() -> None:
