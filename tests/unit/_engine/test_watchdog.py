@@ -8,6 +8,7 @@ These tests count the holds in every renewal call the watchdog makes.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -60,6 +61,10 @@ async def test_each_renewal_call_carries_at_most_the_kinds_batch(
     redis: Redis, prefix: str, kind_name: str
 ) -> None:
     async with aiolock.LockManager(redis, prefix=prefix) as locks:
+        # The calls of the watchdog's round alone: not the check of each hold that a
+        # manager makes when it starts listening for its lock's releases (a slow machine
+        # takes more than their 0.2 s to acquire these 701 holds).
+        _engine(locks).heed.after = math.inf
         await KINDS[kind_name](locks, 0)
         (hold,) = _engine(locks).registry.renewable()
         kind = hold.kind
