@@ -89,7 +89,7 @@ class Watchdog:
                 urgent, self._urgent = self._urgent, {}
                 live = [hold for hold in urgent.values() if self._registry.holds(hold)]
                 if live:  # (a renewal is a check; a fixed lease is only checked)
-                    await self.run_round(live)
+                    await self.run_round(live, counted=False)
                 continue
             now = time.monotonic()
             fixed = self._registry.fixed()
@@ -115,9 +115,14 @@ class Watchdog:
         """Renew every auto-renewed hold and check every fixed one, once."""
         return await self.run_round(self._registry.renewable() + self._registry.fixed())
 
-    async def run_round(self, holds: list[Hold]) -> bool:
-        """Send *holds* in batches of one kind (and slot); False if a batch failed."""
-        self.rounds += 1
+    async def run_round(self, holds: list[Hold], *, counted: bool = True) -> bool:
+        """Send *holds* in batches of one kind (and slot); False if a batch failed.
+
+        Not *counted* in :attr:`rounds` and :attr:`round_trips`: a check asked for between
+        rounds (:meth:`check_soon`), which the renewal figures leave out.
+        """
+        if counted:
+            self.rounds += 1
         groups: defaultdict[tuple[LockKind, int], list[Hold]] = defaultdict(list)
         by_slot = self.group_by_slot
         for hold in holds:
@@ -128,7 +133,7 @@ class Watchdog:
             for start in range(0, len(group), kind.renew_batch)
         ]
         if len(batches) == 1:  # the common case: no task group needed
-            return await self._renew_batch(*batches[0])
+            return await self._renew_batch(*batches[0], counted=counted)
         failed = 0
         errors: list[Exception] = []
         limiter = anyio.Semaphore(RENEW_IN_FLIGHT)
@@ -137,7 +142,7 @@ class Watchdog:
             nonlocal failed
             async with limiter:
                 try:
-                    if not await self._renew_batch(kind, batch):
+                    if not await self._renew_batch(kind, batch, counted=counted):
                         failed += 1
                 except Exception as exc:  # raised below as it came, not in a group
                     errors.append(exc)
@@ -149,9 +154,9 @@ class Watchdog:
             raise errors[0]
         return failed == 0
 
-    async def _renew_batch(self, kind: LockKind, batch: list[Hold]) -> bool:
+    async def _renew_batch(self, kind: LockKind, batch: list[Hold], *, counted: bool) -> bool:
         sent_at = time.monotonic()
-        self.round_trips += 1
+        self.round_trips += counted
         try:
             with anyio.fail_after(self.period):
                 held = await kind.renew(batch, self._lease)

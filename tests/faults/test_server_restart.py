@@ -100,8 +100,15 @@ class Scene:
             self.tasks.append(asyncio.create_task(self.waiter(self.other, "h2")))
 
         def queued() -> bool:
+            # main listens on each of its holders' channels too (for a release it did not
+            # make), once they are listened for: its waiters' two and h2's
             a, b = self.main.statistics().hub, self.other.statistics().hub
-            return (a.waiters, b.waiters, a.subscriptions, b.subscriptions) == (6, 3, 2, 1)
+            return self.main._open_engine().heed.listened == 3 and (
+                a.waiters,
+                b.waiters,
+                a.subscriptions,
+                b.subscriptions,
+            ) == (6, 3, 3, 1)
 
         await eventually(queued, what="9 waiters queued")
 
