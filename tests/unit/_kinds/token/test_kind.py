@@ -392,10 +392,13 @@ async def test_a_hold_taken_over_after_its_lease_is_reported_lost(
 async def test_a_renewed_hold_whose_key_is_replaced_cancels_the_body(
     redis: Redis, admin: Redis, prefix: str, name: str
 ) -> None:
-    async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=0.6) as locks:
+    # A 3 s lease, renewed every second: with 0.6 s a loaded machine let the lease run
+    # out before the key was replaced, and the replacing SET was cancelled with the body.
+    async with aiolock.LockManager(redis, prefix=prefix, wire="token", lease=3.0) as locks:
         with pytest.raises(aiolock.LockLostError):
             async with locks.lock(name):
-                await admin.set(name, "someone-else")  # another client's token
+                # another client's token (shielded: the body's cancellation must not stop it)
+                await asyncio.shield(admin.set(name, "someone-else"))
                 await asyncio.sleep(30)  # the watchdog notices within lease / 3
                 pytest.fail("the body should have been cancelled")
         assert await admin.get(name) == b"someone-else"
