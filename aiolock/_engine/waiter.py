@@ -183,7 +183,9 @@ class HubStatistics:
     Attributes:
         queues: lock names with at least one local waiter.
         waiters: tasks waiting, over all names.
-        subscriptions: channels subscribed on the server (confirmed).
+        subscriptions: channels subscribed on the server (confirmed): those of locks
+            this manager's tasks wait for, and of exclusive locks they have held 0.2 s or
+            more (a release the manager did not make ends such a hold at once).
         messages: release messages received from other clients.
         reconnects: times the pub/sub connection was lost and re-established.
     """
