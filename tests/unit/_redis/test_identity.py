@@ -103,12 +103,12 @@ async def test_a_stalled_record_write_never_holds_back_renewals(
         await asyncio.Event().wait()
 
     monkeypatch.setattr(aiolock._redis.identity.Identity, "publish", hang)
-    lease = 1.0  # renewed every third: a round late by a few tenths still keeps it
+    lease = 3.0  # renewed every second: a round late by two seconds still keeps it
     async with aiolock.LockManager(redis, prefix=prefix, lease=lease, check_on_open=False) as locks:
         lock = locks.lock("renewed-beside-a-stalled-record")
         await lock.acquire()
         await asyncio.wait_for(stalled.wait(), 10)
-        await asyncio.sleep(3 * lease)  # three leases: only renewals keep it
+        await asyncio.sleep(2 * lease)  # two leases: only renewals keep it
         assert await lock.locked()
         assert await lock.owned()
         await lock.release()

@@ -268,7 +268,9 @@ async def test_a_waiter_that_gives_up_leaves_the_queue_at_once(
 ) -> None:
     holder = other.fair_lock("leave")
     await holder.acquire()
-    quitter = asyncio.create_task(locks.fair_lock("leave", timeout=0.5).acquire())
+    # 3 s: it must still be queued when the stayer has queued behind it (0.5 s ran out
+    # first on a loaded machine)
+    quitter = asyncio.create_task(locks.fair_lock("leave", timeout=3.0).acquire())
     await until_queued(admin, prefix, "leave", 1)
     log: list[Any] = []
     gate = asyncio.Event()

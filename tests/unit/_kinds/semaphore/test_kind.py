@@ -493,8 +493,9 @@ async def test_a_cancelled_waiter_leaves_no_claim(
 async def test_force_release_frees_every_permit_and_holders_learn_it(
     redis_url: str, prefix: str, others: list[aiolock.LockManager]
 ) -> None:
-    # renewed 1.5 s leases: the holds outlive a late round, so only the force-release ends them
-    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=1.5) as short:
+    # renewed 3 s leases: the holds outlive a late round (and an acquire slowed by a
+    # loaded machine), so only the force-release ends them
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, lease=3.0) as short:
         sem = short.semaphore("forced", 3)
         permit = await sem.acquire(3)
         assert await others[0].semaphore("forced", 3).force_release()
