@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import random
 import socket
 import struct
 from types import TracebackType
@@ -129,7 +130,7 @@ class _Connection:
                 if not self.proxy._forwarding[way].is_set():
                     self.proxy._count_blackholed(way, len(data))
                     continue
-                queue.put_nowait((loop.time() + self.proxy.latency, data))
+                queue.put_nowait((loop.time() + self.proxy._delay(self), data))
         except (ConnectionError, OSError):
             self.abort()
 
@@ -200,6 +201,7 @@ class FaultProxy:
         port: the port to listen on (default: a free one, see :attr:`port`).
         scheme: the URL scheme :attr:`url` uses (``"rediss"`` in front of a TLS server).
         connect_timeout: seconds allowed for each upstream connect.
+        seed: seeds the draws of the jitter (:meth:`set_latency`), for a repeatable run.
 
     Use it as ``async with FaultProxy(...) as proxy:`` or call :meth:`start` and
     :meth:`stop`. The controls are plain methods, safe to call from the event loop at any
@@ -214,6 +216,7 @@ class FaultProxy:
         port: int = 0,
         scheme: str = "redis",
         connect_timeout: float = 5.0,
+        seed: int | None = None,
     ) -> None:
         if upstream_host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"FaultProxy only forwards to loopback, not {upstream_host!r}")
@@ -223,6 +226,11 @@ class FaultProxy:
         self.scheme = scheme
         self.connect_timeout = connect_timeout
         self.latency = 0.0
+        #: at most this many seconds more, drawn per chunk (see :meth:`set_latency`)
+        self.jitter = 0.0
+        self._rng = random.Random(seed)
+        #: the connections slowed by set_latency(existing_only=True); None: all
+        self._slowed: set[_Connection] | None = None
         self._port = port
         self._server: asyncio.Server | None = None
         self._refusing = False
@@ -292,15 +300,24 @@ class FaultProxy:
 
     # -- controls -------------------------------------------------------------------------
 
-    def set_latency(self, seconds: float) -> None:
-        """Delay every chunk read from now on by *seconds*, in both directions.
+    def set_latency(
+        self, seconds: float, *, jitter: float = 0.0, existing_only: bool = False
+    ) -> None:
+        """Delay every chunk read from now on by *seconds*, in both directions, plus a
+        random extra of up to *jitter* seconds drawn per chunk.
 
-        Order is kept and throughput is not throttled: a chunk waits *seconds* after it
-        was read, not after the previous chunk was sent. ``0`` removes the delay.
+        Order is kept within a connection and throughput is not throttled: a chunk waits
+        its delay after it was read, not after the previous chunk was sent. With *jitter*,
+        chunks of different connections may overtake each other, as on a network whose
+        paths differ. With *existing_only*, only the connections open now are slowed (a
+        slow flow: one connection retransmitting while new ones go through at once).
+        ``0`` removes the delay.
         """
-        if seconds < 0:
-            raise ValueError("latency must be >= 0")
+        if seconds < 0 or jitter < 0:
+            raise ValueError("latency and jitter must be >= 0")
         self.latency = float(seconds)
+        self.jitter = float(jitter)
+        self._slowed = set(self._connections) if existing_only else None
 
     def blackhole(self, direction: Direction = "both") -> None:
         """Stop forwarding: bytes read (and in flight) are thrown away, FINs are held back,
@@ -380,6 +397,13 @@ class FaultProxy:
 
     def _count_blackholed(self, way: _Way, n: int) -> None:
         self._blackholed[way] += n
+
+    def _delay(self, conn: _Connection) -> float:
+        if self._slowed is not None and conn not in self._slowed:
+            return 0.0
+        if self.jitter == 0.0:
+            return self.latency
+        return self.latency + self._rng.uniform(0.0, self.jitter)
 
     def _forget(self, conn: _Connection) -> None:
         self._connections.discard(conn)
