@@ -609,6 +609,7 @@ def check_waits(run: Run, out: Findings) -> None:
     for items in grants.values():
         items.sort()
     starved, timeouts, waits = [], [], []
+    waits_by_res: dict[str, list[float]] = collections.defaultdict(list)
     #: seconds each process waited on each resource, outside fault windows
     waited_by_proc: dict[str, dict[str, float]] = collections.defaultdict(
         lambda: collections.defaultdict(float)
@@ -628,6 +629,7 @@ def check_waits(run: Run, out: Findings) -> None:
         ):
             continue
         waits.append(seconds)
+        waits_by_res[res].append(seconds)
         if body.outcome == "timeout" and quiet:
             timeouts.append(
                 {
@@ -658,6 +660,10 @@ def check_waits(run: Run, out: Findings) -> None:
     out.metrics["wait_p50"] = round(_percentile(waits, 0.5), 3)
     out.metrics["wait_p99"] = round(_percentile(waits, 0.99), 3)
     out.metrics["wait_max"] = round(max(waits, default=0.0), 3)
+    out.metrics["waits_by_resource"] = {
+        res: {"waits": len(w), "p99": round(_percentile(w, 0.99), 3), "max": round(max(w), 3)}
+        for res, w in sorted(waits_by_res.items())
+    }
     out.metrics["grants_per_process"] = {
         res: dict(sorted(c.items())) for res, c in per_proc.items()
     }

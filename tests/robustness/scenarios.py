@@ -455,6 +455,9 @@ PROFILES: dict[str, list[tuple[str, float]]] = {
         ("server-faults", 20.0),
         ("outage", 12.0),
         ("force-release", 17.0),
+        ("handoff", 12.0),
+        ("redlock", 16.0),
+        ("starvation-latency", 10.0),
     ],
     "long": [
         ("control-no-lock", 10.0),
@@ -464,6 +467,7 @@ PROFILES: dict[str, list[tuple[str, float]]] = {
         ("outage", 15.0),
         ("force-release", 60.0),
         ("handoff", 60.0),
+        ("handoff-waiters", 30.0),
         ("redlock", 120.0),
         ("redlock-control", 60.0),
         ("client-faults", 180.0),
