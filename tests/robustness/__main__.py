@@ -5,7 +5,7 @@ Examples::
     python -m tests.robustness --profile short              # CI: at most 3 minutes
     python -m tests.robustness --profile long --out runs/   # about 30 minutes
     python -m tests.robustness --scenario starvation --duration 60 --seed 7
-    python -m tests.robustness --check runs/starvation      # the checker again, on a run
+    python -m tests.robustness --check runs/                # the checker again, on runs
 
 The exit status is 1 when a finding fails the run: by default (``--fail-on safety``) a
 safety finding (an overlap, a step after a loss, a stale write accepted, a token out of
@@ -59,13 +59,23 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="RUN",
-        help="only check the run folder RUN again",
+        help="only check again the runs in RUN (a scenario's folder, or a whole --out)",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and profiles")
     args = parser.parse_args(argv)
     if args.strict:
         args.fail_on = "any"
     return args
+
+
+def _run_folders(path: Path) -> list[Path]:
+    """A scenario's folder, or every scenario folder of a run (in the order they ran)."""
+    if (path / "run.json").exists():
+        return [path]
+    done = path / "results.json"
+    if done.exists():
+        return [path / r["scenario"] for r in json.loads(done.read_text())]
+    return sorted(p.parent for p in path.glob("*/run.json"))
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"profile {profile}: " + ", ".join(f"{n} {d:g} s" for n, d in plan))
         return 0
     if args.check is not None:
-        results = [checker.check(args.check)]
+        results = [checker.check(folder) for folder in _run_folders(args.check)]
     else:
         out = args.out or Path(tempfile.mkdtemp(prefix="aiolock-robustness-"))
         out.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,9 @@ taken before its write is sent). Checks, per resource (``<family>:<name>``):
     fault on the servers or its own process; a process that waited
     ``starvation_seconds`` (so undisturbed) and was granted nothing while another was
     granted ``starvation_grants`` times.
+``idle_waits``
+    a wait not served while its resource was free (nobody held it) for at least
+    ``idle_wait_seconds`` and half of the wait, outside every fault window.
 ``unavailability``
     the longest time the resource had waiters and no holder, outside the windows of the
     faults the scenario excuses (default: all).
@@ -771,6 +774,80 @@ def check_unavailability(run: Run, out: Findings) -> None:
         )
 
 
+def _held(run: Run) -> dict[str, tuple[list[int], list[int], list[int]]]:
+    """Per resource, the union of the times someone held it (a multi-lock's wait counts:
+    it holds its first names meanwhile), as sorted disjoint (starts, ends, covered
+    before each start)."""
+    spans: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for body in run.bodies.values():
+        if body.acq_t is not None and body.end_t is not None:
+            for res in body.res:
+                spans[res].append((body.acq_t, body.end_t))
+        if len(body.res) > 1 and body.wait_t is not None and body.wait_end is not None:
+            for res in body.res:
+                spans[res].append((body.wait_t, body.wait_end))
+    union: dict[str, tuple[list[int], list[int], list[int]]] = {}
+    for res, items in spans.items():
+        starts: list[int] = []
+        ends: list[int] = []
+        for s, e in sorted(items):
+            if ends and s <= ends[-1]:
+                ends[-1] = max(ends[-1], e)
+            else:
+                starts.append(s)
+                ends.append(e)
+        before, total = [], 0
+        for s, e in zip(starts, ends, strict=True):
+            before.append(total)
+            total += e - s
+        union[res] = (starts, ends, before)
+    return union
+
+
+def _covered(union: tuple[list[int], list[int], list[int]], t0: int, t1: int) -> int:
+    """How much of [t0, t1] the union covers."""
+    starts, ends, before = union
+
+    def upto(t: int) -> int:  # covered time before t
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0:
+            return 0
+        return before[i] + min(t, ends[i]) - starts[i]
+
+    return upto(t1) - upto(t0)
+
+
+def check_idle_waits(run: Run, out: Findings) -> None:
+    """Waits not served while the resource was free: at least ``idle_wait_seconds`` (1 s)
+    and half of the wait with nobody holding it, outside every fault window."""
+    least = float(run.checks.get("idle_wait_seconds", 1.0))
+    union = _held(run)
+    idle = []
+    for body in run.bodies.values():
+        if body.wait_t is None or body.wait_end is None or len(body.res) != 1:
+            continue
+        res = body.res[0]
+        if res.split(":")[0] not in ("lock", "fair", "redlock") or res not in union:
+            continue
+        seconds = (body.wait_end - body.wait_t) / 1e9
+        free = seconds - _covered(union[res], body.wait_t, body.wait_end) / 1e9
+        if free >= least and free >= seconds / 2 and not run.touches(body.wait_t, body.wait_end):
+            idle.append({"res": res, "proc": body.proc, "at": run.rel(body.wait_t),
+                         "waited": round(seconds, 3), "free": round(free, 3),
+                         "outcome": body.outcome})  # fmt: skip
+    out.metrics["idle_waits"] = len(idle)
+    if idle:
+        worst = max(idle, key=lambda w: float(w["free"] or 0))
+        out.add(
+            "idle_waits",
+            LIVENESS,
+            len(idle),
+            f"{len(idle)} waits went unserved while their resource was free for most of the "
+            f"wait (worst: free {worst['free']} s of {worst['waited']} s)",
+            sorted(idle, key=lambda w: -float(w["free"] or 0)),
+        )
+
+
 def check_outage(run: Run, out: Findings) -> None:
     downs = [w.detail["down"] for w in run.windows if w.fault == "outage" and "down" in w.detail]
     if not downs:
@@ -926,6 +1003,7 @@ def check(folder: Path) -> dict[str, Any]:
         check_tokens,
         check_counter,
         check_waits,
+        check_idle_waits,
         check_unavailability,
         check_outage,
         check_force_release,

@@ -210,3 +210,11 @@ def test_the_negative_control_must_find_what_it_expects(tmp_path: Path) -> None:
     fake.body("a", "a.1", "none:n", None, 0, [1, 5], 6, kind="none")
     result = found(fake.check())
     assert result["expected_missing"]["severity"] == checker.SAFETY
+
+
+def test_a_wait_not_served_while_the_lock_is_free_is_idle(fake: FakeRun) -> None:
+    fake.body("a", "a.1", "lock:n", 1, 0, [1, 100], 100)
+    # b waits from 50 ms to 3 s; the lock is free from 100 ms on
+    fake.body("b", "b.1", "lock:n", 2, 3000, [3001], 3002, wait=50)
+    result = found(fake.check())
+    assert result["idle_waits"]["examples"][0]["free"] == 2.9
