@@ -187,7 +187,9 @@ class Nemesis:
             await asyncio.sleep(params.get("seconds", 1.0))
         finally:
             self.topology.resume(index)
-        return DISRUPTION, {"node": index}
+        # under Sentinel, a pause past down-after-milliseconds may end in a failover
+        cls = STATE_LOSS if self.topology.kind == "sentinel" else DISRUPTION
+        return cls, {"node": index}
 
     async def _latency(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         index = int(params.get("node", 0))

@@ -219,13 +219,26 @@ class Worker:
         finally:
             await redis.aclose()
 
+    async def open(self, stack: contextlib.AsyncExitStack, make: Callable[[], Any]) -> Any:
+        """Open a manager, again and again while Redis cannot be reached (a worker
+        respawned while the nemesis stops Redis), as a supervisor restarting the process
+        would; bounded by the run's stop time."""
+        while True:
+            try:
+                return await stack.enter_async_context(make())
+            except aiolock.LockConnectionError as exc:
+                self.log("open_failed", "-", msg=str(exc)[:300])
+                if not self.running():
+                    raise
+                await asyncio.sleep(0.5)
+
     # -- the run -----------------------------------------------------------------------
 
     async def run(self) -> None:
         groups = [Group.from_json(g) for g in self.spec["groups"]]
         self.log("start", "-", pid=os.getpid())
         async with contextlib.AsyncExitStack() as stack:
-            locks = await stack.enter_async_context(self.manager())
+            locks = await self.open(stack, self.manager)
             tasks: list[asyncio.Task[None]] = []
             for index, group in enumerate(groups):
                 tasks += await self.start_group(stack, locks, index, group)
@@ -248,8 +261,9 @@ class Worker:
     ) -> list[asyncio.Task[None]]:
         tasks = []
         if group.kind == "handoff":
-            adopting = self.manager(self.spec["adopt_url"], group.adopt_manager)
-            adopt_locks = await stack.enter_async_context(adopting)
+            adopt_locks = await self.open(
+                stack, lambda: self.manager(self.spec["adopt_url"], group.adopt_manager)
+            )
             queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
             for i in range(group.adopters):
                 label = f"adopt{index}-{i}"
