@@ -13,7 +13,6 @@ _ISSUE_ITEMS = {
     "36.4": "issue 36 item 4 (an outage reported as a timeout)",
     "36.5": "issue 36 item 5 (a loss noticed late)",
     "R1": "R1, found by this suite (waiters of a manager that detached a lock go unserved)",
-    "R2": "R2, found by this suite (a holder stopped past its lease acts once more on waking)",
 }
 
 
