@@ -38,10 +38,11 @@ for the fencing checks, not as an act. Checks, per resource (``<family>:<name>``
     after its lease: the unfenced counter shows what fencing is for).
 ``starved_waits``, ``timeouts``, ``process_starved``
     a wait during which other processes were granted the resource at least
-    ``starvation_grants`` times and its own process never; a wait that timed out with no
-    fault on the servers or its own process; a process that waited
-    ``starvation_seconds`` (so undisturbed) and was granted nothing while another was
-    granted ``starvation_grants`` times.
+    ``starvation_grants`` times and its own process never (faults of other processes
+    do not excuse it: the name went to others meanwhile); a wait that timed out outside
+    every fault window; a process that waited ``starvation_seconds`` in all (undisturbed,
+    as above) and was granted nothing while others were granted ``starvation_grants``
+    times meanwhile.
 ``idle_waits``
     a wait not served while its resource was free (nobody held it) for at least
     ``idle_wait_seconds`` and half of the wait, outside every fault window.
@@ -658,9 +659,10 @@ def check_waits(run: Run, out: Findings) -> None:
         items.sort()
     starved, timeouts, waits = [], [], []
     waits_by_res: dict[str, list[float]] = collections.defaultdict(list)
-    #: seconds each process waited on each resource, outside fault windows
-    waited_by_proc: dict[str, dict[str, float]] = collections.defaultdict(
-        lambda: collections.defaultdict(float)
+    #: per resource and process: seconds waited undisturbed, and the grants to other
+    #: processes meanwhile
+    waited_by_proc: dict[str, dict[str, list[float]]] = collections.defaultdict(
+        lambda: collections.defaultdict(lambda: [0.0, 0.0])
     )
     for body in run.bodies.values():
         if body.wait_t is None or body.wait_end is None or len(body.res) != 1:
@@ -670,15 +672,20 @@ def check_waits(run: Run, out: Findings) -> None:
             continue
         seconds = (body.wait_end - body.wait_t) / 1e9
         quiet = not run.disturbs(body)
-        if quiet:
-            waited_by_proc[res][body.proc] += seconds
-        if body.outcome not in ("held", "released", "lost", "timeout", "dead", "error") or (
-            body.outcome == "error" and body.acq_t is None
-        ):
+        if body.outcome not in (
+            "held",
+            "released",
+            "lost",
+            "timeout",
+            "dead",
+            "error",
+            "abandoned",
+        ) or (body.outcome == "error" and body.acq_t is None):
             continue
-        waits.append(seconds)
-        waits_by_res[res].append(seconds)
-        if body.outcome == "timeout" and quiet:
+        if body.outcome != "abandoned":  # a wait cut by the run's end counts for starvation
+            waits.append(seconds)
+            waits_by_res[res].append(seconds)
+        if body.outcome == "timeout" and not run.touches(body.wait_t, body.wait_end):
             timeouts.append(
                 {
                     "res": res,
@@ -693,6 +700,9 @@ def check_waits(run: Run, out: Findings) -> None:
         window = items[lo:hi]
         own = sum(1 for _, p in window if p == body.proc)
         others = len(window) - own
+        if quiet:
+            waited_by_proc[res][body.proc][0] += seconds
+            waited_by_proc[res][body.proc][1] += others
         if quiet and own == 0 and others >= threshold:
             starved.append(
                 {
@@ -733,22 +743,21 @@ def check_waits(run: Run, out: Findings) -> None:
             "timeouts",
             LIVENESS,
             len(timeouts),
-            f"{len(timeouts)} waits timed out with no fault on the servers or their process",
+            f"{len(timeouts)} waits timed out outside every fault window",
             sorted(timeouts, key=lambda s: -s["waited"]),
         )
     starved_procs = []
     for res, counts in per_proc.items():
         if res.split(":")[0] not in ("lock", "fair", "redlock"):
             continue
-        for proc, waited in waited_by_proc[res].items():
-            most = max(counts.values(), default=0)
-            if counts.get(proc, 0) == 0 and waited >= patience and most >= threshold:
+        for proc, (waited, elsewhere) in waited_by_proc[res].items():
+            if counts.get(proc, 0) == 0 and waited >= patience and elsewhere >= threshold:
                 starved_procs.append(
                     {
                         "res": res,
                         "proc": proc,
                         "waited": round(waited, 3),
-                        "most_grants_elsewhere": most,
+                        "grants_to_others_meanwhile": int(elsewhere),
                     }
                 )
     if starved_procs:
@@ -756,8 +765,8 @@ def check_waits(run: Run, out: Findings) -> None:
             "process_starved",
             LIVENESS,
             len(starved_procs),
-            f"{len(starved_procs)} processes waited >= {patience} s in all and never got "
-            f"a resource others got >= {threshold} times",
+            f"{len(starved_procs)} processes waited >= {patience} s in all and never got a "
+            f"resource that others got >= {threshold} times meanwhile",
             starved_procs,
         )
 

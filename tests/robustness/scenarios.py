@@ -39,7 +39,7 @@ class Scenario:
     client: dict[str, Any] = dataclasses.field(default_factory=dict)
     nemesis: dict[str, Any] = dataclasses.field(default_factory=dict)
     checks: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: the defects of issue 36 this scenario reproduces (shown in the report)
+    #: the defects this scenario reproduces: items of issue 36, or R1 (found by the suite)
     reproduces: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -331,6 +331,7 @@ def handoff_waiters(duration: float) -> Scenario:
             },
         ],
         checks={"known": {"idle_waits": "R1", "timeouts": "R1", "starved_waits": "R1"}},
+        reproduces=["R1"],
     )
 
 
