@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import random
 import socket
 import struct
 from types import TracebackType
@@ -134,7 +135,7 @@ class _Connection:
                     self.proxy._count_blackholed(way, len(data))
                     continue
                 self.pending += 1
-                delay = self.proxy._latency[way]
+                delay = self.proxy._delay(self, way)
                 if way is _Way.UP:
                     delay += self.proxy._held_back(data)
                 queue.put_nowait((loop.time() + delay, data))
@@ -211,6 +212,7 @@ class FaultProxy:
         port: the port to listen on (default: a free one, see :attr:`port`).
         scheme: the URL scheme :attr:`url` uses (``"rediss"`` in front of a TLS server).
         connect_timeout: seconds allowed for each upstream connect.
+        seed: seeds the draws of the jitter (:meth:`set_latency`), for a repeatable run.
 
     Use it as ``async with FaultProxy(...) as proxy:`` or call :meth:`start` and
     :meth:`stop`. The controls are plain methods, safe to call from the event loop at any
@@ -225,6 +227,7 @@ class FaultProxy:
         port: int = 0,
         scheme: str = "redis",
         connect_timeout: float = 5.0,
+        seed: int | None = None,
     ) -> None:
         if upstream_host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"FaultProxy only forwards to loopback, not {upstream_host!r}")
@@ -238,6 +241,11 @@ class FaultProxy:
         #: upstream chunks containing a key wait its seconds more (see hold_back)
         self._holds: dict[bytes, float] = {}
         self._chunks_held_back = 0
+        #: at most this many seconds more, drawn per chunk (see :meth:`set_latency`)
+        self.jitter = 0.0
+        self._rng = random.Random(seed)
+        #: the connections slowed by set_latency(existing_only=True); None: all
+        self._slowed: set[_Connection] | None = None
         self._port = port
         self._server: asyncio.Server | None = None
         self._refusing = False
@@ -307,20 +315,33 @@ class FaultProxy:
 
     # -- controls -------------------------------------------------------------------------
 
-    def set_latency(self, seconds: float, direction: Direction = "both") -> None:
+    def set_latency(
+        self,
+        seconds: float,
+        direction: Direction = "both",
+        *,
+        jitter: float = 0.0,
+        existing_only: bool = False,
+    ) -> None:
         """Delay every chunk read from now on by *seconds*, in *direction* (both by default;
-        the other direction keeps its own latency).
+        the other direction keeps its own latency), plus a random extra of up to *jitter*
+        seconds drawn per chunk.
 
-        Order is kept and throughput is not throttled: a chunk waits *seconds* after it
-        was read, not after the previous chunk was sent. ``0`` removes the delay. A chunk
-        keeps the delay it was read with: setting the latency back to 0 right after a
-        command was read delays that command alone, while a command sent afterwards on
-        another connection overtakes it (each connection has its own queue).
+        Order is kept within a connection and throughput is not throttled: a chunk waits
+        its delay after it was read, not after the previous chunk was sent. ``0`` removes
+        the delay. A chunk keeps the delay it was read with: setting the latency back to 0
+        right after a command was read delays that command alone, while a command sent
+        afterwards on another connection overtakes it (each connection has its own queue).
+        With *jitter*, chunks of different connections may overtake each other, as on a
+        network whose paths differ. With *existing_only*, only the connections open now are
+        slowed (a slow flow: one connection retransmitting while new ones go through).
         """
-        if seconds < 0:
-            raise ValueError("latency must be >= 0")
+        if seconds < 0 or jitter < 0:
+            raise ValueError("latency and jitter must be >= 0")
         for way in _ways(direction):
             self._latency[way] = float(seconds)
+        self.jitter = float(jitter)
+        self._slowed = set(self._connections) if existing_only else None
 
     def hold_back(self, pattern: bytes, seconds: float) -> None:
         """Delay by *seconds* more each client -> server chunk read from now on that
@@ -433,6 +454,13 @@ class FaultProxy:
 
     def _count_blackholed(self, way: _Way, n: int) -> None:
         self._blackholed[way] += n
+
+    def _delay(self, conn: _Connection, way: _Way) -> float:
+        if self._slowed is not None and conn not in self._slowed:
+            return 0.0
+        if self.jitter == 0.0:
+            return self._latency[way]
+        return self._latency[way] + self._rng.uniform(0.0, self.jitter)
 
     def _forget(self, conn: _Connection) -> None:
         self._connections.discard(conn)
