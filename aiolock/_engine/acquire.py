@@ -220,7 +220,7 @@ class Acquiring(Releasing):
                     # others' turn first: try when it ends (the fast path's outcome is in)
                     ttl = hub.yielding(channel) if first is None else 0.0
                     if ttl > 0:
-                        waiter.queue.answered = True  # other clients were heard waiting
+                        waiter.queue.answered = time.monotonic()  # others were heard waiting
                     elif (
                         not woken
                         and losses is not None
@@ -261,7 +261,7 @@ class Acquiring(Releasing):
                                 return outcome
                             failure, backoff = None, MIN_BACKOFF
                             quiet = losses
-                            waiter.queue.answered = True
+                            waiter.queue.answered = time.monotonic()
                             ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
                             if field is not None and not claimed:
                                 claimed = True
@@ -282,9 +282,12 @@ class Acquiring(Releasing):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     failure = failure or self.reach.failure
-                    if failure is None and not waiter.queue.answered:
-                        # No attempt for this lock was answered: a slow server, or one
-                        # that refuses connections while redis-py retries inside them.
+                    assert deadline is not None  # (as remaining is)
+                    assert timeout is not None
+                    if failure is None and waiter.queue.answered < deadline - timeout:
+                        # No attempt for this lock was answered during this wait: a slow
+                        # server, or one that refuses connections while redis-py retries
+                        # inside them.
                         failure = await self.reach.probe()
                     if failure is not None:  # an outage, whichever attempt saw it last
                         what = f"{kind.name} {keys.name!r}"

@@ -24,7 +24,7 @@ from aiolock._engine.runtime import Runtime
 from aiolock._engine.watchdog import Watchdog
 from aiolock._errors import ManagerNotOpenError
 from aiolock._observe import ObserverSet
-from aiolock._redis.reach import Reachability, describe, endpoint
+from aiolock._redis.reach import Reachability, describe, endpoint, speaks_plain
 
 __all__ = ["ORPHAN", "EngineState"]
 
@@ -57,7 +57,8 @@ class EngineState:
         self.heed = ReleaseHeed(self.registry, hub, self.watchdog.check_soon)
         #: whether the latest attempt reached Redis: waiters that never talk to Redis
         #: themselves (all but a queue's head) report an outage from it, not contention
-        self.reach = Reachability(describe(runtime.client.redis), endpoint(runtime.client.redis))
+        redis = runtime.client.redis
+        self.reach = Reachability(describe(redis), endpoint(redis), speaks_plain(redis))
         #: round trips that failed on a connection error and were ridden out or retried
         self.connection_errors = 0
         #: holds released because the task that held them ended

@@ -171,9 +171,11 @@ class ChannelQueue:
         self.listen = False
         #: the server confirmed our SUBSCRIBE (and no UNSUBSCRIBE since)
         self.confirmed = False
-        #: an attempt of this queue found the lock busy: a waiter whose wait runs out may
-        #: say it was held (until then, Redis has not answered the queue at all)
-        self.answered = False
+        #: when an attempt of this queue last found the lock busy (monotonic; 0: never): a
+        #: waiter whose wait runs out may say it was held (until then, Redis has not
+        #: answered the queue at all), and asks whether the server is there if nothing
+        #: was answered during its wait
+        self.answered = 0.0
 
 
 @dataclass(frozen=True)

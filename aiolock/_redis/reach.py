@@ -26,7 +26,15 @@ import anyio
 from aiolock._errors import LockConnectionError, LockTimeoutError
 from aiolock._redis.client import POOL_EXHAUSTED
 
-__all__ = ["LOG_INTERVAL", "PROBE_FRESH", "PROBE_LIMIT", "Reachability", "describe", "endpoint"]
+__all__ = [
+    "LOG_INTERVAL",
+    "PROBE_FRESH",
+    "PROBE_LIMIT",
+    "Reachability",
+    "describe",
+    "endpoint",
+    "speaks_plain",
+]
 
 logger = logging.getLogger("aiolock")
 
@@ -84,13 +92,24 @@ def endpoint(redis: Any) -> Endpoint | None:
     return None
 
 
+def speaks_plain(redis: Any) -> bool:
+    """Whether a redis-py client's connections are plain TCP or a unix socket (not TLS)."""
+    pool = getattr(redis, "connection_pool", None)
+    kind = getattr(pool, "connection_class", None)
+    return isinstance(kind, type) and "SSL" not in kind.__name__
+
+
 class Reachability:
     """The outcome of the manager's latest round trip to Redis: reached, or why not."""
 
-    def __init__(self, address: str, target: Endpoint | None = None) -> None:
+    def __init__(self, address: str, target: Endpoint | None = None, ping: bool = False) -> None:
         self.address = address
         #: where probe() connects (None: it never probes)
         self.target = target
+        #: whether the probe also sends PING on the connection it opened (not over TLS,
+        #: where a plain PING is itself a reason to close): a server, proxy or balancer
+        #: that accepts and then closes at once refuses as surely as a reset does
+        self.ping = ping
         self._probing: asyncio.Future[LockConnectionError | None] | None = None
         self._probed_at = 0.0
         #: the connection error of the latest attempt, while no later one got through
@@ -155,19 +174,29 @@ class Reachability:
 
     async def _connect(self, target: Endpoint) -> LockConnectionError | None:
         writer = None
+        closed = False
         try:
             with anyio.move_on_after(PROBE_LIMIT):  # neither opened nor refused: no answer
                 if isinstance(target, str):
-                    _, writer = await asyncio.open_unix_connection(target)
+                    reader, writer = await asyncio.open_unix_connection(target)
                 else:
-                    _, writer = await asyncio.open_connection(*target)
+                    reader, writer = await asyncio.open_connection(*target)
+                if self.ping:
+                    writer.write(b"PING\r\n")  # any reply (+PONG, -NOAUTH...) is a server
+                    closed = not await reader.read(1)
         except OSError as exc:
             return LockConnectionError(
                 f"a new connection to Redis at {self.address} failed ({exc}), while the "
                 "attempts already sent were unanswered"
             )
-        if writer is not None:
-            writer.close()
+        finally:
+            if writer is not None:
+                writer.close()
+        if closed:
+            return LockConnectionError(
+                f"a new connection to Redis at {self.address} was closed without an answer, "
+                "while the attempts already sent were unanswered"
+            )
         return None
 
     def unreachable_error(

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._redis.reach import PROBE_FRESH, Reachability, describe, endpoint
+from aiolock._redis.reach import PROBE_FRESH, Reachability, describe, endpoint, speaks_plain
 
 
 @pytest.fixture
@@ -77,3 +77,43 @@ async def test_waits_that_end_together_share_one_probe(closed_port: int) -> None
     assert await reach.probe() is not None and connects == 2
     reach.reached()  # an attempt got through: a refusal seen before it is out of date
     assert await reach.probe() is not None and connects == 3
+
+
+async def test_a_listener_that_closes_without_answering_is_an_outage() -> None:
+    """A proxy or balancer in front of a stopped server accepts, then closes at once."""
+
+    async def close_at_once(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        pinging = Reachability("x", ("127.0.0.1", port), ping=True)
+        failure = await pinging.probe()
+        assert isinstance(failure, aiolock.LockConnectionError)
+        # (closed, or reset: which one the PING meets depends on timing)
+        assert "closed without an answer" in str(failure) or "reset" in str(failure)
+        # Without PING (a TLS port: a plain PING would be refused there) it opened: no
+        # outage is claimed.
+        assert await Reachability("x", ("127.0.0.1", port)).probe() is None
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_paused_server_is_not_an_outage(redis_url: str) -> None:
+    url = urlparse(redis_url)
+    assert url.hostname is not None and url.port is not None
+    admin = Redis.from_url(redis_url)
+    try:
+        await admin.execute_command("CLIENT", "PAUSE", 1000, "ALL")  # type: ignore[no-untyped-call]
+        reach = Reachability("x", (url.hostname, url.port), ping=True)
+        assert await reach.probe() is None  # opened, no answer yet: nothing learned
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
+        await admin.aclose()
+
+
+def test_a_tls_client_is_not_pinged(redis_url: str) -> None:
+    assert speaks_plain(Redis.from_url(redis_url))
+    assert not speaks_plain(Redis.from_url(redis_url.replace("redis://", "rediss://")))
