@@ -119,3 +119,4 @@ class ReleaseHeed:
             self.timer = None
         self.due.clear()
         self._held.clear()
+        self._listened.clear()

@@ -62,7 +62,7 @@ class HoldRegistry:
         self._settled: OrderedDict[tuple[str, str], Hold] = OrderedDict()
         #: channel -> the live hold of an exclusive kind (not ``shared``) last granted
         #: there: what a new grant of that lock to another of this manager's tasks
-        #: shows to be gone from Redis (see superseded)
+        #: shows to be gone from Redis (see _superseded)
         self._exclusive: dict[str, Hold] = {}
         self._shared: asyncio.TimerHandle | None = None
         #: when the shared timer fires (its loop time: the monotonic clock)
