@@ -20,6 +20,7 @@ from aiolock._engine.cleanup import finish_despite_cancel, send_or
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
+from aiolock._engine.turns import STARVE_AFTER, end_turn
 from aiolock._engine.waiter import Waiter
 from aiolock._errors import (
     LockConnectionError,
@@ -28,7 +29,7 @@ from aiolock._errors import (
     LockPermissionError,
     ReplicaAckError,
 )
-from aiolock._keys import LockKeys
+from aiolock._keys import LockKeys, ms
 from aiolock._observe import failure_reason
 from aiolock._redis.replicas import ReplicaPolicy, acknowledged, effective_policy
 
@@ -217,8 +218,10 @@ class Acquiring(Releasing):
                     # (The fast path's attempt was sent before its queue existed, so
                     # with no subscription confirmed: no quiet wait follows it.)
                     losses = hub.losses if first is None and hub.confirmed(channel) else None
-                    # others' turn first: try when it ends (the fast path's outcome is in)
-                    ttl = hub.yielding(channel) if first is None else 0.0
+                    # others' turn first: try when it ends (the fast path's outcome is in),
+                    # unless this manager starves for the lock (it may have its turn now)
+                    starving = waiter.queue.busy >= STARVE_AFTER
+                    ttl = hub.yielding(channel) if first is None and not starving else 0.0
                     if ttl > 0:
                         waiter.queue.answered = time.monotonic()  # others were heard waiting
                     elif (
@@ -232,9 +235,13 @@ class Acquiring(Releasing):
                         quiet = ready_until = None
                         try:
                             if first is None:
+                                if starving and kind.turns and not waiter.queue.asked:
+                                    # from this attempt on (see aiolock._engine.turns)
+                                    waiter.queue.asked = True
+                                    self._claims.add(kind, keys, self.rt.manager_id)
                                 outcome = await self._attempt(
                                     kind, keys, owner, lease, permits=permits, field=field,
-                                    until=deadline,
+                                    until=deadline, turn=waiter.queue.asked,
                                 )  # fmt: skip
                             else:  # the fast path's attempt, already made
                                 made, first = first, None
@@ -262,6 +269,7 @@ class Acquiring(Releasing):
                             failure, backoff = None, MIN_BACKOFF
                             quiet = losses
                             waiter.queue.answered = time.monotonic()
+                            waiter.queue.busy += 1
                             ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
                             if field is not None and not claimed:
                                 claimed = True
@@ -318,6 +326,9 @@ class Acquiring(Releasing):
         finally:
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
+            if not waiter.queue.waiters:
+                end_turn(self._claims, self.cleanup, self.rt.manager_id, kind, keys,
+                         waiter.queue, acquired)  # fmt: skip
             if field is not None:
                 if claimed:
                     self._claims.discard(kind, keys, field)
@@ -392,6 +403,7 @@ class Acquiring(Releasing):
         field: str | None = None,
         claim: bool = True,
         until: float | None = None,
+        turn: bool = False,
     ) -> Hold | Busy:
         """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
 
@@ -405,6 +417,8 @@ class Acquiring(Releasing):
         attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold, kind=kind)
         if not claim:
             attempt = attempt._replace(claim=False)
+        elif turn:
+            attempt = attempt._replace(turn=ms(kind.claim_ttl))
         sent_at = time.monotonic()
         replicas = effective_policy(self.rt.replicas)
         try:

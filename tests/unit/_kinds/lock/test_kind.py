@@ -110,7 +110,9 @@ class LockScripts(RuleBasedStateMachine):
         args: list[Any] = [field, LEASE_MS]
         if before or full:  # else ARGV[3..4] left out, as the client does
             args += [before, manager]
-        return self.scripts["acquire"](keys=[self.key, void or self._attempt()], args=args)
+        return self.scripts["acquire"](
+            keys=[self.key, void or self._attempt(), f"{self.key}:turns"], args=args
+        )
 
     def _release(
         self,
@@ -323,8 +325,12 @@ def test_a_release_counts_its_own_listener_only_when_told(sync_redis: redis.Redi
             assert time.monotonic() < deadline, "the subscription was not confirmed"
             subscriber.get_message(timeout=0.01)
         for extra, heard in ([KEEP_MS, 1, "m1", "", 0, 0, 1], 0), ([], 1):
-            token = acquire(keys=[key, f"{key}:void:{heard}"], args=["m1:1", LEASE_MS])
-            busy = acquire(keys=[key, f"{key}:void:b{heard}"], args=["m2:1", LEASE_MS])
+            token = acquire(
+                keys=[key, f"{key}:void:{heard}", f"{key}:turns"], args=["m1:1", LEASE_MS]
+            )
+            busy = acquire(
+                keys=[key, f"{key}:void:b{heard}", f"{key}:turns"], args=["m2:1", LEASE_MS]
+            )
             assert busy[0] == 0, busy  # the waiter flag is set: the release publishes
             args = [f"m1:1|1|{token}|", token, *extra]
             assert release(keys=[key], args=args) == heard
@@ -346,9 +352,13 @@ def test_a_release_without_a_keep_keeps_the_free_state_the_default(
         for n, (keep, low, high) in enumerate(
             [(None, default - 10_000, default), ("20000", 10_000, 20_000), ("-1", -1, -1)] * 2
         ):
-            token = acquire(keys=[key, f"{key}:void:{n}"], args=[f"m1:{n}", LEASE_MS])
+            token = acquire(
+                keys=[key, f"{key}:void:{n}", f"{key}:turns"], args=[f"m1:{n}", LEASE_MS]
+            )
             if n >= 3:  # the waiter flag set: the release's path after the prelude
-                busy = acquire(keys=[key, f"{key}:void:b{n}"], args=[f"m2:{n}", LEASE_MS])
+                busy = acquire(
+                    keys=[key, f"{key}:void:b{n}", f"{key}:turns"], args=[f"m2:{n}", LEASE_MS]
+                )
                 assert busy[0] == 0, busy
             args = [f"m1:{n}|1|{token}|", token, *([keep] if keep else [])]
             assert release(keys=[key], args=args) == 0
