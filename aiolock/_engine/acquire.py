@@ -20,7 +20,7 @@ from aiolock._engine.cleanup import finish_despite_cancel, send_or
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
-from aiolock._engine.turns import STARVE_AFTER, end_turn
+from aiolock._engine.turns import STARVE_AFTER, end_turn, still_starving
 from aiolock._engine.waiter import Waiter
 from aiolock._errors import (
     LockConnectionError,
@@ -189,6 +189,8 @@ class Acquiring(Releasing):
                 channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
             )
             waiter.acknowledged = effective_policy(self.rt.replicas) is not None
+        if kind.turns and self.starved:
+            still_starving(self.starved, waiter.queue)
         acquired = False
         claimed = False
         try:
@@ -327,8 +329,8 @@ class Acquiring(Releasing):
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
             if not waiter.queue.waiters:
-                end_turn(self._claims, self.cleanup, self.rt.manager_id, kind, keys,
-                         waiter.queue, acquired)  # fmt: skip
+                end_turn(self._claims, self.cleanup, self.starved, self.rt.manager_id,
+                         kind, keys, waiter.queue, acquired)  # fmt: skip
             if field is not None:
                 if claimed:
                     self._claims.discard(kind, keys, field)

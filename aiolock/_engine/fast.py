@@ -87,6 +87,7 @@ class FastPath(Acquiring):
         channel = keys.channel
         if (
             kind.claims
+            or channel in self.starved  # its first attempt asks for a turn
             or hub.closed
             or self.observers.active
             or self.rt.replicas is not None

@@ -31,17 +31,33 @@ if TYPE_CHECKING:
     from aiolock._engine.waiter import ChannelQueue
     from aiolock._keys import LockKeys
 
-__all__ = ["STARVE_AFTER", "end_turn"]
+__all__ = ["REMEMBER", "STARVE_AFTER", "end_turn", "still_starving"]
 
 #: Busy attempts of a manager's waiters on one lock after which its attempts ask for a
 #: turn: with one or two managers contending, a manager is first after most releases and
 #: never asks; with more, the order of turns replaces the race.
 STARVE_AFTER = 3
+#: Seconds a manager whose waiters for a lock starved keeps asking for a turn with the
+#: first attempt of its next wait (then it races again)
+REMEMBER = 1.0
+
+
+def still_starving(starved: dict[str, float], queue: ChannelQueue) -> None:
+    """A wait for *queue*'s lock begins: if the manager's last waiters for it starved less
+    than :data:`REMEMBER` s ago, its first attempt asks for a turn (a process with one task
+    on a name would otherwise start every wait from scratch, and lose three more races)."""
+    until = starved.get(queue.channel)
+    if until is not None:
+        if until > time.monotonic():
+            queue.busy = max(queue.busy, STARVE_AFTER)
+        else:
+            del starved[queue.channel]
 
 
 def end_turn(
     claims: WaiterClaims,
     cleanup: Cleanup,
+    starved: dict[str, float],
     manager_id: str,
     kind: LockKind,
     keys: LockKeys,
@@ -50,7 +66,14 @@ def end_turn(
 ) -> None:
     """The last of a manager's waiters for *keys* left (*got*: with the lock): it no longer
     starves for it, and a turn it asked for and did not use is given up (in the
-    background, by *cleanup*: the waiter that left does not wait for it)."""
+    background, by *cleanup*: the waiter that left does not wait for it). If they
+    starved, the next wait asks at once (:func:`still_starving`)."""
+    if queue.busy >= STARVE_AFTER and kind.turns:
+        now = time.monotonic()
+        if len(starved) > 4096:  # forget those long past
+            for channel in [c for c, until in starved.items() if until <= now]:
+                del starved[channel]
+        starved[queue.channel] = now + REMEMBER
     queue.busy = 0
     if queue.asked:
         queue.asked = False

@@ -38,8 +38,9 @@ if got[2] then
   return {3, 0}
 end
 local state = got[1]
--- The waiter flag a grant starts with: '' unless other managers have turns (their
--- managers wait, and the holder's release must publish for them).
+-- The waiter flag a grant starts with: '' unless managers had turns. Then the release of
+-- this hold must publish: for the managers whose turns are left, and for those told the
+-- free lock was busy in a turn (they did not ask for one, and sleep until a release).
 local flag = ''
 if got[3] or ARGV[5] then
 --@include _kinds/lock/turns
@@ -51,7 +52,7 @@ if got[3] or ARGV[5] then
     -- Granted below (unless the key is not ours): the turn is used up.
     turns_drop(live, manager)
     turns_store(KEYS[3], live, now)
-    if live[1] then
+    if got[3] then
       flag = '*'
     end
   elseif free or string.sub(state, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then
