@@ -27,6 +27,12 @@
 -- count already at ARGV[3] + 1 and answers as the first run did instead of counting
 -- twice; a resent new acquisition gets a fresh token, larger than the first run's.
 --
+-- Every new token is the server's clock in microseconds (TIME), or the token before it
+-- plus one if the clock is not above that (state.lua). Not the token before plus one
+-- alone: a replica promoted with an older copy of the state (or a state restored from
+-- an older file) would count on from a token below those clients already saw, and hand
+-- them out again (issue 36).
+--
 -- The common paths come first, before the prelude's definitions (Lua 5.1 makes each of
 -- its functions anew on every call, and NOT_OURS a table): a grant from no state or from
 -- a free one returns without them. Only while some manager has a turn (or this one asks
@@ -67,7 +73,8 @@ if got[3] or ARGV[5] then
   end
 end
 -- No state (a new epoch at the server's clock), or a free one (the next token of its
--- epoch). MGET answers nil for a key of another type: SET NX then refuses to write over it.
+-- epoch: the clock, forced above the last token). MGET answers nil for a key of another
+-- type: SET NX then refuses to write over it.
 if not state then
   local now = redis.call('time')
   local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -80,11 +87,15 @@ if not state then
 end
 if string.byte(state, 1) == 124 then  -- '|<epoch>|<last>': free
   local bar = string.find(state, '|', 2, true)
-  local token = bar and tonumber(string.sub(state, bar + 1))
-  if not token then
+  local last = bar and tonumber(string.sub(state, bar + 1))
+  if not last then
     return {-1, 'string'}  -- NOT_OURS
   end
-  token = token + 1
+  local now = redis.call('time')  -- next_token(last), inlined
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if token <= last then
+    token = last + 1
+  end
   redis.call('set', KEYS[1],
     ARGV[1] .. '|1|' .. string.format('%d', token) .. string.sub(state, 1, bar) .. flag,
     'px', ARGV[2])
@@ -114,7 +125,8 @@ end
 if count ~= tonumber(ARGV[3] or 0) + 1 then
   count = count + 1
 elseif count == 1 then
-  token = token + 1  -- a resent new acquisition: a fresh token, larger than the first's
+  -- a resent new acquisition: a fresh token, larger than the first's
+  token = next_token(token)
 end
 redis.call('set', KEYS[1], held_state(field, count, token, epoch, flag), 'px', ARGV[2])
 if count == 1 then

@@ -28,6 +28,7 @@
 --   { 1, count}  one hold released, still held; count holds are left
 --   { 2, 0    }  a resend of a final release that had freed the lock
 --   { 4, token}  handed over: the successor now holds the lock with this fencing token
+--                (a new one: the server's clock, forced above the releasing hold's)
 --   { 0, 0    }  this owner does not hold the lock
 --   {-1, type }  KEYS[1] holds a value of another Redis type (or a string aiolock did not
 --                write: 'string'); nothing done
@@ -112,7 +113,7 @@ if successor ~= '' and not waits and (ARGV[8] == '1' or flag == '' or flag == me
   if live and turns_drop(live, message) then
     turns_store(KEYS[2], live, now)
   end
-  token = token + 1
+  token = next_token(token)  -- a new hold: the clock, forced above this one (state.lua)
   redis.call('set', KEYS[1], held_state(successor, 1, token, epoch, flag), 'px', ARGV[7])
   return {4, token}
 end
