@@ -31,6 +31,7 @@ from aiolock._errors import (
 )
 from aiolock._keys import LockKeys, ms
 from aiolock._observe import failure_reason
+from aiolock._redis.reach import QUIET_LIMIT
 from aiolock._redis.replicas import ReplicaPolicy, acknowledged, effective_policy
 
 __all__ = ["Acquiring"]
@@ -294,10 +295,12 @@ class Acquiring(Releasing):
                     failure = failure or self.reach.failure
                     assert deadline is not None  # (as remaining is)
                     assert timeout is not None
-                    if failure is None and waiter.queue.answered < deadline - timeout:
-                        # No attempt for this lock was answered during this wait: a slow
-                        # server, or one that refuses connections while redis-py retries
-                        # inside them.
+                    if failure is None and waiter.queue.answered < deadline - min(
+                        timeout, QUIET_LIMIT
+                    ):
+                        # No attempt for this lock was answered lately: a slow server, one
+                        # that refuses connections while redis-py retries inside them, or
+                        # one that stopped after it found the lock held.
                         failure = await self.reach.probe()
                     if failure is not None:  # an outage, whichever attempt saw it last
                         what = f"{kind.name} {keys.name!r}"

@@ -466,13 +466,13 @@ def test_a_resent_acquisition_on_an_older_copy_of_its_hold_gets_a_larger_token(
     key = f"model-{uuid.uuid4().hex}:lock:{{x}}"
     void = f"{key}:void:a1"
     try:
-        first = acquire(keys=[key, void], args=["m1:1", LEASE_MS])
+        first = acquire(keys=[key, void, f"{key}:turns"], args=["m1:1", LEASE_MS])
         copy = sync_redis.dump(key)
         assert copy is not None
         sync_redis.delete(key)
-        theirs = acquire(keys=[key, f"{key}:void:a2"], args=["m2:1", LEASE_MS])
+        theirs = acquire(keys=[key, f"{key}:void:a2", f"{key}:turns"], args=["m2:1", LEASE_MS])
         sync_redis.restore(key, LEASE_MS, copy, replace=True)
-        again = acquire(keys=[key, void], args=["m1:1", LEASE_MS])  # the resend
+        again = acquire(keys=[key, void, f"{key}:turns"], args=["m1:1", LEASE_MS])  # the resend
         assert again[0] == 1, again
         assert first < theirs < again[1], (first, theirs, again)
     finally:
