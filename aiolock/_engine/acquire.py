@@ -553,7 +553,8 @@ class Acquiring(Releasing):
             if await kind.undo(attempt) and attempt.before == 0 and not kind.queued:
                 self.hub.wake(channel)  # our own message is ignored by the hub
 
-        give_up_at = time.monotonic() + attempt.lease
+        # (as long as the attempt may still land: the void marker's lifetime)
+        give_up_at = time.monotonic() + attempt.void_ms / 1000
 
         def retry_later() -> None:
             self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
