@@ -17,7 +17,9 @@ for the fencing checks, not as an act. Checks, per resource (``<family>:<name>``
     two bodies of one exclusive resource acting at once (a read-write lock: a writer
     with anyone; a semaphore: more bodies than permits). *Safety*, except inside a
     state-loss window (Redis forgot the lock: a restart without persistence, a failover,
-    a force-release), where overlaps measure how late holders learned.
+    a force-release), where overlaps measure how late holders learned, and except where
+    one body acted around the other's acts only because its process was stopped through
+    all of them (it resumed past its lease: the fencing checks judge what it wrote).
 ``belief_overlap``
     two bodies *believing* they hold at once, outside every fault window (a paused
     holder believes until it runs again: inside fault windows this is expected).
@@ -238,6 +240,16 @@ class Run:
                 return w
         return None
 
+    def stopped(self, proc: str, t0: int, t1: int) -> bool:
+        """Whether *proc* was stopped (SIGSTOP) from *t0* to *t1*: a body of it that acted
+        before and after another's acts in that time did not act beside them; it
+        resumed after its lease, as a paused holder does (what fencing is for: its
+        writes are the fencing checks' to judge)."""
+        return any(
+            w.fault in IN_FLIGHT and w.detail.get("target") == proc and w.t0 <= t0 and t1 <= w.t1
+            for w in self.windows
+        )
+
     def disturbs(self, body: Body) -> bool:
         """Whether a fault could have delayed *body*'s wait: one of the servers', or one
         of its own process's (latency on a proxy only slows; another process killed or
@@ -429,7 +441,9 @@ def check_overlaps(run: Run, out: Findings) -> None:
                         start, end = inside[0], inside[-1]
                     example = _example(run, a, b, start, end, res)
                     if acting:
-                        if run.inside(start, classes=["state_loss"]):
+                        if run.inside(start, classes=["state_loss"]) or (
+                            around is not None and run.stopped(around.proc, start, end)
+                        ):
                             excused.append(example)
                         else:
                             counted.append(example)
