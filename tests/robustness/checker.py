@@ -18,8 +18,9 @@ for the fencing checks, not as an act. Checks, per resource (``<family>:<name>``
     with anyone; a semaphore: more bodies than permits). *Safety*, except inside a
     state-loss window (Redis forgot the lock: a restart without persistence, a failover,
     a force-release), where overlaps measure how late holders learned, and except where
-    one body acted around the other's acts only because its process was stopped through
-    all of them (it resumed past its lease: the fencing checks judge what it wrote).
+    one body acted around the other's acts only because its process was stopped past its
+    lease (its closing act within 0.5 s of the resume, then told of the loss: what
+    fencing is for, judged by the fencing checks).
 ``belief_overlap``
     two bodies *believing* they hold at once, outside every fault window (a paused
     holder believes until it runs again: inside fault windows this is expected).
@@ -87,6 +88,10 @@ TOKEN_FAMILIES = frozenset({"lock", "fair", "rw"})
 SHARED_KINDS = frozenset({"read", "semaphore"})
 #: faults that strike one worker process (``target``)
 CLIENT_FAULTS = frozenset({"kill_client", "pause_client"})
+#: ns after a stopped process resumes within which a body of it may still act once
+#: before its loss timer runs (see Run.resumed)
+RESUME_GRACE = 500_000_000
+
 #: faults after which a request sent before them may land late: a process stopped
 #: between a step and its send sends on waking, after its lease ended (the limit that
 #: fencing exists for: the store refuses the fenced write unless the new holder has not
@@ -240,13 +245,28 @@ class Run:
                 return w
         return None
 
-    def stopped(self, proc: str, t0: int, t1: int) -> bool:
-        """Whether *proc* was stopped (SIGSTOP) from *t0* to *t1*: a body of it that acted
-        before and after another's acts in that time did not act beside them; it
-        resumed after its lease, as a paused holder does (what fencing is for: its
-        writes are the fencing checks' to judge)."""
-        return any(
-            w.fault in IN_FLIGHT and w.detail.get("target") == proc and w.t0 <= t0 and t1 <= w.t1
+    def resumed(self, body: Body, other: Body, res: str) -> bool:
+        """Whether *body*'s acts beside *other*'s on *res* all came just after its process
+        was stopped (SIGSTOP) past its lease and resumed: within :data:`RESUME_GRACE` of
+        the resume, after which *body* was told of its loss. On waking, a body whose own
+        request completed may act before its loss timer runs: what fencing is for (its
+        writes are the fencing checks' to judge), not two holders the lock let in."""
+        if body.lost_t is None:
+            return False
+        mine, theirs = body.steps.get(res, []), other.steps.get(res, [])
+        if not mine or not theirs:
+            return False
+        lo, hi = theirs[0], theirs[-1]
+        # its acts inside the other's span, and, if it acted around that span, the first
+        # act that closes it
+        beside = [t for t in mine if lo <= t <= hi]
+        after = bisect.bisect_right(mine, hi)
+        if mine[0] < lo and after < len(mine):
+            beside.append(mine[after])
+        return bool(beside) and any(
+            w.fault in IN_FLIGHT
+            and w.detail.get("target") == body.proc
+            and all(w.t1 <= t <= w.t1 + RESUME_GRACE for t in beside)
             for w in self.windows
         )
 
@@ -442,7 +462,7 @@ def check_overlaps(run: Run, out: Findings) -> None:
                     example = _example(run, a, b, start, end, res)
                     if acting:
                         if run.inside(start, classes=["state_loss"]) or (
-                            around is not None and run.stopped(around.proc, start, end)
+                            run.resumed(a, b, res) or run.resumed(b, a, res)
                         ):
                             excused.append(example)
                         else:
@@ -461,7 +481,11 @@ def check_overlaps(run: Run, out: Findings) -> None:
                 x["seconds"] for x in excused
             )
         if counted:
-            where = "outside state-loss windows" if acting else "outside every fault window"
+            where = (
+                "outside state-loss windows and client stops"
+                if acting
+                else "outside every fault window"
+            )
             note = f" (by {len(broken)} bodies acting around others)" if acting else ""
             out.add(
                 f"{what}_overlap",

@@ -134,20 +134,26 @@ def test_an_overlap_inside_a_state_loss_window_is_measured_not_counted(fake: Fak
     assert "late_loss" not in found(result)
 
 
-def test_a_holder_stopped_through_anothers_acts_is_measured_not_counted(
-    fake: FakeRun,
-) -> None:
-    """a.1's process was stopped from 10 to 50 ms: b.1 acted in between, and a.1's act at
-    51 ms (on waking, before it learned) is the fencing checks' case, not an overlap. If
-    b.1 still acts after a.1's process resumed, they did act at once."""
+def test_a_holder_stopped_past_its_lease_is_the_fencing_checks_case(fake: FakeRun) -> None:
+    """a.1's process was stopped from 10 to 50 ms: b.1 acted in between and once more at
+    50 ms; a.1's one act on waking (51 ms, before it learned of the loss) is what fencing
+    is for, not two holders let in. A body that acts on long after its process resumed, or
+    whose process was never stopped, did act beside the other."""
     fake.fault("pause_client", "disruption", 10, 50, target="a")
     fake.body("a", "a.1", "lock:n", 1, 0, [1, 51], 52, ev_end="lost")
-    fake.body("b", "b.1", "lock:n", 2, 20, [30, 40], 45)
+    fake.body("b", "b.1", "lock:n", 2, 20, [30, 40, 50], 60)
     result = fake.check()
     assert "acting_overlap" not in found(result)
     assert result["metrics"]["acting_overlaps_in_fault_windows"] == 1
-    fake.body("c", "c.1", "lock:n", 3, 20, [30, 40], 45)  # c's process was not stopped
-    fake.body("d", "d.1", "lock:n", 4, 21, [31, 55], 56)  # acts after a resumed
+    fake.body("c", "c.1", "lock:n", 3, 0, [1, 700], 701, ev_end="lost")  # not stopped
+    result = found(fake.check())
+    assert result["acting_overlap"]["severity"] == checker.SAFETY
+
+
+def test_a_stopped_holder_acting_long_after_it_resumed_is_counted(fake: FakeRun) -> None:
+    fake.fault("pause_client", "disruption", 10, 50, target="a")
+    fake.body("a", "a.1", "lock:n", 1, 0, [1, 51, 900], 901, ev_end="lost")
+    fake.body("b", "b.1", "lock:n", 2, 20, [30, 600], 610)
     result = found(fake.check())
     assert result["acting_overlap"]["severity"] == checker.SAFETY
 
