@@ -38,8 +38,9 @@ def table(results: list[dict[str, Any]]) -> str:
     head = (
         "| scenario | traffic s (wall s) | bodies | faults | acting overlaps: outside / inside "
         "state-loss windows and client stops | belief overlaps: outside / inside fault "
-        "windows | steps after loss | token inversions | stale writes accepted (refused) | lost updates | starved "
-        "waits | timeouts | wait p99 / max s | longest unavailability s | findings |"
+        "windows | steps after loss | token inversions | stale writes accepted (refused) | "
+        "lost updates | starved waits | timeouts | wait p99 / max s | longest unavailability "
+        "s | findings |"
     )
     lines = [head, "|" + "---|" * 15]
     for r in results:
