@@ -272,7 +272,7 @@ def check_foreign_key(key: str, name: str, wire: str) -> str:
 class LockKeys:
     """The keys and channel of one lock name, computed once per handle."""
 
-    __slots__ = ("channel", "fence", "kind", "lock", "name", "slot", "void_prefix")
+    __slots__ = ("channel", "fence", "kind", "lock", "name", "slot", "turns", "void_prefix")
 
     def __init__(self, prefix: str, name: str, kind: str = LOCK_TAG) -> None:
         # Every kind names its keys ``P:<kind>:{T}``, the reentrant lock too: a name used
@@ -287,6 +287,8 @@ class LockKeys:
         self.lock = base
         self.fence = f"{base}:fence"
         self.channel = f"{base}:released"
+        #: the managers starving for this lock, in turn (the reentrant lock's turns.lua)
+        self.turns = f"{base}:turns"
         self.void_prefix = f"{base}:void:"
         #: the Redis Cluster slot of every key and the channel of this lock
         self.slot = key_slot(self.lock.encode())

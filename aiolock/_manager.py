@@ -82,7 +82,7 @@ class ManagerStatistics:
         timeouts: waits that timed out, per kind.
         lost: holds lost, per kind.
         claims: waiters whose place in Redis this manager keeps alive (fair lock,
-            read-write lock writers, semaphore requests).
+            read-write writers, semaphore requests; a plain lock's turn: one per name).
         failovers: moves of a Sentinel-managed primary that this manager followed.
     """
 

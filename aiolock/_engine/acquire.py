@@ -20,6 +20,7 @@ from aiolock._engine.cleanup import finish_despite_cancel, send_or
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
+from aiolock._engine.turns import STARVE_AFTER, end_turn, still_starving
 from aiolock._engine.waiter import Waiter
 from aiolock._errors import (
     LockConnectionError,
@@ -28,8 +29,9 @@ from aiolock._errors import (
     LockPermissionError,
     ReplicaAckError,
 )
-from aiolock._keys import LockKeys
+from aiolock._keys import LockKeys, ms
 from aiolock._observe import failure_reason
+from aiolock._redis.reach import QUIET_LIMIT
 from aiolock._redis.replicas import ReplicaPolicy, acknowledged, effective_policy
 
 __all__ = ["Acquiring"]
@@ -188,6 +190,8 @@ class Acquiring(Releasing):
                 channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
             )
             waiter.acknowledged = effective_policy(self.rt.replicas) is not None
+        if kind.turns and self.starved:
+            still_starving(self.starved, waiter.queue)
         acquired = False
         claimed = False
         try:
@@ -217,8 +221,10 @@ class Acquiring(Releasing):
                     # (The fast path's attempt was sent before its queue existed, so
                     # with no subscription confirmed: no quiet wait follows it.)
                     losses = hub.losses if first is None and hub.confirmed(channel) else None
-                    # others' turn first: try when it ends (the fast path's outcome is in)
-                    ttl = hub.yielding(channel) if first is None else 0.0
+                    # others' turn first: try when it ends (the fast path's outcome is in),
+                    # unless this manager starves for the lock (it may have its turn now)
+                    starving = waiter.queue.busy >= STARVE_AFTER
+                    ttl = hub.yielding(channel) if first is None and not starving else 0.0
                     if ttl > 0:
                         waiter.queue.answered = time.monotonic()  # others were heard waiting
                     elif (
@@ -232,9 +238,13 @@ class Acquiring(Releasing):
                         quiet = ready_until = None
                         try:
                             if first is None:
+                                if starving and kind.turns and not waiter.queue.asked:
+                                    # from this attempt on (see aiolock._engine.turns)
+                                    waiter.queue.asked = True
+                                    self._claims.add(kind, keys, self.rt.manager_id)
                                 outcome = await self._attempt(
                                     kind, keys, owner, lease, permits=permits, field=field,
-                                    until=deadline,
+                                    until=deadline, turn=waiter.queue.asked,
                                 )  # fmt: skip
                             else:  # the fast path's attempt, already made
                                 made, first = first, None
@@ -262,6 +272,7 @@ class Acquiring(Releasing):
                             failure, backoff = None, MIN_BACKOFF
                             quiet = losses
                             waiter.queue.answered = time.monotonic()
+                            waiter.queue.busy += 1
                             ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
                             if field is not None and not claimed:
                                 claimed = True
@@ -284,10 +295,12 @@ class Acquiring(Releasing):
                     failure = failure or self.reach.failure
                     assert deadline is not None  # (as remaining is)
                     assert timeout is not None
-                    if failure is None and waiter.queue.answered < deadline - timeout:
-                        # No attempt for this lock was answered during this wait: a slow
-                        # server, or one that refuses connections while redis-py retries
-                        # inside them.
+                    if failure is None and waiter.queue.answered < deadline - min(
+                        timeout, QUIET_LIMIT
+                    ):
+                        # No attempt for this lock was answered lately: a slow server, one
+                        # that refuses connections while redis-py retries inside them, or
+                        # one that stopped after it found the lock held.
                         failure = await self.reach.probe()
                     if failure is not None:  # an outage, whichever attempt saw it last
                         what = f"{kind.name} {keys.name!r}"
@@ -318,6 +331,9 @@ class Acquiring(Releasing):
         finally:
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
+            if not waiter.queue.waiters:
+                end_turn(self._claims, self.cleanup, self.starved, self.rt.manager_id,
+                         kind, keys, waiter.queue, acquired)  # fmt: skip
             if field is not None:
                 if claimed:
                     self._claims.discard(kind, keys, field)
@@ -392,6 +408,7 @@ class Acquiring(Releasing):
         field: str | None = None,
         claim: bool = True,
         until: float | None = None,
+        turn: bool = False,
     ) -> Hold | Busy:
         """One run of the kind's attempt: a new hold (or *hold*, re-entered), or Busy.
 
@@ -405,6 +422,8 @@ class Acquiring(Releasing):
         attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold, kind=kind)
         if not claim:
             attempt = attempt._replace(claim=False)
+        elif turn:
+            attempt = attempt._replace(turn=ms(kind.claim_ttl))
         sent_at = time.monotonic()
         replicas = effective_policy(self.rt.replicas)
         try:
@@ -534,7 +553,8 @@ class Acquiring(Releasing):
             if await kind.undo(attempt) and attempt.before == 0 and not kind.queued:
                 self.hub.wake(channel)  # our own message is ignored by the hub
 
-        give_up_at = time.monotonic() + attempt.lease
+        # (as long as the attempt may still land: the void marker's lifetime)
+        give_up_at = time.monotonic() + attempt.void_ms / 1000
 
         def retry_later() -> None:
             self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)

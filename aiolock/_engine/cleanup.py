@@ -86,7 +86,8 @@ async def send_or(
 class _Job:
     what: str
     action: Callable[[], Awaitable[object]]
-    #: monotonic time after which the job no longer matters (the lease has run out)
+    #: monotonic time after which the job no longer matters (the lease has run out, and
+    #: what it compensates can no longer land: see void_ttl_ms)
     give_up_at: float
 
 
@@ -164,7 +165,7 @@ class Cleanup:
             except (LockError, TimeoutError) as exc:
                 if time.monotonic() >= job.give_up_at:
                     self.abandoned += 1
-                    logger.warning("gave up on %s (its lease has ended anyway): %s", job.what, exc)
+                    logger.warning("gave up on %s (it no longer matters): %s", job.what, exc)
                 else:
                     self._jobs.append(job)
             except Exception:

@@ -87,6 +87,7 @@ class FastPath(Acquiring):
         channel = keys.channel
         if (
             kind.claims
+            or channel in self.starved  # its first attempt asks for a turn
             or hub.closed
             or self.observers.active
             or self.rt.replicas is not None
@@ -146,7 +147,7 @@ class FastPath(Acquiring):
         # key is keys.void(id), spelled out here: one call fewer per acquisition.
         attempt = new_tuple(Attempt, (
             keys, owner, kind.hold_field(owner, number), 0, lease_s,
-            f"{keys.void_prefix}{rt.manager_id}:{number}", permits, timeout != 0,
+            f"{keys.void_prefix}{rt.manager_id}:{number}", permits, timeout != 0, 0,
         ))  # fmt: skip
         sent_at = time.monotonic()
         try:

@@ -190,6 +190,9 @@ class Attempt(NamedTuple):
     #: kinds with claims: register (or keep) the waiter's claim if the attempt finds the
     #: resource busy. False for a single attempt (``timeout=0``), which will not wait.
     claim: bool = True
+    #: kinds with turns: ask for this manager's turn for so many ms (0: do not ask); see
+    #: :mod:`aiolock._engine.turns`
+    turn: int = 0
 
     @property
     def void_ms(self) -> int:
@@ -328,6 +331,9 @@ class LockKind(Protocol):
     queued: bool
     #: seconds a waiter's registration lasts in Redis unless refreshed
     claim_ttl: float
+    #: a manager starving for a lock may ask for a turn (:mod:`aiolock._engine.turns`);
+    #: its turn is then refreshed as claims are, under the manager's id as the field
+    turns: bool
     #: holds per renewal call: as many as stay under a millisecond of Redis time
     #: (measured per kind; see aiolock._engine.watchdog)
     renew_batch: int
@@ -363,6 +369,10 @@ class LockKind(Protocol):
 
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
         """Kinds with claims: extend these live waiters' registrations by ``claim_ttl``."""
+        ...
+
+    async def leave_turn(self, keys: LockKeys) -> None:
+        """Kinds with turns: give up this manager's turn for *keys* (its waiters left)."""
         ...
 
     async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
@@ -460,6 +470,7 @@ class KindBase:
     registers_listeners = False
     release_tombstones = True
     claim_ttl = 10.0
+    turns = False
     #: 350 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.75 ms of Redis
     #: time per call (2.0-2.2 us per hold in the scale benchmark; 500 took 1.0-1.5 ms on
     #: a loaded server: benchmarks/NOTES.md, issue 24), and 10,000 holds renewed every
@@ -532,6 +543,9 @@ class KindBase:
 
     async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
         raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")
+
+    async def leave_turn(self, keys: LockKeys) -> None:
+        raise NotImplementedError(f"the {self.name} kind has no turns")
 
     async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
         raise NotImplementedError(f"the {self.name} kind registers no listeners")

@@ -70,6 +70,9 @@ class EngineState:
         self._watched: set[str] = set()
         #: kinds with claims: the registrations of this manager's waiters in Redis
         self._claims = WaiterClaims()
+        #: channels whose last waiters starved, until when (monotonic): the next wait
+        #: for them asks for a turn at once (aiolock._engine.turns)
+        self.starved: dict[str, float] = {}
         #: kinds that register listeners: this manager's registrations (aiolock show)
         self._listeners = ListenerRegistrations(hub, group_by_slot=runtime.client.cluster)
 

@@ -146,6 +146,8 @@ class ChannelQueue:
     __slots__ = (
         "anonymous",
         "answered",
+        "asked",
+        "busy",
         "channel",
         "confirmed",
         "fields",
@@ -176,6 +178,10 @@ class ChannelQueue:
         #: answered the queue at all), and asks whether the server is there if nothing
         #: was answered during its wait
         self.answered = 0.0
+        #: attempts of its waiters that found the lock busy while it had waiters, and
+        #: whether their attempts ask for a turn (see aiolock._engine.turns)
+        self.busy = 0
+        self.asked = False
 
 
 @dataclass(frozen=True)

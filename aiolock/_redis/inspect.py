@@ -119,7 +119,7 @@ class Holder:
     started: float | None = None
     #: seconds this hold has lasted, where Redis knows (a ``contrib.jobs`` lock's holder
     #: record, by its ``since``: the holder's clock); None otherwise: a plain hold's
-    #: start is kept nowhere in Redis (its fencing token is a counter, not a time)
+    #: start is kept nowhere in Redis (its fencing token may be forced above the clock)
     held_for: float | None = None
     #: seconds left on this hold's lease (the object's PTTL, or the hold's own lease end
     #: for a read-write lock and a semaphore)
@@ -168,9 +168,9 @@ class LockInfo:
     #: a ``contrib.jobs`` lock's holder record (job id, host, pid, since), read by
     #: :func:`describe` only
     job: dict[str, Any] | None = None
-    #: the last fencing token released (a plain lock's, from its state: the holder's token
-    #: minus one within its epoch; the other kinds' ``<key>:fence``, kept ``fence_ttl``),
-    #: read by :func:`describe` only; None when none is kept
+    #: the last fencing token released: the other kinds' ``<key>:fence``, kept
+    #: ``fence_ttl``, read by :func:`describe` only; None when none is kept, and for a
+    #: plain lock (its held state keeps the holder's token only)
     fence: int | None = None
 
     @property
@@ -291,8 +291,8 @@ async def describe(
         fences = await pipe.execute()
     described = []
     for read, kept in zip(infos, fences, strict=True):
-        # a lock's fence comes from its state, read with it
-        fence = read.fence if read.kind == "lock" else kept
+        # a plain lock has no fence key, and its held state keeps no token released
+        fence = None if read.kind == "lock" else kept
         info = read if fence is None else replace(read, fence=_int(fence))
         described.append(await _with_job(redis, info) if info.kind == "lock" else info)
     return await resolve(redis if identities is None else identities, prefix, described)
@@ -525,7 +525,6 @@ def _parse_lock(raw: Any, common: dict[str, Any]) -> LockInfo | None:
     if len(parts) != 5 or not parts[0] or not all(p.isdigit() for p in parts[1:4]):
         return LockInfo(**common)
     holder = Holder(parts[0], int(parts[1]), lease_left=common["ttl"])
-    # every token from the epoch up to the holder's ended by a release: the last one
-    # released is the holder's minus one, unless the holder's started the epoch
-    token, epoch = int(parts[2]), int(parts[3])
-    return LockInfo(holders=(holder,), fence=token - 1 if token > epoch else None, **common)
+    # no fence: a held state keeps the holder's token, not the one released before it
+    # (tokens follow the server's clock, so that one is not the holder's minus one)
+    return LockInfo(holders=(holder,), **common)

@@ -51,6 +51,10 @@ PROBE_LIMIT = 0.25
 #: manager at a time, however many waits end together).
 PROBE_FRESH = 1.0
 
+#: A wait that ends with no attempt for its lock answered in this many seconds (or in the
+#: whole wait, if shorter) probes: Redis may have stopped since it last answered.
+QUIET_LIMIT = 1.0
+
 #: Where a probe connects: (host, port), or a unix socket's path.
 Endpoint = tuple[str, int] | str
 

@@ -350,18 +350,21 @@ class RedlockAcquire:
             if as_int(undone) == 1:
                 self._signals.wake(keys.channel)  # our own task may be next
 
-        await self._on_all(targets, on, f"undo of a redlock round on {keys.name!r}", lease)
+        what = f"undo of a redlock round on {keys.name!r}"
+        await self._on_all(targets, on, what, void_ms / 1000)
 
     async def _on_all(
         self,
         targets: Sequence[Node],
         action: Callable[[Node], Awaitable[None]],
         what: str,
-        lease: float,
+        patience: float,
     ) -> None:
         """Run *action* on every target master, despite cancellation, within SHIELD_TIMEOUT;
-        what fails is retried in the background until the lease has surely ended."""
-        give_up_at = time.monotonic() + lease
+        what fails is retried in the background for *patience* s: as long as what it
+        compensates may still arrive (an acquire queued at a stopped master runs when it
+        resumes, with a lease of its own: only the void marker left first stops it)."""
+        give_up_at = time.monotonic() + patience
 
         async def send_all() -> None:
             async def done(node: Node) -> bool:

@@ -449,10 +449,14 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
                 mine = 1 if node.listener.subscribed(channel) else 0
                 heard = max(heard, reply - 1 - mine)
 
+        # Retried while the hold may live, and while its acquire may still land somewhere
+        # (the void marker's lifetime): a release that gave up sooner left a late acquire
+        # free to set a key for a whole lease, owned by nobody.
         left = max(hold.valid_until - time.monotonic(), 0.0) + self._drift(hold.lease)
+        patience = max(left, args[1] / 1000)
         # Only where the acquire was sent: a skipped master never had it.
         targets = [node for node in self._nodes if node.index in hold.sent]
-        await self._on_all(targets, on, f"release of redlock {hold.keys.name!r}", left)
+        await self._on_all(targets, on, f"release of redlock {hold.keys.name!r}", patience)
         if len(self._yields) > 1000:  # forget windows long over
             now = time.monotonic()
             self._yields = {c: t for c, t in self._yields.items() if t > now}

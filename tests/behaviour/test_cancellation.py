@@ -89,12 +89,18 @@ async def test_a_resent_release_is_idempotent(redis: Redis, prefix: str) -> None
     client = Client(redis)
     lock = f"{prefix}:lock:{{idem}}"
     owner = "owner-1"
-    token = await client.run(ACQUIRE, (lock, f"{lock}:void:1"), (owner, 5000, 0, "m"))
+    token = await client.run(
+        ACQUIRE, (lock, f"{lock}:void:1", f"{lock}:turns"), (owner, 5000, 0, "m")
+    )
     assert isinstance(token, int)
-    code, count = await client.run(ACQUIRE, (lock, f"{lock}:void:2"), (owner, 5000, 1, "m"))
+    code, count = await client.run(
+        ACQUIRE, (lock, f"{lock}:void:2", f"{lock}:turns"), (owner, 5000, 1, "m")
+    )
     assert (code, count) == (2, 2)
     # the same re-entry sent twice counts once
-    code, count = await client.run(ACQUIRE, (lock, f"{lock}:void:2"), (owner, 5000, 1, "m"))
+    code, count = await client.run(
+        ACQUIRE, (lock, f"{lock}:void:2", f"{lock}:turns"), (owner, 5000, 1, "m")
+    )
     assert (code, count) == (2, 2)
 
     def release(count: int) -> tuple[tuple[str, ...], tuple[str | int, ...]]:
@@ -114,7 +120,7 @@ async def test_a_resent_new_acquisition_counts_once(redis: Redis, prefix: str) -
     """The resend answers 'acquired' again, with a fresh, larger token, and counts once."""
     client = Client(redis)
     lock = f"{prefix}:lock:{{tok}}"
-    keys = (lock, f"{lock}:void:9")
+    keys = (lock, f"{lock}:void:9", f"{lock}:turns")
     first = await client.run(ACQUIRE, keys, ("o", 5000, 0, "m"))  # the token alone
     again = await client.run(ACQUIRE, keys, ("o", 5000, 0, "m"))
     assert again[0] == 1

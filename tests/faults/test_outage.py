@@ -112,6 +112,46 @@ async def test_waiters_report_an_outage_while_redis_py_still_retries_the_connect
         await client.aclose()
 
 
+async def test_waiters_that_saw_the_lock_held_report_an_outage_that_began_after(
+    own_server: RedisServer,
+) -> None:
+    """The waiters found the name held (Redis answered), then Redis stopped: their waits
+    end while it refuses connections, so they report the outage (issue 36 item 4: the
+    robustness suite's `outage` scenario saw a LockTimeoutError 1.96 s into an outage,
+    for a wait that had been answered 0.04 s before it began)."""
+    holder_client = _client(own_server.url)
+    client = Redis.from_url(
+        own_server.url, retry=Retry(ConstantBackoff(0.6), 4), socket_connect_timeout=2.0
+    )
+    prefix = unique_prefix("outage")
+    try:
+        async with (
+            aiolock.LockManager(holder_client, prefix=prefix) as holders,
+            aiolock.LockManager(client, prefix=prefix) as locks,
+        ):
+            await holders.lock("busy").acquire()
+
+            async def acquire() -> BaseException | None:
+                try:
+                    await locks.lock("busy").acquire(timeout=2.5)
+                except aiolock.LockError as exc:
+                    return exc
+                return None
+
+            waits = asyncio.gather(*(acquire() for _ in range(WAITERS)))
+            # the head found it held and subscribed: Redis answered these waits
+            await eventually(
+                lambda: locks.statistics().hub.subscriptions == 1, what="the subscription"
+            )
+            own_server.stop()
+            outcomes = await bounded(waits, 60, "the waiters")
+            kinds = [type(o).__name__ for o in outcomes]
+            assert kinds == ["LockConnectionError"] * WAITERS, outcomes
+    finally:
+        await client.aclose()
+        await holder_client.aclose()
+
+
 async def test_a_timeout_while_redis_answers_still_says_held(own_server: RedisServer) -> None:
     """The outage state clears once an attempt gets through: contention is contention."""
     client = _client(own_server.url)

@@ -37,9 +37,10 @@ def _pair(metrics: dict[str, Any], name: str) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     head = (
         "| scenario | traffic s (wall s) | bodies | faults | acting overlaps: outside / inside "
-        "state-loss windows | belief overlaps: outside / inside fault windows | steps after "
-        "loss | token inversions | stale writes accepted (refused) | lost updates | starved "
-        "waits | timeouts | wait p99 / max s | longest unavailability s | findings |"
+        "state-loss windows and client stops | belief overlaps: outside / inside fault "
+        "windows | steps after loss | token inversions | stale writes accepted (refused) | "
+        "lost updates | starved waits | timeouts | wait p99 / max s | longest unavailability "
+        "s | findings |"
     )
     lines = [head, "|" + "---|" * 15]
     for r in results:

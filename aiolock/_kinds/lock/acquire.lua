@@ -2,10 +2,12 @@
 --
 -- KEYS[1]  lock state: one string (see state.lua); held: owner, count, token, epoch, flag
 -- KEYS[2]  void marker of this attempt: present if an undo got there first
+-- KEYS[3]  the name's turns (see turns.lua): read, and written if it exists or ARGV[5] asks
 -- ARGV[1]  owner field (unique per acquisition)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  hold count the client believes it has (0 for a new acquisition)
 -- ARGV[4]  the attempting manager's id (the waiter flag, if the lock is busy)
+-- ARGV[5]  present when the manager asks for a turn: its entry's lifetime in ms
 -- ARGV[3..4] may be left out (the client does for a new acquisition under a field that
 -- begins with its manager's id and a ':', as its fields do): then as '0' and the owner
 -- field's part before its first ':' (the whole field if it has none). Each argument costs
@@ -15,7 +17,8 @@
 -- else {code, value}:
 --   { 1, token}  acquired anew (a resent attempt); token is the new fencing token
 --   { 2, count}  re-entered; count is the new hold count
---   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none)
+--   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none);
+--                or free but another manager's turn: pttl is that turn's time left
 --   { 3, 0    }  voided: an undo reached Redis before this attempt did; nothing done
 --   {-1, type }  KEYS[1] holds a value of another Redis type (or a string aiolock did not
 --                write: 'string'); nothing done
@@ -24,22 +27,59 @@
 -- count already at ARGV[3] + 1 and answers as the first run did instead of counting
 -- twice; a resent new acquisition gets a fresh token, larger than the first run's.
 --
+-- Every new token is the server's clock in microseconds (TIME), or the token before it
+-- plus one if the clock is not above that (state.lua). Not the token before plus one
+-- alone: a replica promoted with an older copy of the state (or a state restored from
+-- an older file) would count on from a token below those clients already saw, and hand
+-- them out again (issue 36).
+--
 -- The common paths come first, before the prelude's definitions (Lua 5.1 makes each of
 -- its functions anew on every call, and NOT_OURS a table): a grant from no state or from
--- a free one returns without them.
+-- a free one returns without them. Only while some manager has a turn (or this one asks
+-- for one) do the turns' definitions come first: a free lock in another manager's turn
+-- is busy for everyone else.
 
-local got = redis.call('mget', KEYS[1], KEYS[2])
+local got = redis.call('mget', KEYS[1], KEYS[2], KEYS[3])
 if got[2] then
   return {3, 0}
 end
 local state = got[1]
+-- The waiter flag a grant starts with: '' unless managers had turns. Then the release of
+-- this hold must publish: for the managers whose turns are left, and for those told the
+-- free lock was busy in a turn (they did not ask for one, and sleep until a release).
+local flag = ''
+if got[3] or ARGV[5] then
+--@include _kinds/lock/turns
+  local manager = ARGV[4] or string.sub(ARGV[1], 1, (string.find(ARGV[1], ':', 1, true) or 0) - 1)
+  local now = turns_now()
+  local live = turns_live(got[3], now)
+  local free = not state or string.byte(state, 1) == 124
+  if free and (not live[1] or live[1][1] == manager) then
+    -- Granted below (unless the key is not ours): the turn is used up.
+    turns_drop(live, manager)
+    turns_store(KEYS[3], live, now)
+    if got[3] then
+      flag = '*'
+    end
+  elseif free or string.sub(state, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then
+    -- Busy: held by another owner, or free in another manager's turn.
+    if ARGV[5] then
+      turns_ask(live, manager, now + tonumber(ARGV[5]))
+    end
+    turns_store(KEYS[3], live, now)
+    if free then
+      return {0, live[1][2] - now}
+    end
+  end
+end
 -- No state (a new epoch at the server's clock), or a free one (the next token of its
--- epoch). MGET answers nil for a key of another type: SET NX then refuses to write over it.
+-- epoch: the clock, forced above the last token). MGET answers nil for a key of another
+-- type: SET NX then refuses to write over it.
 if not state then
   local now = redis.call('time')
   local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local text = string.format('%d', token)  -- format_token
-  if not redis.call('set', KEYS[1], ARGV[1] .. '|1|' .. text .. '|' .. text .. '|',
+  if not redis.call('set', KEYS[1], ARGV[1] .. '|1|' .. text .. '|' .. text .. '|' .. flag,
       'nx', 'px', ARGV[2]) then
     return {-1, redis.call('type', KEYS[1]).ok}
   end
@@ -47,13 +87,18 @@ if not state then
 end
 if string.byte(state, 1) == 124 then  -- '|<epoch>|<last>': free
   local bar = string.find(state, '|', 2, true)
-  local token = bar and tonumber(string.sub(state, bar + 1))
-  if not token then
+  local last = bar and tonumber(string.sub(state, bar + 1))
+  if not last then
     return {-1, 'string'}  -- NOT_OURS
   end
-  token = token + 1
+  local now = redis.call('time')  -- next_token(last), inlined
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if token <= last then
+    token = last + 1
+  end
   redis.call('set', KEYS[1],
-    ARGV[1] .. '|1|' .. string.format('%d', token) .. string.sub(state, 1, bar), 'px', ARGV[2])
+    ARGV[1] .. '|1|' .. string.format('%d', token) .. string.sub(state, 1, bar) .. flag,
+    'px', ARGV[2])
   return token
 end
 --@include _kinds/lock/state
@@ -80,7 +125,8 @@ end
 if count ~= tonumber(ARGV[3] or 0) + 1 then
   count = count + 1
 elseif count == 1 then
-  token = token + 1  -- a resent new acquisition: a fresh token, larger than the first's
+  -- a resent new acquisition: a fresh token, larger than the first's
+  token = next_token(token)
 end
 redis.call('set', KEYS[1], held_state(field, count, token, epoch, flag), 'px', ARGV[2])
 if count == 1 then

@@ -168,6 +168,10 @@ async def detach(engine: Engine, kind: ReentrantLockKind, hold: Hold, lease: flo
             "force-released, so another owner may have entered the critical section"
         )
     engine._ended(hold)  # for the observers, this task's hold ends here
+    # A local waiter sleeps while this task holds (its release would wake it): the hold
+    # is not this manager's any more, so it tries now, and its attempt marks the lock as
+    # waited for, so that the adopter's release publishes (robustness finding R1).
+    engine.hub.wake(hold.keys.channel)
     return HandoffToken(hold.keys.lock, field, hold.token).encode()
 
 

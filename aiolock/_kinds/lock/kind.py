@@ -50,7 +50,12 @@ FORCE_RELEASE = Script("_kinds/lock/force_release")
 DETACH = Script("_kinds/lock/detach")
 ADOPT = Script("_kinds/lock/adopt")
 GIVE_BACK = Script("_kinds/lock/give_back")
+KEEP_TURN = Script("_kinds/lock/keep_turn")
 LISTEN = Script("_kinds/lock/listen")
+
+#: Seconds a manager's turn lasts in Redis unrefreshed (refreshed every third of it while
+#: the manager waits): see turns.lua
+TURN_TTL = 1.5
 
 #: How long a free state is kept (ms) when the release leaves its ARGV[3] out: the keep of
 #: a manager with the default ``fence_ttl`` (60 s), written into ``release.lua`` as well
@@ -68,6 +73,10 @@ class ReentrantLockKind(KindBase):
     registers_listeners = True
     #: a resent release is answered from the state's epoch (module docstring): no id
     release_tombstones = False
+    #: starving managers take turns (turns.lua); an entry lasts this long unrefreshed: the
+    #: longest a manager that died waiting can keep a free lock from the others
+    turns = True
+    claim_ttl = TURN_TTL
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
@@ -96,10 +105,20 @@ class ReentrantLockKind(KindBase):
         # ARGV[3..4] (the hold count before, the manager id) only when the script cannot
         # take them as 0 and the field's beginning: every argument costs the server a Lua
         # string (issue 21)
-        if attempt.before or not field.startswith(self._own):
+        if attempt.turn:
+            args += (attempt.before, self._rt.manager_id, attempt.turn)
+        elif attempt.before or not field.startswith(self._own):
             args += (attempt.before, self._rt.manager_id)
-        reply = await self._client.run(ACQUIRE, (keys.lock, attempt.void), args)
+        reply = await self._client.run(ACQUIRE, (keys.lock, attempt.void, keys.turns), args)
         return decode_attempt(reply, keys.lock)
+
+    async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
+        # The fields are manager ids: this manager's own, once per name
+        for manager in fields:
+            await self._client.run(KEEP_TURN, (keys.turns,), (ms(self.claim_ttl), manager))
+
+    async def leave_turn(self, keys: LockKeys) -> None:
+        await self._client.run(KEEP_TURN, (keys.turns,), (0, self._rt.manager_id))
 
     async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
         await self._client.run(
@@ -195,7 +214,10 @@ class ReentrantLockKind(KindBase):
             args += (keep, count, self._rt.manager_id)
         elif keep != DEFAULT_KEEP_MS:
             args += (keep,)
-        reply = await self._client.run(RELEASE, (keys.lock,), args)
+        # The turns only where the lock could be handed over (release.lua reads them then)
+        reply = await self._client.run(
+            RELEASE, (keys.lock,) if successor is None else (keys.lock, keys.turns), args
+        )
         return decode_release(reply, keys.lock)
 
     async def force_release(self, keys: LockKeys) -> bool:

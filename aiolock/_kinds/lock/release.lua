@@ -1,6 +1,8 @@
 -- aiolock lock: release one hold; on the last one, free the lock or hand it over.
 --
 -- KEYS[1]  lock state (see state.lua)
+-- KEYS[2]  the name's turns (see turns.lua); sent with a successor only: the lock is not
+--          handed over while another manager has a turn
 -- ARGV[1]  '<owner field>|1|<token>|': how the state begins while this hold is held once
 --          (sent whatever the hold count; the owner field is what precedes the first '|')
 -- ARGV[2]  the releasing hold's fencing token
@@ -26,6 +28,7 @@
 --   { 1, count}  one hold released, still held; count holds are left
 --   { 2, 0    }  a resend of a final release that had freed the lock
 --   { 4, token}  handed over: the successor now holds the lock with this fencing token
+--                (a new one: the server's clock, forced above the releasing hold's)
 --   { 0, 0    }  this owner does not hold the lock
 --   {-1, type }  KEYS[1] holds a value of another Redis type (or a string aiolock did not
 --                write: 'string'); nothing done
@@ -56,6 +59,7 @@ if (ARGV[4] or '1') == '1' and type(state) == 'string' and (ARGV[6] or '') == ''
   end
 end
 --@include _kinds/lock/state
+--@include _kinds/lock/turns
 
 if type(state) == 'table' then  -- GET's error: a key of another type (read_state)
   return {-1, redis.call('type', KEYS[1]).ok}
@@ -90,8 +94,26 @@ local message = ARGV[5]
 if not message then  -- left out: the owner field's part before its first ':'
   message = string.sub(mine, 1, (string.find(mine, ':', 1, true) or 0) - 1)
 end
-if successor ~= '' and (ARGV[8] == '1' or flag == '' or flag == message) then
-  token = token + 1
+-- With a successor: the turns decide first. The first live turn another manager's: the
+-- lock is freed for it, not handed over, and the release publishes (its busy attempt set
+-- the flag; a flag lost with an earlier lease is set here). This manager's own: a
+-- hand-over uses it up.
+local waits, live, now = false, nil, nil
+if successor ~= '' and KEYS[2] then
+  now = turns_now()
+  live = turns_live(redis.call('get', KEYS[2]), now)
+  if live[1] and live[1][1] ~= message then
+    waits = true
+    if flag == '' then
+      flag = '*'
+    end
+  end
+end
+if successor ~= '' and not waits and (ARGV[8] == '1' or flag == '' or flag == message) then
+  if live and turns_drop(live, message) then
+    turns_store(KEYS[2], live, now)
+  end
+  token = next_token(token)  -- a new hold: the clock, forced above this one (state.lua)
   redis.call('set', KEYS[1], held_state(successor, 1, token, epoch, flag), 'px', ARGV[7])
   return {4, token}
 end

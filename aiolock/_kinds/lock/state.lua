@@ -10,13 +10,24 @@
 -- attempt sets the flag; a final release publishes only if it is set, and the flag goes
 -- with the hold (a grant from a free state starts without one).
 --
+-- Tokens: every new token (a grant, a hand-over, a resent new acquisition) is the
+-- server's clock in microseconds (TIME), or the token before it plus one where the
+-- clock is not above that (next_token); with no state, the clock starts a new epoch.
+-- Not the token before plus one alone: a replica promoted with an older copy of the
+-- state would count on from below the tokens clients had already seen (issue 36). So
+-- tokens rise across such a copy as long as the clock of the node that grants is not
+-- behind the clock that made the newest token by more than the time between the two.
+--
 -- The inverted tombstone: every hold whose token lies in [epoch, token) (held) or in
 -- [epoch, last] (free) ended by a release. A lease that runs out deletes the whole
 -- state, and a force release writes a free state whose epoch is above every token given
 -- so far: both start a new epoch. So a resent release (its reply lost) answers
 -- "released" if its token is in that range, and "not held" otherwise, with no key per
--- release. Tokens count on (last + 1) while the state lives; with no state, the next
--- token is the server's clock in microseconds (TIME), which starts a new epoch.
+-- release. Tokens skip numbers (they follow the clock), so the range also holds numbers
+-- no hold of this state had: only a hold granted where this state's history does not
+-- reach names one (a grant an older copy lacks, above), and its release then answers
+-- "released" where "not held" would be true (the watchdog's check reports such a hold
+-- lost when it comes before the release).
 --
 -- parse(state) -> field, count, token, epoch, flag  (field '' for a free state, whose
 --     `token` is then its last token; count 0). Numbers are Lua numbers. nil for a value
@@ -24,6 +35,8 @@
 --     the reply of a key of another type.
 -- keep(key, value, keep_ms): store a free state for keep_ms ('-1': without expiry).
 -- format_token(n): the decimal text of a token (exact up to 2^53).
+-- next_token(last): the token after `last`: the server's clock in microseconds, or
+--     last + 1 if the clock is not above last.
 --
 -- Lua 5.1 makes these functions (and the NOT_OURS table) anew on every call of a script
 -- that reaches them: acquire and release put their common paths before the include, and
@@ -48,6 +61,15 @@ end
 
 local function format_token(n)
   return string.format('%d', n)
+end
+
+local function next_token(last)
+  local now = redis.call('time')
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if token <= last then
+    return last + 1
+  end
+  return token
 end
 
 local function held_state(field, count, token, epoch, flag)

@@ -226,15 +226,21 @@ async def test_show_includes_a_job_locks_holder_record(
 
 
 async def test_show_prints_the_fence_state(redis: Redis, redis_url: str, prefix: str) -> None:
+    """The fence key of a kind that keeps one; none for a held plain lock, whose state
+    keeps the holder's token only (issue 36: tokens follow the clock, so the token
+    released before it is not the holder's minus one)."""
     async with aiolock.LockManager(redis, prefix=prefix) as locks:
-        lock = locks.lock("fenced")
-        async with lock:
-            first = lock.fencing_token
-        async with lock:
+        fair, plain = locks.fair_lock("fenced"), locks.lock("fenced")
+        async with fair:
+            first = fair.fencing_token
+        async with plain:
+            pass
+        async with fair, plain:
             shown = await run_cli(redis_url, prefix, "--json", "show", "fenced")
             table = await run_cli(redis_url, prefix, "show", "fenced")
-    (obj,) = json.loads(shown.out)["objects"]
-    assert obj["fence"] == first
+    fences = {obj["kind"]: obj["fence"] for obj in json.loads(shown.out)["objects"]}
+    assert fences == {"fair": first, "lock": None}
+    assert table.out.count("fence:") == 1
     assert f"fence:      {first} " in table.out
     assert ": 1 hold, " in table.out  # not "1 holds"
 

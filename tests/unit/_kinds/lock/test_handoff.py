@@ -542,3 +542,41 @@ async def test_hand_off_on_a_cluster_on_every_primary() -> None:
                     await in_task(lock.adopt(token))
                 await other.release()
                 assert not await lock.locked()
+
+
+async def test_a_waiter_of_the_detaching_manager_is_served_after_the_adopter_releases(
+    redis: Redis, prefix: str
+) -> None:
+    """Robustness suite finding R1: two tasks of one manager wait on a name another
+    manager holds; the first gets it from the freed lock (a new grant: no waiter marked
+    on it) while the second sleeps without a timer behind it (a local holder wakes it on
+    release). The first detaches, another manager adopts and releases: nothing marked
+    the lock as waited for, so that release published nothing, and the second waiter
+    slept until its deadline (forever with timeout=None)."""
+    async with (
+        aiolock.LockManager(redis, prefix=prefix) as first_holder,
+        aiolock.LockManager(redis, prefix=prefix) as detaching,
+        aiolock.LockManager(redis, prefix=prefix) as adopting,
+    ):
+        blocker = first_holder.lock("job")
+        await blocker.acquire()
+        tokens: asyncio.Queue[str] = asyncio.Queue()
+        detacher = asyncio.create_task(in_task(_take_and_detach(detaching.lock("job"), tokens)))
+        await eventually(lambda: detaching.statistics().hub.waiters == 1, what="the first")
+        waiter = asyncio.create_task(in_task(_hold_once(detaching.lock("job"))))
+        await eventually(lambda: detaching.statistics().hub.waiters == 2, what="the second")
+        await blocker.release()
+        token = await asyncio.wait_for(tokens.get(), 5)
+        await detacher
+        await in_task(_adopt_and_release(adopting.lock("job"), token))
+        await asyncio.wait_for(waiter, 5)  # timeout=None: only a wake-up ends its wait
+
+
+async def _take_and_detach(lock: aiolock.Lock, tokens: asyncio.Queue[str]) -> None:
+    await lock.acquire()
+    await tokens.put(await lock.detach())
+
+
+async def _hold_once(lock: aiolock.Lock) -> None:
+    async with lock:
+        pass
