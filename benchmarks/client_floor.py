@@ -97,7 +97,7 @@ class ScriptCycles:
         field = f"{MANAGER_ID}:{self._number}"
         void = keys.void(f"{MANAGER_ID}:{self._number}")
         granted = decode_attempt(
-            await self._run(ACQUIRE, (keys.lock, void), (field, LEASE_MS)), _bad
+            await self._run(ACQUIRE, (keys.lock, void, keys.turns), (field, LEASE_MS)), _bad
         )
         if not isinstance(granted, Granted):
             raise RuntimeError(f"{name} was busy: names are distinct, nothing else holds it")

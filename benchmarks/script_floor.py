@@ -39,9 +39,10 @@ redis-py's median of the same run. Then, in the same run:
   the scripts get the arguments the client really sends; ratio to the lock's row;
 * **fully pipelined** (:mod:`benchmarks.script_pipe`, skipped with ``--pipe-cycles 0``):
   ``--pipe-cycles`` cycles of redis-py's Lock, the frozen pair and the shipped pair, each
-  with its real per-cycle arguments, written at once on one connection to a fresh server;
-  cycles per second (first byte to last reply), the server's CPU per cycle, and every
-  reply checked (a bad one fails the row and the run);
+  with its real per-cycle arguments, in batches of 1,000 names written at once on one
+  connection to a fresh server (since issue 36: a release names its acquire's token, the
+  server's clock); cycles per second (first byte to last reply of each batch), the
+  server's CPU per cycle, and every reply checked (a bad one fails the row and the run);
 * **issue 21's target rows** (targets 1 and 6): the shipped pair's script time <= 0.70x
   the frozen pair's and <= 3.6x redis-py's (ratios of the medians), its pipelined
   cycles/s >= 1.5x the frozen pair's, each family kind within 1.5x of the lock's; target,
@@ -135,7 +136,7 @@ def _aiolock_v0_release(i: int) -> tuple[list[str], list[str]]:
 
 
 def _aiolock_acquire(i: int) -> tuple[list[str], list[str]]:
-    keys = ["sf:{lock}", f"sf:{{lock}}:void:{OWNER}:{i}"]
+    keys = ["sf:{lock}", f"sf:{{lock}}:void:{OWNER}:{i}", "sf:{lock}:turns"]
     # field, lease; a new acquisition under a field that begins with the manager's id, so
     # not the hold count before nor the manager's id (aiolock._kinds.lock.kind)
     return keys, [f"{OWNER}:{i}", LEASE_MS]
@@ -252,7 +253,7 @@ def run(cycles: int, repeats: int, pipe_cycles: int = 0) -> dict[str, Any]:
             client.close()
         family = script_family.run(server.url, cycles, repeats)
     piped = [p for p in pairs() if p.name in PIPED]
-    pipelined = script_pipe.run(piped, AIOLOCK, pipe_cycles, repeats) if pipe_cycles else []
+    pipelined = script_pipe.run(piped, pipe_cycles, repeats) if pipe_cycles else []
     medians = {name: statistics.median(v) for name, v in samples.items()}
     reference = medians[REDIS_PY]
     result: dict[str, Any] = {

@@ -8,18 +8,19 @@ measurement:
 
 * starts a fresh private ``redis-server`` (:class:`aiolock.testing.RedisServer`, free
   loopback port, stopped by pid), loads the pair's scripts and runs one cycle one command
-  at a time (the shipped lock's first token comes from the server's clock; the next ones
-  count on from it while the state lives, so every later token is known in advance);
-* encodes *cycles* cycles on one name, acquire then release, with the same per-cycle
-  arguments as the sequential rows (a unique owner field and void or tombstone key per
-  cycle; the shipped release names the token its acquire will answer), as RESP bytes;
-* writes all of them on one connection at once and reads every reply (``hiredis``),
-  timing wall clock from the first byte written to the last reply read, and the server's
-  CPU (``INFO cpu`` ``used_cpu_user + used_cpu_sys``) over the same span;
-* checks every reply is what a successful cycle answers: an acquire that was granted
-  (the shipped lock: exactly the predicted token), a release that released. An error
-  reply or any other reply is counted; a row with any is failed (the report says so and
-  ``python -m benchmarks.script_floor`` exits 1).
+  at a time;
+* sends *cycles* cycles on :data:`BATCH` names in batches on one connection, with the
+  same per-cycle arguments as the sequential rows (a unique owner field and void or
+  tombstone key per cycle): a batch is one write of the previous batch's releases and
+  this batch's acquires, encoded as RESP bytes, and every reply is read before the next
+  (the shipped release names the token its acquire answered, and since issue 36 that
+  token is the server's clock, which no client can predict: one name fully pipelined,
+  as before issue 36, is no longer possible); the time is the sum of the batches' wall
+  clock, from the first byte written to the last reply read, and the server's CPU
+  (``INFO cpu`` ``used_cpu_user + used_cpu_sys``) over the whole run;
+* checks every reply is what a successful cycle answers: an acquire that was granted, a
+  release that released. An error reply or any other reply is counted; a row with any
+  is failed (the report says so and ``python -m benchmarks.script_floor`` exits 1).
 
 The frozen pair leaves a tombstone key per release (kept 10 s), so the keyspace grows by
 a key per cycle during its run (the shipped pair's does not): compare runs made with the
@@ -50,7 +51,11 @@ from aiolock.testing import RedisServer
 if TYPE_CHECKING:
     from benchmarks.script_floor import Pair
 
-__all__ = ["encode", "measure", "run"]
+__all__ = ["BATCH", "encode", "measure", "run"]
+
+#: names per batch: each batch is one write of its releases and acquires, and one
+#: round trip, so the round trips are a thousandth of the commands
+BATCH = 1000
 
 
 def encode(commands: Sequence[Sequence[str | int]]) -> bytes:
@@ -69,28 +74,32 @@ def _server_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-async def _send_all(host: str, port: int, payload: bytes, replies: int) -> tuple[float, list[Any]]:
+async def _exchange(
+    connection: tuple[asyncio.StreamReader, asyncio.StreamWriter], payload: bytes, replies: int
+) -> tuple[float, list[Any]]:
     """Write *payload* at once, read *replies* replies: (seconds, the replies)."""
-    stream, writer = await asyncio.open_connection(host, port)
-    try:
-        reader = hiredis.Reader()
-        got: list[Any] = []
-        started = time.perf_counter()
-        # No drain before reading: the transport sends what the socket takes while the
-        # loop below reads the replies that come back meanwhile.
-        writer.write(payload)
-        while len(got) < replies:
-            reply = reader.gets()
-            if reply is False:
-                data = await stream.read(1 << 20)
-                if not data:
-                    raise ConnectionError("the benchmark's server closed the connection")
-                reader.feed(data)
-                continue
-            got.append(reply)
-        return time.perf_counter() - started, got
-    finally:
-        writer.close()
+    stream, writer = connection
+    reader = hiredis.Reader()
+    got: list[Any] = []
+    started = time.perf_counter()
+    # No drain before reading: the transport sends what the socket takes while the loop
+    # below reads the replies that come back meanwhile.
+    writer.write(payload)
+    while len(got) < replies:
+        reply = reader.gets()
+        if reply is False:
+            data = await stream.read(1 << 20)
+            if not data:
+                raise ConnectionError("the benchmark's server closed the connection")
+            reader.feed(data)
+            continue
+        got.append(reply)
+    return time.perf_counter() - started, got
+
+
+def _named(keys: Sequence[str], n: int) -> list[str]:
+    """The pair's keys for name *n* of a batch (its lock and the keys beside it)."""
+    return [key.replace("{lock}", f"{{lock{n}}}") for key in keys]
 
 
 def _first_cycle(client: redis.Redis, pair: Pair, acquire: str | None, release: str) -> Any:
@@ -109,69 +118,91 @@ def _first_cycle(client: redis.Redis, pair: Pair, acquire: str | None, release: 
     return got
 
 
-def measure(pair: Pair, cycles: int, counted: bool) -> dict[str, Any]:
-    """One pipelined run of *cycles* cycles of *pair* on a fresh server.
-
-    *counted*: the pair's acquire answers a token that counts on by one per grant (the
-    shipped lock), so each cycle's token is predicted and checked.
-    """
+def measure(pair: Pair, cycles: int) -> dict[str, Any]:
+    """One pipelined run of *cycles* cycles of *pair* on a fresh server (see the module
+    docstring: batches of :data:`BATCH` names, each batch's releases with the next one's
+    acquires)."""
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         try:
             release = client.script_load(pair.release)
             acquire = client.script_load(pair.acquire) if pair.acquire is not None else None
-            first = _first_cycle(client, pair, acquire, release)
-            expected: list[Any] = []
-            commands: list[list[str | int]] = []
-            for i in range(cycles):
-                keys, args = pair.acquire_input(i)
-                if acquire is None:
-                    commands.append(["SET", keys[0], args[0], "NX", "PX", args[1]])
-                else:
-                    commands.append(["EVALSHA", acquire, len(keys), *keys, *args])
-                token = int(first) + 1 + i if counted else None
-                expected.append(token)
-                pair.acquired(i, token)  # the shipped release names its hold's token
-                keys, args = pair.release_input(i)
-                commands.append(["EVALSHA", release, len(keys), *keys, *args])
-            payload = encode(commands)
+            _first_cycle(client, pair, acquire, release)
             cpu = _server_cpu(client)
-            seconds, replies = asyncio.run(
-                _send_all(server.host, server.port, payload, len(commands))
+            seconds, replies, sent = asyncio.run(
+                _pipelined(server.host, server.port, pair, acquire, release, cycles)
             )
             cpu = _server_cpu(client) - cpu
         finally:
             client.close()
     errors, wrong, first_bad = 0, 0, None
     for i in range(cycles):
-        got, released = replies[2 * i], replies[2 * i + 1]
+        got, released = replies[i]
         for reply in (got, released):
             if isinstance(reply, hiredis.ReplyError):
                 errors += 1
                 first_bad = first_bad or f"cycle {i}: {reply}"
         if isinstance(got, hiredis.ReplyError) or isinstance(released, hiredis.ReplyError):
             continue
-        granted = got == expected[i] if counted else bool(got)
-        if not granted or not pair.released(released):
+        if not got or not pair.released(released):
             wrong += 1
             first_bad = first_bad or f"cycle {i}: acquire {got!r}, release {released!r}"
     return {
         "seconds": seconds,
         "cycles_per_s": cycles / seconds,
         "server_cpu_us_per_cycle": cpu / cycles * 1e6,
-        "payload_bytes": len(payload),
+        "payload_bytes": sent,
         "error_replies": errors,
         "wrong_replies": wrong,
         "first_bad": first_bad,
     }
 
 
-def run(pairs: Sequence[Pair], counted: str, cycles: int, repeats: int) -> list[dict[str, Any]]:
-    """Interleaved pipelined runs of *pairs* (*counted*: the pair whose tokens count on)."""
+async def _pipelined(
+    host: str, port: int, pair: Pair, acquire: str | None, release: str, cycles: int
+) -> tuple[float, dict[int, list[Any]], int]:
+    """The batches on one connection: (seconds spent in them, each cycle's [acquire
+    reply, release reply], bytes sent)."""
+    connection = await asyncio.open_connection(host, port)
+    replies: dict[int, list[Any]] = {}
+    seconds, sent = 0.0, 0
+    try:
+        previous: range = range(0)
+        for start in [*range(0, cycles, BATCH), cycles]:
+            batch = range(start, min(start + BATCH, cycles))
+            commands: list[list[str | int]] = []
+            for i in previous:  # released now: their tokens are known
+                keys, args = pair.release_input(i)
+                commands.append(["EVALSHA", release, len(keys), *_named(keys, i % BATCH), *args])
+            for i in batch:
+                keys, args = pair.acquire_input(i)
+                if acquire is None:
+                    commands.append(["SET", _named(keys, i % BATCH)[0], args[0], "NX", "PX",
+                                     args[1]])  # fmt: skip
+                else:
+                    commands.append(
+                        ["EVALSHA", acquire, len(keys), *_named(keys, i % BATCH), *args]
+                    )
+            payload = encode(commands)
+            took, got = await _exchange(connection, payload, len(commands))
+            seconds, sent = seconds + took, sent + len(payload)
+            for i, reply in zip(previous, got, strict=False):
+                replies[i].append(reply)
+            for i, reply in zip(batch, got[len(previous) :], strict=True):
+                replies[i] = [reply]
+                pair.acquired(i, reply)  # the shipped release names its hold's token
+            previous = batch
+    finally:
+        connection[1].close()
+    return seconds, replies, sent
+
+
+def run(pairs: Sequence[Pair], cycles: int, repeats: int) -> list[dict[str, Any]]:
+    """Interleaved pipelined runs of *pairs*."""
     samples: dict[str, list[dict[str, Any]]] = {pair.name: [] for pair in pairs}
     for _ in range(repeats):
         for pair in pairs:
-            samples[pair.name].append(measure(pair, cycles, pair.name == counted))
+            samples[pair.name].append(measure(pair, cycles))
     rows = []
     for name, runs in samples.items():
         rates = [r["cycles_per_s"] for r in runs]

@@ -148,7 +148,7 @@ def test_a_pipelined_run_counts_error_and_wrong_replies() -> None:
         lambda i: (["sp:{lock}"], [str(i)]),
         release_input,
     )
-    row = script_pipe.measure(pair, 5, counted=False)
+    row = script_pipe.measure(pair, 5)
     assert (row["error_replies"], row["wrong_replies"]) == (1, 1)
     assert row["first_bad"].startswith("cycle 0: ERR boom")
 
