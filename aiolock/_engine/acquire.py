@@ -222,8 +222,9 @@ class Acquiring(Releasing):
                     # with no subscription confirmed: no quiet wait follows it.)
                     losses = hub.losses if first is None and hub.confirmed(channel) else None
                     # others' turn first: try when it ends (the fast path's outcome is in),
-                    # unless this manager starves for the lock (it may have its turn now)
-                    starving = waiter.queue.busy >= STARVE_AFTER
+                    # unless this manager starves for a lock with turns (its turn may be
+                    # now; a kind without turns keeps yielding: other clients rely on it)
+                    starving = kind.turns and waiter.queue.busy >= STARVE_AFTER
                     ttl = hub.yielding(channel) if first is None and not starving else 0.0
                     if ttl > 0:
                         waiter.queue.answered = time.monotonic()  # others were heard waiting
@@ -238,7 +239,7 @@ class Acquiring(Releasing):
                         quiet = ready_until = None
                         try:
                             if first is None:
-                                if starving and kind.turns and not waiter.queue.asked:
+                                if starving and not waiter.queue.asked:
                                     # from this attempt on (see aiolock._engine.turns)
                                     waiter.queue.asked = True
                                     self._claims.add(kind, keys, self.rt.manager_id)
