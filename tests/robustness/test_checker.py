@@ -135,7 +135,7 @@ def test_an_overlap_inside_a_state_loss_window_is_measured_not_counted(fake: Fak
 
 
 def test_a_holder_acting_long_after_a_force_release_is_late(tmp_path: Path) -> None:
-    fake = FakeRun(tmp_path, lease=30.0)
+    fake = FakeRun(tmp_path, lease=30.0, checks={"known": {"late_loss": "36.5"}})
     fake.fault("force_release", "state_loss", 1000, 1010, res="lock:n", at=int(1000 * MS))
     fake.body("a", "a.1", "lock:n", 1, 0, [100, 1500, 3500], 3600, ev_end="lost")
     fake.body("b", "b.1", "lock:n", 2, 1005, [1010, 1020], 1030)
@@ -187,7 +187,7 @@ def test_a_wait_that_sees_others_granted_many_times_is_starved(tmp_path: Path) -
         fake.body("fast", f"fast.{i}", "lock:n", i + 1, 10 + i * 100, [11 + i * 100], 20 + i * 100)
     result = found(fake.check())
     assert result["starved_waits"]["examples"][0]["grants_to_others"] == 8
-    assert result["starved_waits"]["known"] == "36.1"
+    assert result["starved_waits"]["known"] is None  # no open defect is known by default
 
 
 def test_a_timeout_during_an_outage_should_have_been_a_connection_error(fake: FakeRun) -> None:
