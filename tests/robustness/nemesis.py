@@ -9,7 +9,8 @@ clock) and its class:
 
 * ``disruption``: the deployment keeps every acknowledged write (a client killed or
   stopped, ``CLIENT KILL``, Redis stopped with SIGSTOP, latency, a restart from an
-  AOF with ``appendfsync always``). The library must stay safe through it.
+  AOF with ``appendfsync always``, a cluster slot migrated). The library must stay
+  safe through it.
 * ``state_loss``: Redis forgets or changes lock state behind the holders' backs (a
   restart without persistence, an outage that ends in one, a primary killed or failed
   over, a force-release by an administrator). Exclusion cannot hold until the holders
@@ -33,7 +34,18 @@ The catalogue (parameters in brackets):
 ``force_release``   an administrator's ``force_release()`` of the plain lock [``names``]
 ``failover``        ``SENTINEL FAILOVER``, until the sentinels name the new primary
 ``kill_primary``    SIGKILL the primary; after the failover, start it again empty
-                    [``down``: seconds it stays down]
+                    [``down``: seconds it stays down]; on a Redis Cluster, the primary
+                    of one of [``names``]: its replica is promoted after
+                    ``cluster-node-timeout``, the killed node comes back empty with its
+                    ``nodes.conf`` and rejoins as the new primary's replica; with
+                    [``lag``], the replica is stopped and cut off that many seconds
+                    before the kill (promoted without the writes of those seconds); with
+                    [``takeover``], it is promoted at once by ``CLUSTER FAILOVER
+                    TAKEOVER`` (before the holds of its copy expire)
+``migrate_slot``    (Redis Cluster) move the slot of one of [``names``] to another
+                    primary: ``SETSLOT IMPORTING``/``MIGRATING``, ``MIGRATE`` of
+                    [``batch``] keys at a time after [``pause``] seconds each,
+                    ``SETSLOT NODE`` on every primary (:mod:`.cluster_ops`)
 ==================  ===========================================================
 """
 
@@ -49,8 +61,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.crc import key_slot
 
 import aiolock
+from tests.robustness import cluster_ops
 from tests.robustness.topology import Topology
 
 DISRUPTION = "disruption"
@@ -187,8 +201,9 @@ class Nemesis:
             await asyncio.sleep(params.get("seconds", 1.0))
         finally:
             self.topology.resume(index)
-        # under Sentinel, a pause past down-after-milliseconds may end in a failover
-        cls = STATE_LOSS if self.topology.kind == "sentinel" else DISRUPTION
+        # under Sentinel (or on a cluster), a pause past down-after-milliseconds (the
+        # node timeout) may end in a failover
+        cls = STATE_LOSS if self.topology.kind in ("sentinel", "cluster") else DISRUPTION
         return cls, {"node": index}
 
     async def _latency(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -250,12 +265,95 @@ class Nemesis:
         return STATE_LOSS, {"old": old, "new": new}
 
     async def _kill_primary(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if self.topology.kind == "cluster":
+            return await self._kill_cluster_primary(params)
         old = self.topology.primary_index()
         self.topology.kill(old)
         new = await asyncio.to_thread(self.topology.wait_for_failover, old, 30.0)
         await asyncio.sleep(params.get("down", 1.0))
         await asyncio.to_thread(self.topology.restart, old)  # empty: it rejoins as a replica
         return STATE_LOSS, {"old": old, "new": new}
+
+    # -- Redis Cluster -------------------------------------------------------------------
+
+    async def _kill_cluster_primary(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """SIGKILL the primary of a name's slot; once the cluster has promoted its
+        replica, start it again (empty: no persistence) to rejoin as a replica. With
+        ``lag``, the replica is stopped (SIGSTOP) and its link cut (``CLIENT KILL TYPE
+        replica`` on the primary) that many seconds before the kill, and continued
+        right after it: it lacks the writes of those seconds when promoted (a lagging
+        replica, which is how a failover loses acknowledged grants). With
+        ``takeover``, the replica is promoted at once (``CLUSTER FAILOVER TAKEOVER``)
+        instead of after the cluster's failure detection: its copy of the holds has not
+        expired yet, as when leases outlast the failover (``cluster-node-timeout`` is
+        15 s by default, leases are often longer)."""
+        cluster = self.topology.local_cluster()
+        name = self.rng.choice(params["names"])
+        slot = key_slot(name.encode())
+        old_port = await asyncio.to_thread(cluster_ops.agreed_owner, cluster, slot)
+        if old_port is None:
+            raise RuntimeError(f"the nodes do not agree on the owner of slot {slot}")
+        old = self.topology.index_of(old_port)
+        lag, takeover = params.get("lag", 0.0), params.get("takeover", False)
+        replica_port = 0
+        if lag or takeover:
+            replica_port = await asyncio.to_thread(cluster_ops.replica_of, cluster, old_port)
+        lagging = self.topology.index_of(replica_port) if lag else None
+        try:
+            if lagging is not None:
+                self.topology.pause(lagging)
+                # what the primary sent before this is in the stopped replica's socket
+                # and will be read; what it acknowledges from now on never reaches it
+                await asyncio.to_thread(cluster_ops.cut_replicas, old_port)
+                await asyncio.sleep(lag)
+            self.topology.kill(old)
+        finally:
+            if lagging is not None:
+                self.topology.resume(lagging)
+        killed_at = time.monotonic_ns()
+        try:
+            if takeover:  # promoted at once, with its copy as it is (no election)
+                await asyncio.to_thread(cluster_ops.take_over, replica_port)
+            wait = cluster_ops.wait_for_new_owner
+            new_port = await asyncio.to_thread(wait, cluster, slot, old_port)
+            agreed_at = time.monotonic_ns()
+        finally:  # a failover that did not come still ends with the node started again
+            await asyncio.sleep(params.get("down", 1.0))
+            await asyncio.to_thread(self.topology.restart, old)
+        restarted_at = time.monotonic_ns()
+        await asyncio.to_thread(cluster_ops.wait_rejoined, cluster, old_port)
+        return STATE_LOSS, {
+            "name": name,
+            "slot": slot,
+            "old": old,
+            "new": self.topology.index_of(new_port),
+            "lag": lag,
+            "takeover": takeover,
+            "killed_at": killed_at,
+            "agreed_at": agreed_at,
+            "restarted_at": restarted_at,
+        }
+
+    async def _migrate_slot(self, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Move the slot of a name to another primary while traffic runs: Redis keeps
+        each key on one node throughout, so no state is lost (a disruption)."""
+        cluster = self.topology.local_cluster()
+        name = self.rng.choice(params["names"])
+        slot = key_slot(name.encode())
+        owner = await asyncio.to_thread(cluster_ops.agreed_owner, cluster, slot)
+        primaries = await asyncio.to_thread(cluster.primary_ports)
+        target = self.rng.choice(sorted(p for p in primaries if p != owner))
+        done = await asyncio.to_thread(
+            cluster_ops.migrate_slot,
+            cluster,
+            slot,
+            target,
+            batch=params.get("batch", 1),
+            pause=params.get("pause", 0.5),
+        )
+        done["source"] = self.topology.index_of(done["source"])
+        done["target"] = self.topology.index_of(done["target"])
+        return DISRUPTION, {"name": name, "slot": slot, **done}
 
 
 async def _sleep_until(t_ns: int) -> None:

@@ -406,6 +406,59 @@ def sentinel(duration: float) -> Scenario:
     )
 
 
+#: the names of the Redis Cluster scenarios: their slots are on all three primaries
+CLUSTER_NAMES = [f"n{i}" for i in range(12)]
+
+
+def cluster_failover(duration: float) -> Scenario:
+    """Issue 36 item 2 on Redis Cluster: primaries killed, their replicas promoted."""
+    groups = [_group("lock", 3, CLUSTER_NAMES, hold=REVIEW_HOLD)]
+    kill = {"names": CLUSTER_NAMES, "down": 1.0}
+    lagging = {**kill, "lag": 0.5, "takeover": True}
+    steps = [(0.0, "kill_primary", kill), (9.0, "kill_primary", lagging)]
+    return Scenario(
+        "cluster-failover",
+        "Redis Cluster, 3 primaries with a replica each (node timeout 2 s); every 9 s "
+        "SIGKILL of the primary of one of the names (its replica promoted by the cluster, "
+        "the node restarted empty 1 s later to rejoin as a replica); every other kill "
+        "with the replica stopped and cut off (CLIENT KILL TYPE replica) for its last "
+        "0.5 s and promoted at once (CLUSTER FAILOVER TAKEOVER: its copy lacks the last "
+        "grants, its holds not yet expired); 4 processes x 3 tasks of the plain lock on "
+        "12 names, lease 3 s (issue 36 item 2)",
+        duration,
+        topology="cluster",
+        workers=[{"count": 4, "groups": groups}],
+        manager=FAULT_MANAGER,
+        nemesis={"schedule": _repeat(duration, 3.0, 18.0, steps, 8.0)},
+        reproduces=["2"],
+    )
+
+
+def cluster_migrate(duration: float) -> Scenario:
+    """Redis Cluster: the slots of the names moved between primaries under traffic."""
+    # bodies of 1-4 s: their renewals (every second) meet the half-migrated slot
+    renewed = {"short_ms": [1000, 4000], "long_every": 0, "step_ms": 100}
+    groups = [
+        _group("lock", 3, CLUSTER_NAMES, hold=REVIEW_HOLD),
+        _group("lock", 1, CLUSTER_NAMES, hold=renewed),
+        _group("multi", 1, CLUSTER_NAMES, hold=REVIEW_HOLD),
+    ]
+    move = {"names": CLUSTER_NAMES, "batch": 1, "pause": 0.5}
+    return Scenario(
+        "cluster-migrate",
+        "Redis Cluster, 3 primaries with a replica each; every 3 s the slot of one of the "
+        "names migrated to another primary (SETSLOT IMPORTING/MIGRATING, MIGRATE of one "
+        "key at a time after 0.5 s each, SETSLOT NODE on every primary), no kills; 4 "
+        "processes x 5 tasks on 12 names: 3 of the plain lock, 1 holding it 1-4 s "
+        "(renewed during migrations), 1 of the multi-lock (2 names at a time); lease 3 s",
+        duration,
+        topology="cluster",
+        workers=[{"count": 4, "groups": groups}],
+        manager=FAULT_MANAGER,
+        nemesis={"schedule": _repeat(duration, 2.0, 3.0, [(0.0, "migrate_slot", move)])},
+    )
+
+
 def mixed_faults(duration: float) -> Scenario:
     """Every kind, every fault that keeps acknowledged writes."""
     scenario = mixed(duration)
@@ -463,6 +516,8 @@ SCENARIOS: dict[str, Builder] = {
     "redlock": redlock,
     "redlock-control": redlock_control,
     "sentinel": sentinel,
+    "cluster-failover": cluster_failover,
+    "cluster-migrate": cluster_migrate,
     "mixed-faults": mixed_faults,
     "control-no-lock": control,
 }
@@ -497,6 +552,8 @@ PROFILES: dict[str, list[tuple[str, float]]] = {
         ("server-faults", 180.0),
         ("restart-empty", 150.0),
         ("sentinel", 240.0),
+        ("cluster-failover", 120.0),
+        ("cluster-migrate", 60.0),
         ("mixed-faults", 300.0),
     ],
 }

@@ -4,7 +4,11 @@
   always``, so a SIGKILL loses nothing acknowledged);
 * ``redlock``: three independent servers;
 * ``sentinel``: a primary, a replica and three sentinels
-  (:class:`tests._support.sentinel_servers.SentinelGroup`, down-after 1000 ms).
+  (:class:`tests._support.sentinel_servers.SentinelGroup`, down-after 1000 ms);
+* ``cluster``: a Redis Cluster of three primaries with a replica each
+  (:class:`aiolock.testing_cluster.LocalCluster`, ``cluster-node-timeout`` 2000 ms), with
+  the knobs of :mod:`tests.robustness.cluster_ops` (a primary killed and rejoined, a slot
+  migrated).
 
 Any data node may get a :class:`~tests._support.proxy.FaultProxy` in front of it (the
 workers a scenario says connect through it). Every process is started on a free loopback
@@ -20,8 +24,10 @@ import time
 from typing import Any
 
 from aiolock.testing import RedisServer
+from aiolock.testing_cluster import LocalCluster
 from tests._support.proxy import FaultProxy
 from tests._support.sentinel_servers import SERVICE, SentinelGroup
+from tests.robustness.cluster_ops import CLUSTER_NODE_TIMEOUT, tune_cluster_node
 
 #: options of a server whose writes survive a SIGKILL
 AOF_ARGS = ["--appendonly", "yes", "--appendfsync", "always"]
@@ -33,7 +39,7 @@ class Topology:
     def __init__(
         self, kind: str, *, aof: bool = False, proxied: tuple[int, ...] = (), seed: int = 0
     ) -> None:
-        if kind not in ("single", "redlock", "sentinel"):
+        if kind not in ("single", "redlock", "sentinel", "cluster"):
             raise ValueError(f"unknown topology {kind!r}")
         self.kind = kind
         self.aof = aof
@@ -41,6 +47,7 @@ class Topology:
         self.seed = seed
         self.nodes: list[RedisServer] = []
         self.group: SentinelGroup | None = None
+        self.cluster: LocalCluster | None = None
         self.proxies: dict[int, FaultProxy] = {}
         #: nodes stopped with SIGSTOP (so that a stop or a kill continues them first)
         self.paused: set[int] = set()
@@ -52,6 +59,13 @@ class Topology:
             self.group = SentinelGroup(replicas=1, sentinels=3)
             self.group.start()
             self.nodes = self.group.nodes
+            return
+        if self.kind == "cluster":
+            self.cluster = LocalCluster(primaries=3, replicas=1, node_timeout=CLUSTER_NODE_TIMEOUT)
+            self.cluster.start()
+            self.nodes = list(self.cluster.servers)
+            for node in self.nodes:
+                tune_cluster_node(node.port)
             return
         count = 3 if self.kind == "redlock" else 1
         for _ in range(count):
@@ -70,6 +84,8 @@ class Topology:
             self.resume(index)
         if self.group is not None:
             self.group.stop()
+        elif self.cluster is not None:
+            self.cluster.stop()
         else:
             for node in self.nodes:
                 node.stop()
@@ -89,15 +105,28 @@ class Topology:
         if self.kind == "sentinel":
             assert self.group is not None
             return {"sentinel": [list(a) for a in self.group.addresses], "service": SERVICE}
+        if self.kind == "cluster":  # every node bootstraps the client's slot map
+            return {"cluster": [[node.host, node.port] for node in self.nodes]}
         return {"url": self.url(0, proxied=proxied)}
 
     # -- knobs ---------------------------------------------------------------------------
 
     def primary_index(self) -> int:
+        if self.cluster is not None:  # a cluster has several: the first one
+            ports = set(self.cluster.primary_ports())
+            return next(i for i, node in enumerate(self.nodes) if node.port in ports)
         if self.group is None:
             return 0
         port = self.group.primary_port()
         return next(i for i, node in enumerate(self.nodes) if node.port == port)
+
+    def index_of(self, port: int) -> int:
+        return next(i for i, node in enumerate(self.nodes) if node.port == port)
+
+    def local_cluster(self) -> LocalCluster:
+        if self.cluster is None:
+            raise RuntimeError(f"the {self.kind} topology is not a Redis Cluster")
+        return self.cluster
 
     def pid(self, index: int) -> int:
         process = self.nodes[index].process
@@ -127,9 +156,12 @@ class Topology:
 
     def restart(self, index: int) -> None:
         """Start a killed node again on its port: from its AOF if it has one (single
-        topology with ``aof``), else empty."""
+        topology with ``aof``), else empty (a cluster node keeps its ``nodes.conf``: its
+        id, its peers and its bus port)."""
         node = self.nodes[index]
         node.restart()  # the process is dead: restart() only starts it again
+        if self.cluster is not None:
+            tune_cluster_node(node.port)
 
     def wait_for_failover(self, old_index: int, timeout: float = 20.0) -> int:
         assert self.group is not None
@@ -147,6 +179,7 @@ class Topology:
             "nodes": [node.port for node in self.nodes],
             "proxied": list(self.proxied),
             "sentinels": [] if self.group is None else [p for _, p in self.group.addresses],
+            "primaries": [] if self.cluster is None else sorted(self.cluster.primary_ports()),
         }
 
 

@@ -1,10 +1,11 @@
 """A worker process of the robustness suite: tasks that take locks and log what they do.
 
 Run as ``python -m tests.robustness.traffic '<json spec>'`` (the runner does it). The
-spec names the Redis deployment, the manager's options, the store's port, the log file,
-when to stop, and the *groups* of tasks: each group is one kind of lock (``lock``,
-``fair``, ``rw``, ``semaphore``, ``multi``, ``redlock``, ``leader``, ``handoff``, or
-``none``, the unlocked control) on a few names. Every task loops until the stop time:
+spec names the Redis deployment (one server, Redlock's masters, Sentinel, or a Redis
+Cluster's nodes), the manager's options, the store's port, the log file, when to stop,
+and the *groups* of tasks: each group is one kind of lock (``lock``, ``fair``, ``rw``,
+``semaphore``, ``multi``, ``redlock``, ``leader``, ``handoff``, or ``none``, the
+unlocked control) on a few names. Every task loops until the stop time:
 wait for its lock (with a timeout), run a body, let go, pause a little.
 
 A body reads the unfenced counter of each of its resources, takes *steps* (each step a
@@ -40,6 +41,7 @@ from urllib.parse import urlsplit
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 import aiolock
 from tests.robustness.store import StoreClient
@@ -211,6 +213,15 @@ class Worker:
             )
             async with made as locks:
                 yield locks
+            return
+        if "cluster" in connect and url is None:  # every node bootstraps the slot map
+            nodes = [ClusterNode(host, port) for host, port in connect["cluster"]]
+            cluster = RedisCluster(startup_nodes=nodes, socket_timeout=client.get("socket_timeout"))
+            try:
+                async with aiolock.LockManager(cluster, **options) as locks:
+                    yield locks
+            finally:
+                await cluster.aclose()
             return
         redis = make_client(url or connect["url"], client)
         try:
