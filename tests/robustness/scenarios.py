@@ -423,7 +423,7 @@ def cluster_failover(duration: float) -> Scenario:
         "the node restarted empty 1 s later to rejoin as a replica); every other kill "
         "with the replica stopped and cut off (CLIENT KILL TYPE replica) for its last "
         "0.5 s and promoted at once (CLUSTER FAILOVER TAKEOVER: its copy lacks the last "
-        "grants, its holds not yet expired); 4 processes x 3 tasks of the plain lock on "
+        "grants, its holds still live); 4 processes x 3 tasks of the plain lock on "
         "12 names, lease 3 s (issue 36 item 2)",
         duration,
         topology="cluster",
