@@ -74,7 +74,10 @@ def test_safety_under_network_faults() -> None:
         tasks=4,
         names=2,
         acquisitions=1200,
-        max_seconds=60.0,
+        # a bound on a runaway run, not a speed target: two CI runs at once take this test
+        # from about 15 s alone past 60 s (the plain lock's turns serve the waiting
+        # processes in order rather than whichever is first: benchmarks/NOTES.md, issue 36)
+        max_seconds=120.0,
         seed=5,
         fault_interval=(0.1, 0.3),
         command_timeout=None,
