@@ -45,13 +45,15 @@ REMEMBER = 1.0
 def still_starving(starved: dict[str, float], queue: ChannelQueue) -> None:
     """A wait for *queue*'s lock begins: if the manager's last waiters for it starved less
     than :data:`REMEMBER` s ago, its first attempt asks for a turn (a process with one task
-    on a name would otherwise start every wait from scratch, and lose three more races)."""
+    on a name would otherwise start every wait from scratch, and lose three more races).
+    A wait so begun that never finds the lock busy ends the memory (:func:`end_turn`):
+    the name's acquisitions take the fast path again."""
     until = starved.get(queue.channel)
     if until is not None:
-        if until > time.monotonic():
-            queue.busy = max(queue.busy, STARVE_AFTER)
-        else:
+        if until <= time.monotonic():
             del starved[queue.channel]
+        elif not queue.busy:  # (a queue with waiters already counts for itself)
+            queue.busy = queue.remembered = STARVE_AFTER
 
 
 def end_turn(
@@ -68,13 +70,15 @@ def end_turn(
     starves for it, and a turn it asked for and did not use is given up (in the
     background, by *cleanup*: the waiter that left does not wait for it). If they
     starved, the next wait asks at once (:func:`still_starving`)."""
-    if queue.busy >= STARVE_AFTER and kind.turns:
+    if queue.busy >= STARVE_AFTER and queue.busy > queue.remembered and kind.turns:
         now = time.monotonic()
         if len(starved) > 4096:  # forget those long past
             for channel in [c for c, until in starved.items() if until <= now]:
                 del starved[channel]
         starved[queue.channel] = now + REMEMBER
-    queue.busy = 0
+    elif queue.remembered:  # served without finding the lock busy: it starves no more
+        starved.pop(queue.channel, None)
+    queue.busy = queue.remembered = 0
     if queue.asked:
         queue.asked = False
         claims.discard(kind, keys, manager_id)

@@ -153,6 +153,7 @@ class ChannelQueue:
         "fields",
         "listen",
         "queued",
+        "remembered",
         "waiters",
     )
 
@@ -182,6 +183,8 @@ class ChannelQueue:
         #: whether their attempts ask for a turn (see aiolock._engine.turns)
         self.busy = 0
         self.asked = False
+        #: the busy count it started with, from an earlier wait's starvation
+        self.remembered = 0
 
 
 @dataclass(frozen=True)

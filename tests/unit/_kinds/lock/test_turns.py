@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._engine import acquire as acquire_module
+from aiolock._engine import turns as turns_module
 from aiolock._kinds.lock.kind import ACQUIRE, KEEP_TURN, RELEASE
 from aiolock._redis.client import Client
 from tests._support.helpers import eventually
@@ -167,3 +168,41 @@ async def _gone(redis: Redis, key: str) -> bool:
 
 async def _present(redis: Redis, key: str) -> bool:
     return bool(await redis.exists(key))
+
+
+async def test_a_manager_served_at_once_forgets_it_starved(
+    redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager whose waiters starved asks at the first attempt of its next wait; once a
+    wait of its is served without finding the lock busy, it forgets, and its acquisitions
+    take the fast path again (else one episode of contention would slow every later
+    acquisition of the name for as long as they come more than once a second)."""
+    monkeypatch.setattr(acquire_module, "STARVE_AFTER", 1)
+    monkeypatch.setattr(turns_module, "STARVE_AFTER", 1)
+    async with (
+        aiolock.LockManager(redis, prefix=prefix) as holder,
+        aiolock.LockManager(redis, prefix=prefix) as starving,
+    ):
+        held = holder.lock("f")
+        await held.acquire()
+        waiting = asyncio.create_task(_take_once(starving.lock("f", timeout=5)))
+        await eventually(lambda: starving.statistics().claims == 1, what="its turn")
+        await held.release()
+        await waiting
+        assert starving.statistics().claims == 0
+        # remembered: the next acquisition waits (asks for a turn), found free at once
+        engine = starving._engine
+        assert engine is not None
+        assert engine.starved, "the starvation was not remembered: nothing is tested"
+        async with starving.lock("f", timeout=1):
+            pass
+        # served at once: forgotten, so the next takes the fast path
+        before = engine.fast_acquired
+        async with starving.lock("f", timeout=1):
+            pass
+        assert engine.fast_acquired == before + 1
+
+
+async def _take_once(lock: aiolock.Lock) -> None:
+    async with lock:
+        pass
