@@ -130,3 +130,10 @@ async def lock_held(redis: Redis | RedisCluster, key: str) -> bool:
         return True
     value: Any = await redis.get(key)
     return value is not None and not value.startswith(b"|")
+
+
+async def hold_once(lock: Any) -> None:
+    """Take *lock* (any handle usable with ``async with``) and let it go at once: a task's
+    whole use of a lock, for tests that wait on such a task."""
+    async with lock:
+        pass

@@ -19,7 +19,7 @@ from redis.crc import key_slot
 
 import aiolock
 from aiolock.testing_cluster import LocalCluster
-from tests._support.helpers import eventually
+from tests._support.helpers import eventually, hold_once
 from tests._support.paths import REPO_ROOT
 from tests._support.proxy import FaultProxy
 
@@ -563,7 +563,7 @@ async def test_a_waiter_of_the_detaching_manager_is_served_after_the_adopter_rel
         tokens: asyncio.Queue[str] = asyncio.Queue()
         detacher = asyncio.create_task(in_task(_take_and_detach(detaching.lock("job"), tokens)))
         await eventually(lambda: detaching.statistics().hub.waiters == 1, what="the first")
-        waiter = asyncio.create_task(in_task(_hold_once(detaching.lock("job"))))
+        waiter = asyncio.create_task(in_task(hold_once(detaching.lock("job"))))
         await eventually(lambda: detaching.statistics().hub.waiters == 2, what="the second")
         await blocker.release()
         token = await asyncio.wait_for(tokens.get(), 5)
@@ -575,8 +575,3 @@ async def test_a_waiter_of_the_detaching_manager_is_served_after_the_adopter_rel
 async def _take_and_detach(lock: aiolock.Lock, tokens: asyncio.Queue[str]) -> None:
     await lock.acquire()
     await tokens.put(await lock.detach())
-
-
-async def _hold_once(lock: aiolock.Lock) -> None:
-    async with lock:
-        pass

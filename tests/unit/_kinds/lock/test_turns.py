@@ -20,7 +20,7 @@ from aiolock._engine import acquire as acquire_module
 from aiolock._engine import turns as turns_module
 from aiolock._kinds.lock.kind import ACQUIRE, KEEP_TURN, RELEASE
 from aiolock._redis.client import Client
-from tests._support.helpers import eventually
+from tests._support.helpers import eventually, hold_once
 
 LEASE_MS = 5000
 
@@ -185,7 +185,7 @@ async def test_a_manager_served_at_once_forgets_it_starved(
     ):
         held = holder.lock("f")
         await held.acquire()
-        waiting = asyncio.create_task(_take_once(starving.lock("f", timeout=5)))
+        waiting = asyncio.create_task(hold_once(starving.lock("f", timeout=5)))
         await eventually(lambda: starving.statistics().claims == 1, what="its turn")
         await held.release()
         await waiting
@@ -201,8 +201,3 @@ async def test_a_manager_served_at_once_forgets_it_starved(
         async with starving.lock("f", timeout=1):
             pass
         assert engine.fast_acquired == before + 1
-
-
-async def _take_once(lock: aiolock.Lock) -> None:
-    async with lock:
-        pass
