@@ -836,6 +836,9 @@ async def _freed(masters: Sequence[RedisServer], key: str) -> bool:
 
 # -- compensations are never overtaken (issue 36) -------------------------------------
 
+#: how long one master's acquire is held up on its way (below the manager's node_timeout)
+LATE = 1.0
+
 
 @contextlib.asynccontextmanager
 async def _through(server: RedisServer) -> AsyncIterator[FaultProxy]:
@@ -851,7 +854,10 @@ async def test_an_acquire_delayed_past_its_release_or_undo_takes_nothing(
     decided and after its release (or undo) went out on another connection: the release
     left the acquisition's void marker there, so the late acquire does nothing. Without
     it the key stayed on that master for the whole lease, held by nobody, and with
-    another master down nobody could take the lock."""
+    another master down nobody could take the lock.
+
+    The delay (LATE) is the window in which the test must see both acquires in flight and
+    then send the release or undo: 0.3 s was missed with two CI runs on the machine."""
     masters = servers[:3]
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     async with _through(masters[0]) as first, _through(masters[2]) as slow:
@@ -859,19 +865,19 @@ async def test_an_acquire_delayed_past_its_release_or_undo_takes_nothing(
         clients.append(Redis.from_url(slow.url))
         try:
             async with LockManager.redlock(
-                clients, prefix=prefix, node_timeout=1.0, identity=False
+                clients, prefix=prefix, node_timeout=3 * LATE, identity=False
             ) as locks:
                 lock = locks.lock("late", lease=30.0)
                 async with lock:  # connected, scripts loaded: nothing below waits on that
                     pass
-                slow.set_latency(0.3, "upstream")
+                slow.set_latency(LATE, "upstream")
                 if end == "release":
                     await lock.acquire()  # granted by the first two masters
                     slow.set_latency(0, "upstream")
                     await lock.release()  # on another connection to the slow master
                 else:
                     # Undone: the round, undecided with two masters slow, is cancelled.
-                    first.set_latency(0.3, "upstream")
+                    first.set_latency(LATE, "upstream")
                     task = asyncio.ensure_future(lock.acquire())
                     await eventually(
                         lambda: slow.in_flight > 0 and first.in_flight > 0, what="the acquires"

@@ -332,10 +332,12 @@ async def test_the_limit_key_lives_as_long_as_the_semaphore_is_in_use(
     # ever used. It must stay while permits are held or claimed (renewals and claim
     # refreshes keep it), so a handle with another limit is still refused; and go with
     # the last lease, so that a lease after the last release nothing of the name is left.
-    # A 1.5 s lease (0.5 s before: a fresh-clone CI run, four suites at once, lost a
-    # permit whose renewals could not get through within it). Still several leases pass.
+    # A 2.5 s lease: two CI runs at once, each beside its robustness profile, ended a
+    # 1.5 s lease before its grant's reply arrived (and 0.5 s under four suites at once
+    # lost a permit whose renewals could not get through). 4 renewal rounds (lease / 3
+    # apart) still span more than one lease.
     async with aiolock.LockManager.from_url(
-        redis_url, prefix=prefix, lease=1.5, fence_ttl=0
+        redis_url, prefix=prefix, lease=2.5, fence_ttl=0
     ) as short:
         sem = short.semaphore("used", 2)
         permits = [await sem.acquire(1), await sem.acquire(1)]
@@ -355,7 +357,7 @@ async def test_the_limit_key_lives_as_long_as_the_semaphore_is_in_use(
             await permit.release()
         await waiter.acquired()
         await waiter.release()
-        deadline = time.monotonic() + 6  # one lease (1.5 s) and a margin for a busy machine
+        deadline = time.monotonic() + 8  # one lease (2.5 s) and a margin for a busy machine
         while left := await _keys_left(admin, prefix):
             assert time.monotonic() < deadline, f"keys left after the last lease: {left}"
             await asyncio.sleep(0.05)
