@@ -20,10 +20,18 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from aiolock._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
+from aiolock._engine.handle import _DEFAULT
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import WireFormatError
 from aiolock._formats import WireFormat, WireName, check_wire, wire_format
-from aiolock._keys import KeySpace, LockKeys, check_lease, check_name, check_timeout
+from aiolock._keys import (
+    KeySpace,
+    LockKeys,
+    check_lease,
+    check_max_hold,
+    check_name,
+    check_timeout,
+)
 from aiolock._kinds.lock.handle import FairLock, Lock
 from aiolock._kinds.lock.readwrite import ReadWriteLock
 from aiolock._kinds.multi.handle import MultiLock, check_names
@@ -85,6 +93,7 @@ class LockFactories:
         wire: WireName | None = None,
         replicas: int | None = None,
         replica_timeout: float | None = None,
+        max_hold: float | None = _DEFAULT,
     ) -> Lock:
         """A handle on the lock *name*; no I/O until it is acquired.
 
@@ -97,6 +106,9 @@ class LockFactories:
             replicas: replicas that must acknowledge this lock's acquisitions, instead of
                 the manager's ``replicas=`` (``0``: none); see ``docs/sentinel.md``.
             replica_timeout: how long WAIT may block them, instead of the manager's.
+            max_hold: the longest a hold of this handle lasts, in seconds (renewal stops
+                there: the body is cancelled, :class:`LockLostError` raised and the lock
+                released), instead of the manager's ``max_hold``; ``None``: no bound.
         """
         made = self._plain_locks.get(name) if wire is None and type(name) is str else None
         if made is None:
@@ -108,6 +120,8 @@ class LockFactories:
         handle = Lock(self, made[0], made[1], timeout, lease)  # (no keywords: no dict made)
         if replicas is not None or replica_timeout is not None:  # else it inherits
             handle._replicas = self._handle_replicas(replicas, replica_timeout)
+        if max_hold is not _DEFAULT:  # else it inherits
+            handle._max_hold = check_max_hold(max_hold)
         return handle
 
     def multi_lock(
@@ -119,6 +133,7 @@ class LockFactories:
         wire: WireName | None = None,
         replicas: int | None = None,
         replica_timeout: float | None = None,
+        max_hold: float | None = _DEFAULT,
     ) -> MultiLock:
         """A handle on several locks taken as one: all of *names* or none; no I/O yet.
 
@@ -134,6 +149,7 @@ class LockFactories:
             wire: the wire format of the names' locks, instead of the manager's.
             replicas: as for :meth:`lock`, for each name.
             replica_timeout: as for :meth:`lock`, for each name.
+            max_hold: as for :meth:`lock`, for each name.
         """
         checked = check_names(names)
         timeout = check_timeout(timeout)
@@ -144,6 +160,8 @@ class LockFactories:
         kind = pairs[0][0]
         multi = MultiLock(self, kind, [keys for _, keys in pairs], timeout=timeout, lease=lease)
         multi._replicas = self._handle_replicas(replicas, replica_timeout)
+        if max_hold is not _DEFAULT:
+            multi._max_hold = check_max_hold(max_hold)
         return multi
 
     def semaphore(
@@ -156,14 +174,15 @@ class LockFactories:
         wire: WireName | None = None,
         replicas: int | None = None,
         replica_timeout: float | None = None,
+        max_hold: float | None = _DEFAULT,
     ) -> Semaphore:
         """A handle on the semaphore *name*, which grants at most *limit* permits at once.
 
         The limit is stored in Redis by the first acquire; a handle made with another
         limit gets :class:`LockError` at its next acquire (see :meth:`Semaphore.set_limit`).
         *timeout* and *lease* are the defaults of :meth:`Semaphore.acquire`, as for
-        :meth:`lock`; *wire* its wire format, instead of the manager's; *replicas* and
-        *replica_timeout* as for :meth:`lock`. See ``docs/semaphore.md``.
+        :meth:`lock`; *wire* its wire format, instead of the manager's; *replicas*,
+        *replica_timeout* and *max_hold* as for :meth:`lock`. See ``docs/semaphore.md``.
         """
         name = check_name(name)
         limit = check_limit(limit)
@@ -173,6 +192,8 @@ class LockFactories:
         kind, keys = self._format(wire).semaphore(self._kind, self._keyspace, name, limit)
         semaphore = Semaphore(self, kind, keys, timeout=timeout, lease=lease)
         semaphore._replicas = self._handle_replicas(replicas, replica_timeout)
+        if max_hold is not _DEFAULT:
+            semaphore._max_hold = check_max_hold(max_hold)
         return semaphore
 
     def rw_lock(
@@ -184,6 +205,7 @@ class LockFactories:
         wire: WireName | None = None,
         replicas: int | None = None,
         replica_timeout: float | None = None,
+        max_hold: float | None = _DEFAULT,
     ) -> ReadWriteLock:
         """A handle on the read-write lock *name* (many readers or one writer); no I/O yet.
 
@@ -196,6 +218,7 @@ class LockFactories:
             wire: its wire format, instead of the manager's.
             replicas: as for :meth:`lock`, for both sides.
             replica_timeout: as for :meth:`lock`, for both sides.
+            max_hold: as for :meth:`lock`, for both sides.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
@@ -204,6 +227,8 @@ class LockFactories:
         read, write, keys = self._format(wire).rw_lock(self._kind, self._keyspace, name)
         rw = ReadWriteLock(self, read, write, keys, timeout=timeout, lease=lease)
         rw._set_replicas(self._handle_replicas(replicas, replica_timeout))
+        if max_hold is not _DEFAULT:
+            rw._set_max_hold(check_max_hold(max_hold))
         return rw
 
     def fair_lock(
@@ -215,13 +240,15 @@ class LockFactories:
         wire: WireName | None = None,
         replicas: int | None = None,
         replica_timeout: float | None = None,
+        max_hold: float | None = _DEFAULT,
     ) -> FairLock:
         """A handle on the fair lock *name*: granted in the order acquires reached Redis.
 
         The API is :class:`Lock`'s, with the same *timeout* and *lease* defaults. A fair
         lock is a different object from ``lock(name)`` (its keys have their own tag). See
         :class:`FairLock` and ``docs/fair-lock.md``. *wire* chooses its wire format,
-        instead of the manager's; *replicas* and *replica_timeout* are as for :meth:`lock`.
+        instead of the manager's; *replicas*, *replica_timeout* and *max_hold* are as for
+        :meth:`lock`.
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
@@ -230,6 +257,8 @@ class LockFactories:
         kind, keys = self._format(wire).fair_lock(self._kind, self._keyspace, name)
         fair = FairLock(self, kind, keys, timeout=timeout, lease=lease)
         fair._replicas = self._handle_replicas(replicas, replica_timeout)
+        if max_hold is not _DEFAULT:
+            fair._max_hold = check_max_hold(max_hold)
         return fair
 
     def leader(self, name: str) -> LeaderElection:
@@ -362,6 +391,7 @@ MANAGER_OPTIONS = frozenset(
         "check_on_open",
         "name",
         "identity",
+        "max_hold",
     }
 )
 

@@ -83,6 +83,7 @@ __all__ = [
     "LockKeys",
     "check_foreign_key",
     "check_lease",
+    "check_max_hold",
     "check_name",
     "check_prefix",
     "check_timeout",
@@ -189,6 +190,11 @@ def check_lease(lease: object, what: str = "lease") -> float:
             f"{what} must be between {MIN_LEASE} and {MAX_LEASE:.0f} seconds, got {_short(lease)}"
         )
     return seconds
+
+
+def check_max_hold(max_hold: object) -> float | None:
+    """``max_hold``: None (no bound) or a lease-like number of seconds."""
+    return None if max_hold is None else check_lease(max_hold, "max_hold")
 
 
 #: The largest int a float holds exactly: a whole number of seconds up to it is converted

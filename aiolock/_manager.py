@@ -33,8 +33,9 @@ from aiolock._errors import (
 )
 from aiolock._factories import LockFactories, client_from_sentinel, client_from_url
 from aiolock._formats import WireName, check_wire, wire_format
-from aiolock._keys import KeySpace, check_lease, new_manager_id
+from aiolock._keys import KeySpace, check_lease, check_max_hold, new_manager_id
 from aiolock._observe import Observer, ObserverSet
+from aiolock._redis.checks import check_pool, client_type_message
 from aiolock._redis.client import Client
 from aiolock._redis.cluster import (
     ClusterClient,
@@ -167,6 +168,11 @@ class LockManager(ManagerLifecycle, LockFactories):
             about 200 bytes, refreshed by the lease watchdog, no command per acquire), so
             that the ``aiolock`` command can say who holds a lock (and managers of another
             key layout refuse to open beside it). See ``docs/wire-formats.md``.
+        max_hold: the longest any hold of this manager lasts, in seconds (``None``, the
+            default: no bound). Renewal goes on until then; at that point the hold ends
+            as a loss: its ``async with`` body is cancelled and
+            :class:`~aiolock.LockLostError` raised, and the lock is released. Each
+            factory method's ``max_hold=`` overrides it for one handle.
 
     A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
     follow failovers: see ``docs/sentinel.md``.
@@ -200,6 +206,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         check_on_open: bool = True,
         name: str | None = None,
         identity: bool = True,
+        max_hold: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(check_on_open, bool):
@@ -212,9 +219,9 @@ class LockManager(ManagerLifecycle, LockFactories):
         if cluster:
             check_cluster_support()
         elif not isinstance(redis, Redis):
-            raise TypeError(_client_type_message(redis))
+            raise TypeError(client_type_message(redis))
         else:
-            _check_pool(redis, max_in_flight)
+            check_pool(redis, max_in_flight)
         self._redis = redis
         self._owns_client = False
         self._keyspace = KeySpace(prefix, new_manager_id())
@@ -238,6 +245,7 @@ class LockManager(ManagerLifecycle, LockFactories):
             self._client = Client(redis, command_timeout, max_in_flight)
         self._format(None)  # a format refused on a Redis Cluster fails here, at the call
         self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
+        self._runtime.max_hold = self.max_hold = check_max_hold(max_hold)
         self._identity = (
             Identity(self._client, self._keyspace.identity_key, self._name, self.lease)
             if identity
@@ -559,42 +567,3 @@ def check_fence_ttl(value: object) -> float:
     if not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0:
         return 0.0
     return check_lease(value, "fence_ttl")
-
-
-def _check_pool(redis: Redis, max_in_flight: object) -> None:
-    """Refuse a connection pool too small to serve the manager at all.
-
-    The hub keeps one connection for its subscriptions for as long as a waiter listens:
-    with a pool of one, every command waited for that connection (a BlockingConnectionPool
-    blocked until its timeout: 240 acquisitions took 40 s instead of 0.03 s, 12 failing).
-    A pool of two runs at full speed (the client then keeps one connection for commands).
-    """
-    capacity = getattr(redis.connection_pool, "max_connections", None)
-    if isinstance(capacity, int) and capacity < 2:
-        raise ValueError(
-            f"the client's connection pool allows {capacity} connection(s); a LockManager "
-            "needs at least 2: one for its pub/sub subscription (which wakes waiting tasks) "
-            f"and at least one for commands (it uses up to max_in_flight={max_in_flight}, "
-            "fewer with a smaller pool). Raise the pool's max_connections to 2 or more, or "
-            "give the manager a client of its own"
-        )
-
-
-def _client_type_message(redis: object) -> str:
-    name = type(redis).__name__
-    if "Cluster" in name:
-        return (
-            f"redis must be a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster "
-            f"client, not {type(redis).__module__}.{name}; for a Redis Cluster pass "
-            "redis.asyncio.cluster.RedisCluster(...), or use "
-            "LockManager.from_url(url, cluster=True)"
-        )
-    if "Redis" in name and not type(redis).__module__.startswith("redis.asyncio"):
-        return (
-            f"redis must be an asyncio client (redis.asyncio.Redis), not the synchronous "
-            f"{type(redis).__module__}.{name}; or use LockManager.from_url(url)"
-        )
-    return (
-        f"redis must be a redis.asyncio.Redis client, not {name}; or use "
-        "LockManager.from_url(url) to have the manager make one"
-    )

@@ -48,6 +48,7 @@ shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import anyio
@@ -90,6 +91,27 @@ class Engine(FastPath):
         """Keep this manager's registrations as a listener of plain locks (a background
         task; see :mod:`aiolock._engine.listeners`)."""
         await self._listeners.keep()
+
+    # -- max_hold ------------------------------------------------------------------------
+
+    def bound(self, hold: Hold, max_hold: float) -> Hold:
+        """End *hold* as lost once it has been held for *max_hold* s (from now: it was
+        just granted). A re-entry keeps the deadline of the task's first acquisition."""
+        if hold.limit is None and hold.count == 1 and self.registry.holds(hold):
+            loop = asyncio.get_running_loop()
+            hold.limit = loop.call_at(loop.time() + max_hold, self._held_too_long, hold, max_hold)
+        return hold
+
+    def _held_too_long(self, hold: Hold, max_hold: float) -> None:
+        hold.limit = None
+        if hold.lost or not self.registry.holds(hold):
+            return
+        self.registry.lose(
+            hold,
+            f"it was held for max_hold={max_hold:g} s, so aiolock released it: renewal "
+            "stops there, however long the body runs",
+        )
+        self.release_lost(hold)
 
     # -- extend, force release, shutdown -------------------------------------------------
 

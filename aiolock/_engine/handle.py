@@ -98,7 +98,16 @@ class Handle(Generic[K, E]):
     handle's defaults) and :meth:`_entered` (what the block's ``as`` receives).
     """
 
-    __slots__ = ("_body_guard", "_keys", "_kind", "_lease", "_manager", "_replicas", "_timeout")
+    __slots__ = (
+        "_body_guard",
+        "_keys",
+        "_kind",
+        "_lease",
+        "_manager",
+        "_max_hold",
+        "_replicas",
+        "_timeout",
+    )
 
     def __init__(
         self,
@@ -118,6 +127,9 @@ class Handle(Generic[K, E]):
         self._body_guard: BodyGuard | None = None
         #: the factory's replicas= (see aiolock._redis.replicas), set by the manager
         self._replicas: HandlePolicy = INHERIT
+        #: the factory's max_hold= (None: no bound), set by the manager; _DEFAULT: the
+        #: manager's
+        self._max_hold: float | None = _DEFAULT
 
     @property
     def _guard(self) -> BodyGuard:
@@ -143,9 +155,12 @@ class Handle(Generic[K, E]):
         if engine is None:
             engine = self._manager._open_engine()
         acquire = engine.acquire(self._kind, keys, self._manager._owner(), wait, fixed, permits)
-        if self._replicas is INHERIT:  # the common case: no coroutine layer for the policy
-            return acquire
-        return under_policy(self._replicas, acquire)
+        max_hold = engine.rt.max_hold if self._max_hold is _DEFAULT else self._max_hold
+        if self._replicas is INHERIT and max_hold is None:
+            return acquire  # the common case: no coroutine layer for a policy or a bound
+        if self._replicas is not INHERIT:
+            acquire = under_policy(self._replicas, acquire)
+        return acquire if max_hold is None else _bounded(engine, acquire, max_hold)
 
     # -- async with ----------------------------------------------------------------------
 
@@ -175,3 +190,8 @@ class Handle(Generic[K, E]):
     ) -> None:
         engine = self._manager._engine if self._manager.is_open else None
         await self._guard.exit(self, engine, exc_type, exc, tb)
+
+
+async def _bounded(engine: Engine, acquire: Coroutine[Any, Any, Hold], max_hold: float) -> Hold:
+    """*acquire*, then the hold's max_hold timer (see :meth:`Engine.bound`)."""
+    return engine.bound(await acquire, max_hold)

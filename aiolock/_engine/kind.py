@@ -83,6 +83,7 @@ class Hold:
         "keys",
         "kind",
         "lease",
+        "limit",
         "lost",
         "lost_reason",
         "next_check",
@@ -138,6 +139,8 @@ class Hold:
         #: the Redis Cluster slot of the hold's keys: renewal batches never mix slots
         self.slot = keys.slot
         self.timer: asyncio.TimerHandle | None = None
+        #: the timer that ends it when it has been held for its max_hold (None if none)
+        self.limit: asyncio.TimerHandle | None = None
         #: whether the manager listens on its lock's release channel for it (see
         #: aiolock._engine.heed): the registry tells when it ends
         self.heeded = False

@@ -133,6 +133,9 @@ class HoldRegistry:
             if hold.timer is not None:
                 hold.timer.cancel()
                 hold.timer = None
+            if hold.limit is not None:
+                hold.limit.cancel()
+                hold.limit = None
             if hold.heeded:
                 hold.heeded = False
                 if self.on_unheld is not None:

@@ -62,6 +62,7 @@ class Runtime:
         "keyspace",
         "lease",
         "manager_id",
+        "max_hold",
         "replicas",
         "tombstone_ms",
     )
@@ -89,6 +90,8 @@ class Runtime:
         self.ids = itertools.count(1)
         #: replicas that must acknowledge each acquisition (WAIT), or None
         self.replicas = replicas
+        #: the longest a hold lasts unless its handle says otherwise (None: no bound)
+        self.max_hold: float | None = None
 
     def next_id(self) -> int:
         return next(self.ids)

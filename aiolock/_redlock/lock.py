@@ -1,7 +1,8 @@
 """The Redlock handle and the records the manager keeps for it.
 
 :class:`RedlockLock` is what a user holds: the :class:`~aiolock.Lock` API (acquire,
-try_acquire, release, owned, ``async with`` whose body a loss cancels) over
+try_acquire, release, extend, owned, locked, ttl, hold_count, force_release, ``async
+with`` whose body a loss cancels) over
 :class:`~aiolock._redlock.manager.RedlockManager`, which it reaches through the small
 :class:`RedlockOps` protocol (no import of the manager, which imports this module).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -22,7 +24,15 @@ if TYPE_CHECKING:
     from aiolock._engine.kind import Cancellable
     from aiolock._keys import LockKeys
 
-__all__ = ["FENCING_MESSAGE", "Busy", "Gate", "RedlockHold", "RedlockLock", "RedlockOps"]
+__all__ = [
+    "FENCING_MESSAGE",
+    "Busy",
+    "Gate",
+    "RedlockHold",
+    "RedlockLock",
+    "RedlockOps",
+    "RedlockStatistics",
+]
 
 FENCING_MESSAGE = (
     "fencing tokens are not available with Redlock: its masters are independent, so no "
@@ -67,6 +77,7 @@ class RedlockHold:
         "gate",
         "keys",
         "lease",
+        "limit",
         "lost",
         "lost_reason",
         "next_check",
@@ -106,12 +117,34 @@ class RedlockHold:
         #: the ``async with`` blocks running under it (aiolock._engine.guard's): a loss cancels each
         self.scopes: list[Cancellable] = []
         self.timer: asyncio.TimerHandle | None = None
+        #: the timer that ends it when it has been held for its max_hold (None if none)
+        self.limit: asyncio.TimerHandle | None = None
         #: the local gate it keeps while held (None for a single-round acquisition)
         self.gate: Gate | None = None
 
     def __repr__(self) -> str:
         left = self.valid_until - time.monotonic()
         return f"<RedlockHold {self.keys.name!r} count={self.count} valid for {left:.3f} s>"
+
+
+@dataclass(frozen=True)
+class RedlockStatistics:
+    """A snapshot of a Redlock manager's state (no I/O)."""
+
+    #: masters, and how many must grant a lock
+    masters: int
+    quorum: int
+    #: holds of this manager's tasks now
+    held: int
+    #: acquisitions, rounds that did not reach a majority in time, holds lost
+    acquired: int
+    failed_rounds: int
+    lost: int
+    #: renewal rounds sent, release messages heard (from any master)
+    renewal_rounds: int
+    messages: int
+    #: undo or release commands waiting to be retried on a master that did not answer
+    pending_cleanups: int
 
 
 class RedlockOps(Protocol):
@@ -137,26 +170,48 @@ class RedlockOps(Protocol):
 
     async def votes(self, keys: LockKeys) -> int: ...
 
+    def current(self, keys: LockKeys) -> RedlockHold | None: ...
+
+    def bound(self, hold: RedlockHold, max_hold: float) -> None: ...
+
     def pop_lost(self, keys: LockKeys) -> RedlockHold | None: ...
+
+    async def extend(
+        self, keys: LockKeys, lease: float | None, additional: float | None
+    ) -> None: ...
+
+    async def is_locked(self, keys: LockKeys) -> bool: ...
+
+    async def ttl(self, keys: LockKeys) -> float | None: ...
+
+    async def force_release(self, keys: LockKeys) -> bool: ...
 
 
 class RedlockLock:
-    """A Redlock handle: :class:`~aiolock.Lock`'s API over a majority of masters.
+    """A Redlock handle: :class:`~aiolock.Lock`'s API over a majority of masters, but for
+    fencing tokens and hand-off.
 
     Made by :meth:`RedlockManager.lock`. Reentrant per asyncio task. A loss (a majority
     of masters no longer has it, or its validity ended unrenewed) cancels the body of
     ``async with`` and raises :class:`~aiolock.LockLostError`.
     """
 
-    __slots__ = ("_blocks", "_keys", "_lease", "_manager", "_timeout")
+    __slots__ = ("_blocks", "_keys", "_lease", "_manager", "_max_hold", "_timeout")
 
     def __init__(
-        self, manager: RedlockOps, keys: LockKeys, timeout: float | None, lease: float | None
+        self,
+        manager: RedlockOps,
+        keys: LockKeys,
+        timeout: float | None,
+        lease: float | None,
+        max_hold: float | None = None,
     ) -> None:
         self._manager = manager
         self._keys = keys
         self._timeout = timeout
         self._lease = lease
+        #: the longest a hold of this handle lasts (None: no bound)
+        self._max_hold = max_hold
         self._blocks: Blocks[RedlockHold] = Blocks()
 
     @property
@@ -198,7 +253,10 @@ class RedlockLock:
         wait, fixed = resolve(timeout, lease, self._timeout, self._lease)
         if fixed is not None and lease is not _DEFAULT:
             fixed = self._manager._check_fixed_lease(fixed)
-        return await self._manager.acquire(self._keys, wait, fixed)
+        hold = await self._manager.acquire(self._keys, wait, fixed)
+        if self._max_hold is not None:
+            self._manager.bound(hold, self._max_hold)
+        return hold
 
     async def release(self) -> None:
         """Release one hold of the current task, on every master when it is the last.
@@ -208,9 +266,56 @@ class RedlockLock:
         """
         await self._manager.release(self._keys)
 
+    async def extend(self, lease: float | None = None, *, additional: float | None = None) -> None:
+        """Set the remaining lease of the current task's fixed-lease hold to *lease* s, or
+        add *additional* s to what is left of it on each master; give exactly one.
+
+        Extended when a majority of the masters the hold was acquired on confirm it
+        within the hold's validity; otherwise the hold is lost (released where it is
+        still found) and :class:`~aiolock.LockLostError` raised. A *lease* must be more
+        than three times ``node_timeout``, as at acquire. Raises
+        :class:`~aiolock.LockError` for a hold that is renewed automatically (acquired
+        without ``lease=``), and :class:`~aiolock.LockNotOwnedError` if the task does
+        not hold it.
+        """
+        await self._manager.extend(self._keys, lease, additional)
+
+    async def force_release(self) -> bool:
+        """Delete the lock on every master whoever holds it, and wake its waiters; True
+        if a majority of masters held it.
+
+        An administrator's tool: the holder is not asked, and learns of it as a loss at
+        its next renewal round (at once in this manager). Raises
+        :class:`~aiolock.LockConnectionError` if too few masters answered to tell; the
+        key is gone from those that did.
+        """
+        return await self._manager.force_release(self._keys)
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock: a majority of masters have the key for one
+        token. Raises :class:`~aiolock.LockConnectionError` if too few masters answered
+        to tell."""
+        return await self._manager.is_locked(self._keys)
+
     async def owned(self) -> bool:
         """Whether a majority of masters hold the current task's token (asks them)."""
         return await self._manager.votes(self._keys) >= self._manager.quorum
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds the lock (re-entries count locally), 0
+        if it does not or a majority of masters no longer have its token."""
+        hold = self._manager.current(self._keys)
+        if hold is None or not await self.owned():
+            return 0
+        return hold.count
+
+    async def ttl(self) -> float | None:
+        """Seconds left on the lock's lease, whoever holds it: until fewer than a majority
+        of masters would still have it, less the clock drift allowance, as a hold's
+        validity is counted. None if nobody holds it; inf if its keys never expire.
+        Raises :class:`~aiolock.LockConnectionError` if too few masters answered to tell.
+        """
+        return await self._manager.ttl(self._keys)
 
     async def __aenter__(self) -> RedlockLock:
         hold = await self._acquire(_DEFAULT, _DEFAULT)

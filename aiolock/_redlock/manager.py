@@ -54,22 +54,24 @@ import logging
 import time
 import weakref
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 
+from aiolock._decorators import OnBusy, decorate
 from aiolock._engine.cleanup import Cleanup
+from aiolock._engine.handle import _DEFAULT
 from aiolock._engine.kind import void_ttl_ms
 from aiolock._engine.lifecycle import ManagerLifecycle
-from aiolock._errors import LockLostError, LockNotOwnedError
+from aiolock._errors import LockLostError
 from aiolock._keys import (
     KeySpace,
     LockKeys,
     check_lease,
+    check_max_hold,
     check_name,
     check_timeout,
     ms,
@@ -80,15 +82,18 @@ from aiolock._redis.identity import Identity, check_app_name
 from aiolock._redis.layout import refuse_other_layouts
 from aiolock._redis.scripts import Script
 from aiolock._redlock.acquire import RedlockAcquire
-from aiolock._redlock.lock import Gate, RedlockHold, RedlockLock
+from aiolock._redlock.lock import Gate, RedlockHold, RedlockLock, RedlockStatistics
 from aiolock._redlock.nodes import Node, Signals, check_clients, fan_out
+from aiolock._redlock.queries import RENEW, RedlockQueries
 
 __all__ = ["RedlockLock", "RedlockManager", "RedlockStatistics"]
 
 logger = logging.getLogger("aiolock")
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 RELEASE = Script("_redlock/release")
-RENEW = Script("_redlock/renew")
 
 #: The key tag of Redlock keys, ``P:redlock:{N}``: a Redlock never shares keys with the
 #: single-server lock of the same name.
@@ -98,27 +103,13 @@ KEY_TAG = "redlock"
 YIELD_WINDOW = 0.02
 
 
-@dataclass(frozen=True)
-class RedlockStatistics:
-    """A snapshot of a Redlock manager's state (no I/O)."""
-
-    #: masters, and how many must grant a lock
-    masters: int
-    quorum: int
-    #: holds of this manager's tasks now
-    held: int
-    #: acquisitions, rounds that did not reach a majority in time, holds lost
-    acquired: int
-    failed_rounds: int
-    lost: int
-    #: renewal rounds sent, release messages heard (from any master)
-    renewal_rounds: int
-    messages: int
-    #: undo or release commands waiting to be retried on a master that did not answer
-    pending_cleanups: int
+def _redlock_maker(
+    manager: RedlockManager, name: str, timeout: float | None, lease: float | None
+) -> RedlockLock:
+    return manager.lock(name, timeout=timeout, lease=lease)
 
 
-class RedlockManager(ManagerLifecycle, RedlockAcquire):
+class RedlockManager(ManagerLifecycle, RedlockAcquire, RedlockQueries):
     """Locks held by a majority of N independent Redis masters (the Redlock algorithm).
 
     Made by :meth:`aiolock.LockManager.redlock`; open it with ``async with``. Its
@@ -147,6 +138,9 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
             records on each master that answers, and raises
             :class:`~aiolock.IncompatibleLayoutError` if one announces another key
             layout (as a LockManager does). See ``docs/wire-formats.md``.
+        max_hold: the longest any hold lasts, in seconds (``None``: no bound), as
+            ``LockManager(max_hold=)``: then the body is cancelled,
+            :class:`~aiolock.LockLostError` raised and the lock released on every master.
     """
 
     _WHAT = "RedlockManager"
@@ -167,9 +161,11 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         close_timeout: float = 5.0,
         name: str | None = None,
         identity: bool = True,
+        max_hold: float | None = None,
     ) -> None:
         super().__init__()
         redis = check_clients(clients)
+        self.max_hold = check_max_hold(max_hold)
         if not isinstance(identity, bool):
             raise TypeError(f"identity must be True or False, not {identity!r}")
         self._name = check_app_name(name)
@@ -245,18 +241,54 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         return [node.redis for node in self._nodes]
 
     def lock(
-        self, name: str, *, timeout: float | None = None, lease: float | None = None
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_hold: float | None = _DEFAULT,
     ) -> RedlockLock:
         """A handle on the Redlock *name*; no I/O until it is acquired.
 
         *timeout* is the default wait (``None``: as long as it takes, ``0``: one round);
-        *lease* a fixed lease in seconds (not renewed; ``None`` renews the manager's).
+        *lease* a fixed lease in seconds (not renewed; ``None`` renews the manager's);
+        *max_hold* the longest a hold lasts, instead of the manager's (``None``: no bound).
         """
         name = check_name(name)
         timeout = check_timeout(timeout)
         if lease is not None:
             lease = self._check_fixed_lease(lease)
-        return RedlockLock(self, self._keyspace.keys(name, KEY_TAG), timeout, lease)
+        limit = self.max_hold if max_hold is _DEFAULT else check_max_hold(max_hold)
+        return RedlockLock(self, self._keyspace.keys(name, KEY_TAG), timeout, lease, limit)
+
+    def locked(
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_busy: OnBusy = "wait",
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | None]]]:
+        """Decorate an async function to run under the Redlock *name*, formatted per call.
+
+        As :meth:`aiolock.LockManager.locked`: *name* is a template filled from the
+        call's arguments by parameter name (``"order:{order_id}"``), checked when
+        decorating; *on_busy* is ``"wait"``, ``"skip"`` or ``"raise"``; a lost lock
+        cancels the call and raises :class:`~aiolock.LockLostError`. One name only (a
+        Redlock has no multi-lock). *lease* is a fixed lease, checked here as
+        :meth:`lock` checks it.
+        """
+        if not isinstance(name, str):
+            raise TypeError(
+                f"a Redlock manager's locked() takes one name template (str), not {name!r}: "
+                "there is no Redlock multi-lock; use LockManager(redis).locked([...]) for one"
+            )
+        if lease is not None:
+            lease = self._check_fixed_lease(lease)
+        return decorate(
+            self, name, _redlock_maker, timeout=timeout, lease=lease, on_busy=on_busy,
+            what="locked()",
+        )  # fmt: skip
 
     def statistics(self) -> RedlockStatistics:
         c = self._counts
@@ -388,21 +420,7 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
     # -- release -----------------------------------------------------------------------
 
     async def release(self, keys: LockKeys) -> None:
-        self._check_open()
-        owner = self._owner()
-        hold = self._holds.get((keys.lock, owner))
-        if hold is None:
-            lost = self._lost.pop((keys.lock, owner), None)
-            if lost is not None:
-                raise LockLostError(
-                    f"redlock {keys.name!r} was lost while this task held it "
-                    f"({lost.lost_reason}); another owner may have entered the critical section"
-                )
-            raise LockNotOwnedError(
-                f"redlock {keys.name!r} is not held by the current task; locks belong to "
-                "the task that acquired them"
-            )
-        await self.release_hold(hold)
+        await self.release_hold(self.owned_hold(keys, "release"))
 
     async def release_hold(self, hold: RedlockHold) -> None:
         """Release one count of *hold*, whichever task calls (an ``async with`` block
@@ -475,6 +493,9 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
+        if hold.limit is not None:
+            hold.limit.cancel()
+            hold.limit = None
 
     def _open_gate(self, hold: RedlockHold) -> None:
         gate, hold.gate = hold.gate, None
@@ -565,31 +586,3 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire):
             else:  # too few answers to tell: try again soon, until the validity ends
                 left = hold.valid_until - now
                 hold.next_check = now + max(0.01, min(hold.lease / 10, left / 3))
-
-    # -- queries -----------------------------------------------------------------------
-
-    async def votes(self, keys: LockKeys) -> int:
-        """How many masters hold the current task's token for *keys* (0 if no hold)."""
-        self._check_open()
-        hold = self._holds.get((keys.lock, self._owner()))
-        if hold is None:
-            return 0
-        token = hold.token
-        calls = [
-            (lambda node=node: node.run(RENEW, (keys.lock,), (token, 0))) for node in self._nodes
-        ]
-        results = await fan_out(calls, lambda _: False)
-        return sum(1 for r in results if isinstance(r, list) and as_int(r[0]) == 1)
-
-    def current(self, keys: LockKeys) -> RedlockHold | None:
-        if asyncio.current_task() is None:
-            return None
-        return self._holds.get((keys.lock, self._owner()))
-
-    def pop_lost(self, keys: LockKeys) -> RedlockHold | None:
-        return self._lost.pop((keys.lock, self._owner()), None)
-
-    def forget_lost(self, hold: RedlockHold) -> None:
-        """*hold*'s loss was reported (by its ``async with``): not again at release()."""
-        if self._lost.get((hold.keys.lock, hold.owner)) is hold:
-            del self._lost[(hold.keys.lock, hold.owner)]

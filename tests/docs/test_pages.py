@@ -11,6 +11,7 @@ when mkdocs is installed (the ``docs`` extra), so a broken link fails the suite 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -84,15 +85,24 @@ def docs_redis_url() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(scope="module")
+def docs_redlock_urls() -> Iterator[str]:
+    """Three servers of this module's own, as ``$REDLOCK_URLS``: the Redlock programs'
+    masters."""
+    with contextlib.ExitStack() as stack:
+        yield ",".join(stack.enter_context(RedisServer()).url for _ in range(3))
+
+
 @pytest.mark.parametrize(
     ("where", "program", "expected"), EXAMPLES, ids=[where for where, _, _ in EXAMPLES]
 )
 def test_example_runs_and_prints_its_output(
-    where: str, program: str, expected: str | None, docs_redis_url: str
+    where: str, program: str, expected: str | None, docs_redis_url: str, docs_redlock_urls: str
 ) -> None:
+    env = {"REDIS_URL": docs_redis_url, "REDLOCK_URLS": docs_redlock_urls}
     result = subprocess.run(
         [sys.executable, "-c", program],
-        env={**os.environ, "REDIS_URL": docs_redis_url, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
         timeout=60,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._factories import MANAGER_OPTIONS
 from aiolock.testing import RedisServer
 
 
@@ -111,3 +113,10 @@ async def test_a_crash_of_the_background_tasks_fails_the_manager(
     await manager.aclose()  # closed once
     with pytest.raises(aiolock.ManagerNotOpenError, match="closed"):
         await manager.ping()
+
+
+def test_from_url_knows_every_option_of_the_manager() -> None:
+    """from_url() and from_sentinel() split their keywords by MANAGER_OPTIONS: an option
+    missing there went to redis-py, which refused it (max_hold did, when it was new)."""
+    parameters = set(inspect.signature(aiolock.LockManager.__init__).parameters)
+    assert parameters - {"self", "redis"} == MANAGER_OPTIONS

@@ -73,6 +73,7 @@ class Lock(Handle[LockKeys, "Lock"]):
         self._lease = lease
         self._body_guard = None
         self._replicas = INHERIT
+        self._max_hold = _DEFAULT
         self._resource = kind.resource(keys)
 
     @property

@@ -119,8 +119,8 @@ class ReadWriteLock:
     makes new readers wait, so readers cannot starve it.
     """
 
-    __slots__ = ("_keys", "_lease", "_manager", "_read", "_read_kind", "_replicas", "_timeout",
-                 "_write", "_write_kind")  # fmt: skip
+    __slots__ = ("_keys", "_lease", "_manager", "_max_hold", "_read", "_read_kind", "_replicas",
+                 "_timeout", "_write", "_write_kind")  # fmt: skip
 
     def __init__(
         self,
@@ -140,6 +140,8 @@ class ReadWriteLock:
         self._lease = lease
         #: the factory's replicas= (see aiolock._redis.replicas), given to both sides
         self._replicas: HandlePolicy = INHERIT
+        #: the factory's max_hold=, given to both sides (_DEFAULT: the manager's)
+        self._max_hold: float | None = _DEFAULT
         # The handles with the lock's defaults, made once: ``rw.read()`` is the usual call.
         self._read = self._read_side(timeout, lease)
         self._write = self._write_side(timeout, lease)
@@ -181,14 +183,20 @@ class ReadWriteLock:
         side = _ReadSide(self._manager, self._read_kind, self._write_kind, self._keys,
                          timeout=timeout, lease=lease)  # fmt: skip
         side._replicas = self._replicas
+        side._max_hold = self._max_hold
         return side
 
     def _write_side(self, timeout: float | None, lease: float | None) -> Lock:
         side = _WriteSide(self._manager, self._write_kind, self._read_kind, self._keys,
                           timeout=timeout, lease=lease)  # fmt: skip
         side._replicas = self._replicas
+        side._max_hold = self._max_hold
         return side
 
     def _set_replicas(self, policy: HandlePolicy) -> None:
         """The factory's replicas=, for both sides (made before it was known)."""
         self._replicas = self._read._replicas = self._write._replicas = policy
+
+    def _set_max_hold(self, max_hold: float | None) -> None:
+        """The factory's max_hold=, for both sides (made before it was known)."""
+        self._max_hold = self._read._max_hold = self._write._max_hold = max_hold

@@ -9,15 +9,13 @@ there and resolves its holder (the token ``<manager id>:<n>``) to the record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -27,6 +25,7 @@ from aiolock import LockManager, RedlockManager
 from aiolock._keys import LAYOUT
 from aiolock.testing import RedisServer
 from tests._support.helpers import eventually
+from tests._support.redlock import redlock, started
 from tests.unit._cli.test_main import run_cli
 from tests.unit._redis.test_identity import MAX_RECORD_BYTES
 from tests.unit._redis.test_layout import manager_of_layout
@@ -34,14 +33,8 @@ from tests.unit._redis.test_layout import manager_of_layout
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[list[RedisServer]]:
-    started: list[RedisServer] = []
-    try:
-        for _ in range(3):
-            started.append(RedisServer().start())
-        yield started
-    finally:
-        for server in started:
-            server.stop()
+    with started(3) as servers:
+        yield servers
 
 
 @pytest.fixture
@@ -56,20 +49,6 @@ async def clients(servers: list[RedisServer]) -> AsyncIterator[list[Redis]]:
         yield made
     finally:
         for client in made:
-            await client.aclose()
-
-
-@contextlib.asynccontextmanager
-async def redlock(
-    servers: Sequence[RedisServer], prefix: str, **options: Any
-) -> AsyncIterator[RedlockManager]:
-    clients = [Redis.from_url(server.url) for server in servers]
-    options.setdefault("node_timeout", 0.1)
-    try:
-        async with LockManager.redlock(clients, prefix=prefix, **options) as manager:
-            yield manager
-    finally:
-        for client in clients:
             await client.aclose()
 
 

@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import json
 import os
-import signal
 import sys
 import time
 import uuid
@@ -32,58 +31,13 @@ from aiolock.testing import RedisServer
 from tests._support.helpers import PATIENCE, eventually, unchanged_for, within
 from tests._support.paths import REPO_ROOT
 from tests._support.proxy import FaultProxy
+from tests._support.redlock import paused, redlock, started, values
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[list[RedisServer]]:
-    started: list[RedisServer] = []
-    try:
-        for _ in range(5):
-            started.append(RedisServer().start())
-        yield started
-    finally:
-        for server in started:
-            server.stop()
-
-
-@contextlib.asynccontextmanager
-async def redlock(
-    servers: Sequence[RedisServer], prefix: str, **options: Any
-) -> AsyncIterator[RedlockManager]:
-    clients = [Redis.from_url(server.url) for server in servers]
-    options.setdefault("node_timeout", 0.1)
-    try:
-        async with LockManager.redlock(clients, prefix=prefix, **options) as manager:
-            yield manager
-    finally:
-        for client in clients:
-            await client.aclose()
-
-
-@contextlib.contextmanager
-def paused(*servers: RedisServer) -> Iterator[None]:
-    """SIGSTOP the servers (they accept connections but answer nothing), then SIGCONT."""
-    pids = [server.pid for server in servers]
-    assert all(pids)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
-
-
-async def values(servers: Sequence[RedisServer], key: str) -> list[Any]:
-    """The key on each master, read with clients of the test's own."""
-    found: list[Any] = []
-    for server in servers:
-        client = Redis.from_url(server.url)
-        try:
-            found.append(await client.get(key))
-        finally:
-            await client.aclose()
-    return found
+    with started(5) as servers:
+        yield servers
 
 
 async def until(predicate: Any, limit: float, step: float = 0.02) -> bool:

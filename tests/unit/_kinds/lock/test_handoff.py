@@ -284,7 +284,10 @@ async def test_an_adoption_delayed_past_its_give_back_leaves_the_token_adoptable
                 await in_task(_adopt_and_release(lock, await lock.detach()))  # scripts loaded
                 await lock.acquire()
                 token = await lock.detach(lease=60)
-                proxy.set_latency(0.3, "upstream")
+                # 1 s: the cancellation and its give-back must land within it (the
+                # same window of the Redlock and compensation tests: 0.3-0.4 s were
+                # missed with two CI runs on the machine)
+                proxy.set_latency(1.0, "upstream")
                 task = asyncio.create_task(lock.adopt(token, lease=30))
                 await eventually(lambda: proxy.in_flight > 0, what="the adoption to be sent")
                 await asyncio.sleep(0.05)
