@@ -206,3 +206,23 @@ def test_no_page_calls_a_shipped_feature_missing() -> None:
             if features and not allowed:
                 found.append(f"{where}: {', '.join(features)}: {sentence}")
     assert not found, "pages calling a shipped feature missing:\n" + "\n".join(found)
+
+
+def test_the_comparison_pages_tests_exist() -> None:
+    """docs/comparison.md names the test behind each answer to the peers' users: every
+    one must exist (a renamed or deleted test would leave the page citing nothing)."""
+    text = (REPO_ROOT / "docs" / "comparison.md").read_text("utf-8")
+    cited = re.findall(r"`((?:[\w/]+\.py)?)(?:::(\w+))?`", text)
+    checked = 0
+    path = ""
+    for file, name in cited:
+        if not file and not name:
+            continue
+        if file:
+            path = file
+            assert (REPO_ROOT / "tests" / path).is_file(), f"tests/{path} does not exist"
+        if name:
+            source = (REPO_ROOT / "tests" / path).read_text("utf-8")
+            assert re.search(rf"def {name}\(", source), f"tests/{path} has no {name}"
+        checked += 1
+    assert checked >= 15
