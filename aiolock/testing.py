@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,7 @@ __all__ = [
     "find_redis_server",
     "free_port",
     "redis_url_from_env",
+    "server_name",
     "server_version",
 ]
 
@@ -371,7 +373,20 @@ def redis_url_from_env(variable: str = "REDIS_URL") -> Iterator[str]:
         return
     with RedisServer() as server:
         print(
-            f"(no {variable} set: started a throwaway redis-server on {server.url})",
+            f"(no {variable} set: started a throwaway {server_name(server.binary)} on "
+            f"{server.url})",
             file=sys.stderr,
         )
         yield server.url
+
+
+def server_name(binary: str | None) -> str:
+    """What *binary* is, from :func:`server_version` (``"Valkey 9.1.0 server
+    (.../valkey-server)"``, ``"Redis 7.0.15 server (redis-server)"``), or its path."""
+    if binary is None:
+        return "server"
+    try:
+        found = re.match(r"(\w+) server v=(\S+)", server_version(binary))
+    except RedisServerError:
+        found = None
+    return f"server ({binary})" if found is None else f"{found[1]} {found[2]} server ({binary})"

@@ -260,7 +260,9 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
             for who in info.listening:
                 print(f"    {who.field}: {_who_text(who)}")
         if info.fence is not None:
-            print(f"  fence:      {info.fence} (the last token released or issued)")
+            # the fence key keeps the last token released: a holder's own token is newer
+            newer = "; the holders' tokens are newer" if info.holders else ""
+            print(f"  fence:      {info.fence} (the last token released{newer})")
         if info.job is not None:
             print(_job_line(info.job))
         print(f"  holders:    {len(info.holders)}")

@@ -101,7 +101,7 @@ def sharded(script: Script) -> Script:
         source = source.replace("'pubsub', 'numsub'", "'pubsub', 'shardnumsub'")
         derived = Script.__new__(Script)
         derived.name = f"{script.name} (sharded)"
-        derived.what = f"the {derived.name} script"
+        derived.what = script.what
         derived.source = source
         derived.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
         derived.writes = script.writes
@@ -553,5 +553,5 @@ def _is_loading(cause: BaseException | None) -> bool:
 
 def _what(command: tuple[Arg, ...], script: Script | None) -> str:
     if script is not None:
-        return f"the {script.name} script"
+        return script.what
     return f"the {as_text(command[0])} command"

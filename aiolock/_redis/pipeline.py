@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from aiolock._errors import LockConnectionError, LockError
 from aiolock._redis.replicas import ACKNOWLEDGE, Acknowledgement
 from aiolock._redis.reply import as_text
-from aiolock._redis.scripts import Script
+from aiolock._redis.scripts import Script, naming
 from aiolock._redis.translate import translate
 
 __all__ = ["Arg", "Pipelining"]
@@ -194,7 +194,9 @@ class Pipelining:
         for request in waiting:
             if not request.future.done():
                 request.future.set_exception(
-                    LockConnectionError(f"{request.what} was not sent: the manager closed")
+                    LockConnectionError(
+                        f"{naming(request.what, request.key)} was not sent: the manager closed"
+                    )
                 )
         if self._flushes:
             await asyncio.wait(self._flushes)
@@ -254,7 +256,7 @@ class Pipelining:
         except rex.RedisError as exc:
             raise translate(exc, what, key, changes=script is not None and script.writes) from exc
         except TimeoutError as exc:
-            raise self._timed_out(what) from exc
+            raise self._timed_out(naming(what, key)) from exc
         if isinstance(reply, rex.RedisError):
             raise translate(
                 reply, what, key, changes=script is not None and script.writes
@@ -288,7 +290,7 @@ class Pipelining:
                 except rex.RedisError as exc:
                     raise translate(exc, what, key) from exc
                 except TimeoutError as exc:
-                    raise self._timed_out(what) from exc
+                    raise self._timed_out(naming(what, key)) from exc
         finally:
             self._in_flight -= 1
             self._kick()
@@ -379,8 +381,9 @@ class Pipelining:
         if isinstance(exc, rex.RedisError):
             return request.error(exc)
         if isinstance(exc, TimeoutError):
-            return _chained(self._timed_out(request.what), exc)
-        return _chained(LockConnectionError(f"{request.what} failed: {exc!r}"), exc)
+            return _chained(self._timed_out(naming(request.what, request.key)), exc)
+        what = naming(request.what, request.key)
+        return _chained(LockConnectionError(f"{what} failed: {exc!r}"), exc)
 
     def _timed_out(self, what: str) -> LockConnectionError:
         return LockConnectionError(

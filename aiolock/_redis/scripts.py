@@ -15,10 +15,63 @@ import hashlib
 import re
 from importlib import resources
 
-__all__ = ["REQUIRED_COMMANDS", "Script"]
+from aiolock._keys import ESCAPE, IDENTITY_TAG, split_key
+
+__all__ = ["REQUIRED_COMMANDS", "Script", "naming", "operation"]
 
 #: ``--@include _kinds/_lua/fence`` (shared) or ``--@include _kinds/rw/common`` (a kind's own)
 _INCLUDE = re.compile(r"^--@include ([\w/]+)$", re.MULTILINE)
+
+
+#: what each kind's structure is called in errors and logs (by the folder of its scripts)
+_NOUNS = {
+    "fair": "fair lock",
+    "rw": "read-write lock",
+    "semaphore": "semaphore",
+    "_redlock": "redlock",
+}
+#: what each script does (by its file name); the rest read "running <name> on"
+_VERBS = {
+    "acquire": "acquiring",
+    "release": "releasing",
+    "renew": "renewing",
+    "undo": "undoing an acquisition of",
+    "extend": "extending",
+    "extend_by": "extending",
+    "force_release": "force-releasing",
+    "refresh": "refreshing the waiters of",
+    "probe": "checking",
+    "listen": "registering a listener of",
+    "detach": "detaching",
+    "adopt": "adopting",
+    "give_back": "giving back",
+    "lease_left": "reading the lease of",
+    "keep_turn": "keeping a turn at",
+    "look": "reading",
+    "set_limit": "setting the limit of",
+    "state": "reading",
+}
+
+
+def operation(name: str) -> str:
+    """What the script *name* does, as errors and logs say it: ``"_kinds/lock/acquire"``
+    -> ``"acquiring lock"``, ``"_kinds/fair/renew"`` -> ``"renewing fair lock"``."""
+    *folders, file = name.split("/")
+    verb = _VERBS.get(file, f"running {file} on")
+    return f"{verb} {_NOUNS.get(folders[-1] if folders else '', 'lock')}"
+
+
+def naming(what: str, key: str | None) -> str:
+    """*what* with the name of the lock whose Redis key is *key*: ``"acquiring lock
+    'order:1'"`` (the name is the key's hash tag, unescaped); *what* alone for a key that
+    is not a lock's (a format shared with other clients, a manager's identity record)."""
+    split = None if key is None or "}" not in key else split_key(key)
+    if split is None or split[1] == IDENTITY_TAG:
+        return what  # not a lock's key; a manager's id is never written to a log
+    name = split[2][1 : split[2].rindex("}")]
+    if name.startswith(ESCAPE):
+        name = name[1:]
+    return f"{what} for {name!r}" if what.startswith("the ") else f"{what} {name!r}"
 
 
 def _read(path: str) -> str:
@@ -32,8 +85,9 @@ class Script:
 
     def __init__(self, name: str, *, writes: bool = True) -> None:
         self.name = name
-        #: how errors name it (made once: the client passes it along with every call)
-        self.what = f"the {name} script"
+        #: how errors and logs name what it does, "acquiring lock" (made once: the client
+        #: passes it along with every call, and :func:`naming` adds the lock's name)
+        self.what = operation(name)
         #: False for a script that only reads: its errors then say nothing of undoing
         self.writes = writes
         self.source = _INCLUDE.sub(lambda m: _read(f"{m[1]}.lua"), _read(f"{name}.lua"))

@@ -20,7 +20,7 @@ from aiolock._errors import (
     LockPermissionError,
 )
 from aiolock._redis.reply import as_text
-from aiolock._redis.scripts import REQUIRED_COMMANDS
+from aiolock._redis.scripts import REQUIRED_COMMANDS, naming
 
 __all__ = ["POOL_EXHAUSTED", "is_permanent", "key_type_error", "translate"]
 
@@ -36,6 +36,7 @@ def translate(
     exc: rex.RedisError, what: str, key: str | None = None, *, changes: bool = True
 ) -> LockError:
     """Map a redis-py exception to the aiolock error a caller can act on."""
+    what = naming(what, key)
     text = _SCRIPT_POSITION.sub("", str(exc)).strip() or type(exc).__name__
     if isinstance(exc, rex.AuthenticationError) or text.startswith(("WRONGPASS", "NOAUTH")):
         return LockPermissionError(

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from aiolock._errors import LockBackendError, LockLostError, LockTimeoutError, ManagerNotOpenError
 from aiolock._manager import LockManager
 from aiolock.contrib._disconnect import CLIENT_LEFT_STATUS, ClientWatch
+from aiolock.contrib._shutdown import RETRY_AFTER
 from aiolock.contrib._source import (
     ManagerSource,
     check_source,
@@ -132,7 +133,11 @@ def lock_error_middleware(
                 "another request's: check, then retry",
             )
         except (LockBackendError, ManagerNotOpenError):
-            return _error(unavailable_status, "the lock service is unavailable; try again later")
+            unavailable = _error(
+                unavailable_status, "the lock service is unavailable; try again later"
+            )
+            unavailable.headers["Retry-After"] = RETRY_AFTER
+            return unavailable
 
     return lock_errors
 

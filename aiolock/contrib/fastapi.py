@@ -23,7 +23,8 @@ response is sent. A lock dependency in the default scope is refused: at startup 
 
 Status codes: the lock busy past ``timeout`` -> 423 (``timeout_status``); the lock lost
 while the endpoint ran -> 409 (``lost_status``); Redis unreachable or refusing, or the
-manager closed -> 503 (``unavailable_status``); a lock name that is not valid (say, a
+manager closed or stopped by the server's SIGTERM -> 503 (``unavailable_status``, with
+``Retry-After``); a lock name that is not valid (say, a
 query parameter of 5000 bytes) -> 422; the client gone while the request waited for the
 lock -> 499 (uvicorn and FastAPI never cancel such a request: the dependency watches).
 """
@@ -44,6 +45,7 @@ from aiolock._errors import LockBackendError, LockLostError, LockTimeoutError, M
 from aiolock._keys import check_lease, check_timeout
 from aiolock._manager import LockManager
 from aiolock.contrib._disconnect import CLIENT_LEFT_STATUS, ClientWatch
+from aiolock.contrib._shutdown import RETRY_AFTER, StopOnSignals
 from aiolock.contrib._source import (
     ManagerSource,
     check_source,
@@ -97,7 +99,10 @@ def lock_lifespan(
     *source* is a Redis URL (the manager is ``LockManager.from_url(url, **options)``, with
     a client of its own, closed with it), a function returning a new manager, or a
     manager (which opens once: an app that starts twice needs one of the other two).
-    Startup also runs :func:`check_lock_scopes`. The manager is published as
+    Startup also runs :func:`check_lock_scopes`, and hooks SIGTERM and SIGINT beside the
+    server's own handlers: at the signal the manager stops acquiring, so requests waiting
+    for a lock get a 503 with ``Retry-After`` at once, while holders finish within the
+    server's grace time (see ``docs/recipes/fastapi.md``). The manager is published as
     ``app.state.aiolock`` and in the lifespan state; :func:`get_lock_manager` finds it.
 
     With a lifespan of your own, enter this one inside it::
@@ -117,9 +122,14 @@ def lock_lifespan(
         manager = make_manager(source, dict(options))
         await manager.open()
         setattr(app.state, STATE_KEY, manager)
+        # At the server's SIGTERM, not at the lifespan's shutdown (which comes after the
+        # grace time): waiting requests get a 503 instead of the server's 500.
+        signals = StopOnSignals(manager.stop_acquiring)
+        signals.install()
         try:
             yield {STATE_KEY: manager}
         finally:
+            signals.remove()
             try:
                 await manager.aclose()
             finally:
@@ -241,7 +251,9 @@ def lock_dependency(
         except (LockBackendError, ManagerNotOpenError) as exc:
             await _settle(watch, exc)
             raise HTTPException(
-                unavailable_status, detail="the lock service is unavailable; try again later"
+                unavailable_status,
+                detail="the lock service is unavailable; try again later",
+                headers={"Retry-After": RETRY_AFTER},
             ) from exc
         except LockLostError as exc:  # lost before the endpoint ran: nothing was done
             await _settle(watch, exc)
@@ -345,7 +357,9 @@ async def _exit(
         ) from lost
     except LockBackendError as failed:
         raise HTTPException(
-            unavailable_status, detail="the lock service failed; try again later"
+            unavailable_status,
+            detail="the lock service failed; try again later",
+            headers={"Retry-After": RETRY_AFTER},
         ) from failed
 
 

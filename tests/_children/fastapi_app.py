@@ -4,6 +4,10 @@ Reads ``REDIS_URL`` and ``AIOLOCK_PREFIX``. ``POST /orders/{order_id}/pay`` hold
 ``order:{order_id}`` and, inside it, counts itself in and out of a Redis counter shared by
 every process: ``inside`` in the response is how many requests were in the section with
 it, itself included (1 unless two overlapped).
+
+``POST /slow/{name}?seconds=S`` holds lock ``slow:{name}`` (waiting as long as it takes)
+for S seconds; ``GET /slow`` says how many such requests have arrived (the shutdown tests
+send the signal once every request is in).
 """
 
 from __future__ import annotations
@@ -40,3 +44,28 @@ async def pay(
     await asyncio.sleep(0.02)  # the critical section
     await locks.redis.decr(counter)
     return {"inside": inside, "token": lock.fencing_token, "pid": os.getpid()}
+
+
+Waited = Annotated[
+    aiolock.Lock, Depends(lock_dependency("slow:{name}", timeout=None), scope="function")
+]
+#: POST /slow/... requests that have arrived (a middleware counts them before they wait)
+arrived = {"slow": 0}
+
+
+@app.middleware("http")
+async def count_slow(request: Any, call_next: Any) -> Any:
+    if request.method == "POST" and request.url.path.startswith("/slow/"):
+        arrived["slow"] += 1
+    return await call_next(request)
+
+
+@app.get("/slow")
+async def slow_arrived() -> int:
+    return arrived["slow"]
+
+
+@app.post("/slow/{name}")
+async def slow(name: str, lock: Waited, seconds: float = 1.0) -> dict[str, Any]:
+    await asyncio.sleep(seconds)
+    return {"name": name, "token": lock.fencing_token}

@@ -136,6 +136,21 @@ async def test_a_hold_released_in_time_is_not_touched(locks: aiolock.LockManager
         assert await lock.owned()
 
 
+async def test_an_adopted_hold_is_bounded_from_its_adoption(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("handed", max_hold=MAX_HOLD)
+    await lock.acquire()
+    token = await lock.detach()
+
+    async def adopter() -> None:
+        async with lock.adopted(token):
+            await asyncio.sleep(PATIENCE)
+
+    adopted_at = time.monotonic()
+    ended = await _ends_in_time(adopter())
+    assert isinstance(ended, aiolock.LockLostError), repr(ended)
+    assert MAX_HOLD <= time.monotonic() - adopted_at < MAX_HOLD + 2.0
+
+
 @pytest.mark.parametrize("value", [0, -1, float("nan"), "1", True])
 def test_a_bad_max_hold_is_refused_at_the_call(locks: aiolock.LockManager, value: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="max_hold"):

@@ -4,7 +4,9 @@ Every ``python`` block of the pages in ``RUNNABLE`` is a complete program; each 
 process of its own against a redis-server this module starts, and its output is compared
 with the ``text title="Output"`` block under it (``<n>`` stands for a number). A python
 block marked ``{.no-run}`` (```` ```python {.no-run title="..."} ````) is shown but not run:
-the code of another library that the test environment does not install. The site
+the code of another library that the test environment does not install. A block marked
+``{.fragment title="..."}`` is a part of a program, titled to say where it goes; a page
+with fragments has complete programs too. The site
 itself is built by ``mkdocs build --strict`` in CI (.ci/run); the test here builds it too
 when mkdocs is installed (the ``docs`` extra), so a broken link fails the suite locally.
 """
@@ -12,6 +14,7 @@ when mkdocs is installed (the ``docs`` extra), so a broken link fails the suite 
 from __future__ import annotations
 
 import contextlib
+import html as html_text
 import os
 import re
 import shutil
@@ -35,6 +38,12 @@ RUNNABLE = (
     "migrating/python-redis-lock.md",
     "migrating/pottery.md",
     "migrating/redisson.md",
+    "semaphore.md",
+    "rw-lock.md",
+    "multi-lock.md",
+    "fair-lock.md",
+    "redlock.md",
+    "observability.md",
 )
 _FENCE = re.compile(r"^```(?P<lang>\w*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```\s*$", re.M | re.S)
 
@@ -45,7 +54,9 @@ def _examples(page: str) -> list[tuple[str, str, str | None]]:
     found: list[tuple[str, str, str | None]] = []
     for match in _FENCE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
-        if match["lang"] == "python" and ".no-run" not in match["attrs"]:
+        if match["lang"] == "python" and not {".no-run", ".fragment"} & set(
+            match["attrs"].strip(" {}").split()
+        ):
             found.append((f"docs/{page}:{line}", match["body"], None))
         elif match["lang"] == "text" and 'title="Output"' in match["attrs"]:
             assert found and found[-1][2] is None, f"line {line}: an Output block with no program"
@@ -130,8 +141,17 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "site" / "reference" / "index.html").is_file()
+    reference = tmp_path / "site" / "reference" / "index.html"
+    assert reference.is_file()
     assert (tmp_path / "site" / "benchmarks" / "throughput.png").is_file()
+    # Signatures are wrapped, one parameter per line (issue 37: LockManager's was one
+    # line, cut off at 1,280 px): no line of a signature block is longer than 80.
+    html = reference.read_text("utf-8")
+    blocks = re.findall(r'<div class="doc-signature[^"]*">(.*?)</div>', html, re.S)
+    assert blocks, "no signature blocks on the reference page"
+    text = [html_text.unescape(re.sub(r"<[^>]+>", "", block)) for block in blocks]
+    longest = max(len(line) for block in text for line in block.splitlines())
+    assert longest <= 90, f"a signature line of {longest} characters: not wrapped"
 
 
 #: What ships, by the words a page would use for it. A page may describe a limit of one

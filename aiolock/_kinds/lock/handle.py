@@ -232,7 +232,12 @@ class Lock(Handle[LockKeys, "Lock"]):
                 "LockManager with the same prefix"
             )
         engine = self._manager._open_engine()
-        await adopt(engine, kind, self._keys, self._manager._owner(), found, fixed)
+        owner = self._manager._owner()
+        await adopt(engine, kind, self._keys, owner, found, fixed)
+        max_hold = engine.rt.max_hold if self._max_hold is _DEFAULT else self._max_hold
+        hold = engine.registry.get(self._resource, owner)
+        if max_hold is not None and hold is not None:
+            engine.bound(hold, max_hold)  # from the adoption: a new holder, a new bound
 
     def adopted(self, token: str, *, lease: float | None = _DEFAULT) -> Adopted:
         """``async with lock.adopted(token):`` adopts (see :meth:`adopt`), runs the body

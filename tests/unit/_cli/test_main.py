@@ -160,6 +160,23 @@ async def test_show_json_and_the_tables(
     assert "limit:      3" in detail.out
 
 
+async def test_show_says_the_fence_is_the_last_token_released_and_a_holders_is_newer(
+    redis_url: str, prefix: str, locks: aiolock.LockManager
+) -> None:
+    """Issue 37: the label said "released or issued" while a holder held a newer token."""
+    fair = locks.fair_lock("labelled")
+    async with fair:
+        released = fair.fencing_token
+    async with fair:
+        held = fair.fencing_token
+        shown = await run_cli(redis_url, prefix, "show", "labelled")
+    assert shown.code == 0, shown.err
+    assert f"fence:      {released} (the last token released; the holders' tokens are newer)" in (
+        shown.out
+    ), shown.out
+    assert held is not None and released is not None and held > released
+
+
 async def test_show_of_an_unknown_name_says_so(
     redis_url: str, prefix: str, locks: aiolock.LockManager
 ) -> None:
