@@ -268,7 +268,9 @@ class LockFactories:
         lease, renewed while the process lives; a crashed leader's term ends within one
         lease. See :class:`LeaderElection` and ``docs/leader-election.md``.
         """
-        lock = self.lock(name)
+        # A leader leads for as long as its process lives: the manager's max_hold, a bound
+        # for bodies that hang, is not one for a term.
+        lock = self.lock(name, max_hold=None)
         if lock._kind.fencing_unavailable:
             raise WireFormatError(
                 f"leader election needs fencing tokens, which the {self.wire!r} wire format "

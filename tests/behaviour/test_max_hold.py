@@ -114,6 +114,16 @@ async def _free(lock: aiolock.Lock) -> bool:
     return not await lock.locked()
 
 
+async def test_a_leaders_term_is_not_bounded_by_the_managers_max_hold(
+    redis_url: str, prefix: str
+) -> None:
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, max_hold=MAX_HOLD) as locks:
+        election = locks.leader("scheduler")
+        async with election.lead():
+            await asyncio.sleep(MAX_HOLD + 0.3)
+            assert election.is_leader
+
+
 async def test_a_reentry_keeps_the_first_acquisitions_deadline(locks: aiolock.LockManager) -> None:
     lock = locks.lock("reentered", max_hold=1.0)
     started_at = time.monotonic()
