@@ -58,8 +58,9 @@ class Look:
                 continue  # no answer in time
             look.answered += 1
             code = as_int(reply[0])
-            if code == 1:
-                look.tokens.setdefault(as_text(reply[1]), []).append(as_int(reply[2]))
+            if code == 1:  # (force_release.lua answers no lease: -1, as for none)
+                left = as_int(reply[2]) if len(reply) > 2 else -1
+                look.tokens.setdefault(as_text(reply[1]), []).append(left)
             elif code == -1:
                 look.bad_type = as_text(reply[1])
         return look
@@ -275,17 +276,7 @@ class RedlockQueries:
             (lambda node=node: node.run(FORCE_RELEASE, (keys.lock,), (), force=True))
             for node in self._nodes
         ]
-        results = await fan_out(calls, lambda _: False)
-        deleted = Look(len(results))
-        for reply in results:
-            if isinstance(reply, BaseException) or reply is None:
-                continue
-            deleted.answered += 1
-            code = as_int(reply[0])
-            if code == 1:
-                deleted.tokens.setdefault(as_text(reply[1]), []).append(-1)
-            elif code == -1:
-                deleted.bad_type = as_text(reply[1])
+        deleted = Look.of(await fan_out(calls, lambda _: False))
         for hold in [hold for key, hold in self._holds.items() if key[0] == keys.lock]:
             self._lose(hold, "it was force-released", release=False)
         self._signals.wake(keys.channel)
@@ -297,7 +288,7 @@ class RedlockQueries:
             # Deleted where it answered; the silent masters may keep theirs.
             raise LockConnectionError(
                 f"force_release() of redlock {keys.name!r} reached {deleted.answered} of "
-                f"{len(results)} masters within node_timeout; the others may still have its "
+                f"{deleted.masters} masters within node_timeout; the others may still have its "
                 "key: call it again when they answer"
             ) from None
 
