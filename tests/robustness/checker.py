@@ -42,10 +42,12 @@ for the fencing checks, not as an act. Checks, per resource (``<family>:<name>``
 ``starved_waits``, ``timeouts``, ``process_starved``
     a wait during which other processes were granted the resource at least
     ``starvation_grants`` times and its own process never (faults of other processes
-    do not excuse it: the name went to others meanwhile); a wait that timed out outside
-    every fault window; a process that waited ``starvation_seconds`` in all (undisturbed,
-    as above) and was granted nothing while others were granted ``starvation_grants``
-    times meanwhile.
+    do not excuse it: the name went to others meanwhile), counted from when its process
+    could hear a release where the workers log it (``listening`` events: the starvation
+    scenarios, whose threshold is one more than the bound of docs/semantics.md); a wait
+    that timed out outside every fault window; a process that waited
+    ``starvation_seconds`` in all (undisturbed, as above) and was granted nothing while
+    others were granted ``starvation_grants`` times meanwhile.
 ``idle_waits``
     a wait not served while its resource was free (nobody held it) for at least
     ``idle_wait_seconds`` and half of the wait, outside every fault window.
@@ -210,6 +212,12 @@ class Run:
                     continue  # write(2) each), but a checker trusts nothing
         events.sort(key=lambda e: e["t"])
         self.crashes = [e for e in events if e["ev"] == "crash"]
+        #: per process: when its manager started (True) and stopped (False) listening for
+        #: releases, in order; only the starvation scenarios' workers log it
+        self.listening: dict[str, list[tuple[int, bool]]] = collections.defaultdict(list)
+        for e in events:
+            if e["ev"] == "listening":
+                self.listening[e["p"]].append((e["t"], bool(e["on"])))
         for e in events:
             if "b" not in e:
                 continue
@@ -269,6 +277,21 @@ class Run:
             and all(w.t1 <= t <= w.t1 + RESUME_GRACE for t in beside)
             for w in self.windows
         )
+
+    def heard_from(self, proc: str, t: int, until: int) -> int:
+        """When *proc*, waiting from *t*, could first hear a release: *t* if its manager
+        was listening then, else when it started to (at most *until*). A process that
+        logged nothing of it (a scenario that does not ask) counts from *t*."""
+        changes = self.listening.get(proc)
+        if not changes:
+            return t
+        at = bisect.bisect_right(changes, (t, True))
+        if at and changes[at - 1][1]:
+            return t
+        for when, on in changes[at:]:
+            if on:
+                return min(when, until)
+        return until
 
     def disturbs(self, body: Body) -> bool:
         """Whether a fault could have delayed *body*'s wait: one of the servers', or one
@@ -725,7 +748,10 @@ def check_waits(run: Run, out: Findings) -> None:
                 }
             )
         items = grants[res]
-        lo = bisect.bisect_right(items, (body.wait_t, "\uffff"))
+        # the bound counts from when the process can hear a release (docs/semantics.md):
+        # a first wait through a slow link opens its connections before that
+        heard = run.heard_from(body.proc, body.wait_t, body.wait_end)
+        lo = bisect.bisect_right(items, (heard, "\uffff"))
         hi = bisect.bisect_left(items, (body.wait_end, ""))
         window = items[lo:hi]
         own = sum(1 for _, p in window if p == body.proc)

@@ -203,6 +203,8 @@ async def run_scenario(scenario: Scenario, seed: int, out: Path) -> dict[str, An
                 "manager": manager,
                 "client": {**scenario.client, **workers.get("client", {})},
                 "groups": workers["groups"],
+                # the starvation check counts from when a process listens (checker.py)
+                "log_listening": "starvation_grants" in scenario.checks,
             }
             if scenario.topology == "single":  # a hand-off's adopting manager
                 spec["adopt_url"] = topology.url(0, proxied=workers.get("adopt_proxied", False))

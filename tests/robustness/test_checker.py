@@ -214,6 +214,31 @@ def test_a_wait_that_sees_others_granted_many_times_is_starved(tmp_path: Path) -
     assert result["starved_waits"]["known"] is None  # fixed: no open defect excuses it
 
 
+def test_starvation_counts_from_when_the_waiting_process_listens(tmp_path: Path) -> None:
+    # slow waits from 0 and listens from 500 ms (a slow link: its connections open first);
+    # fast is granted 7 times before that and 4 times after it
+    fake = FakeRun(tmp_path, checks={"starvation_grants": 5})
+    fake.log("slow", "listening", 500, on=True)
+    fake.body("slow", "slow.1", "lock:n", 100, 1000, [1001, 1002], 1003, wait=0)
+    for i in range(11):
+        fake.body("fast", f"fast.{i}", "lock:n", i + 1, 10 + i * 80, [11 + i * 80], 20 + i * 80)
+    assert "starved_waits" not in found(fake.check())  # 4 grants after it listened
+
+
+def test_a_process_that_stopped_listening_counts_from_when_it_listens_again(
+    tmp_path: Path,
+) -> None:
+    fake = FakeRun(tmp_path, checks={"starvation_grants": 5})
+    fake.log("slow", "listening", 0, on=True)
+    fake.log("slow", "listening", 5, on=False)
+    fake.log("slow", "listening", 30, on=True)
+    fake.body("slow", "slow.1", "lock:n", 100, 1000, [1001, 1002], 1003, wait=10)
+    for i in range(8):
+        fake.body("fast", f"fast.{i}", "lock:n", i + 1, 40 + i * 100, [41 + i * 100], 50 + i * 100)
+    result = found(fake.check())
+    assert result["starved_waits"]["examples"][0]["grants_to_others"] == 8
+
+
 def test_a_timeout_during_an_outage_should_have_been_a_connection_error(fake: FakeRun) -> None:
     fake.fault("outage", "state_loss", 0, 5000, down=[0, int(5000 * MS)])
     fake.log("a", "wait", 1000, b="a.1", kind="lock", res=["lock:n"])

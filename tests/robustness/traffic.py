@@ -253,6 +253,8 @@ class Worker:
             tasks: list[asyncio.Task[None]] = []
             for index, group in enumerate(groups):
                 tasks += await self.start_group(stack, locks, index, group)
+            if self.spec.get("log_listening"):
+                tasks.append(asyncio.create_task(self.listening(locks)))
             while self.running() and not all(t.done() for t in tasks):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)  # until the stop time (a clock, not an event)
             for task in self.waiting:
@@ -266,6 +268,18 @@ class Worker:
                     self.log("crash", "-", err=repr(task.exception()))
         self.log("stop", "-")
         self.log.close()
+
+    async def listening(self, locks: Any) -> None:
+        """Log when the manager starts and stops listening for releases (its pub/sub
+        subscriptions, read from the public statistics every 2 ms): the starvation bound
+        of docs/semantics.md counts from there, and only the process can tell."""
+        heard = False
+        while self.running():
+            now = bool(locks.statistics().hub.subscriptions)
+            if now != heard:
+                heard = now
+                self.log("listening", "-", on=now)
+            await asyncio.sleep(0.002)
 
     async def start_group(
         self, stack: contextlib.AsyncExitStack, locks: Any, index: int, group: Group

@@ -21,10 +21,9 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine.release import MAX_LOCAL_STREAK
-from aiolock._engine.turns import STARVE_AFTER
 from aiolock.testing import RedisServer
 from tests._support.proxy import FaultProxy
+from tests._support.starvation import grants_bound
 
 #: seconds between two looks at a manager's statistics
 POLL = 0.002
@@ -40,15 +39,6 @@ class Grant:
     #: when its manager was first seen subscribed to the lock's releases at or after
     #: *asked* (the public statistics, polled every POLL s): the bound counts from there
     listening: float
-
-
-def grants_bound(managers: int) -> int:
-    """Grants to other managers one waiting manager sees before it is served (the docs'
-    bound): the runs it loses before it asks for a turn (a run: a grant and the local
-    hand-overs that may follow it while the waiter is not yet queued in Redis), the run
-    it finds when it asks, and one grant to each manager whose turn is ahead of its own."""
-    run = 1 + MAX_LOCAL_STREAK
-    return STARVE_AFTER * run + run + (managers - 2)
 
 
 def check_log(grants: list[Grant], managers: int) -> list[str]:
