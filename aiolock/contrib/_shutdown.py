@@ -16,12 +16,18 @@ of the signal through its wakeup file descriptor, which a Python handler of ours
 writing, so its callback still runs). It is installed only from the main thread (the
 only one that may set handlers), and removed when the manager closes, unless something
 replaced it meanwhile.
+
+hypercorn's worker processes get no signal: the parent catches it and sets a
+multiprocessing event that each worker polls (every 0.1 s) before it shuts down
+gracefully. A worker finds that event among the arguments its process was started with,
+so in a hypercorn worker the hook polls it too, at the same pace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import signal
 import threading
 from collections.abc import Callable
@@ -49,6 +55,7 @@ class StopOnSignals:
         self._stop = stop
         self._previous: dict[int, Handler] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     def install(self) -> bool:
         """Hook the signals; False (and nothing done) outside the main thread."""
@@ -56,6 +63,9 @@ class StopOnSignals:
             logger.debug("aiolock: not in the main thread, so no shutdown signal hook")
             return False
         self._loop = asyncio.get_running_loop()
+        event = _hypercorn_shutdown_event()
+        if event is not None:
+            self._watch = self._loop.create_task(self._poll(event), name="aiolock-shutdown")
         for sig in SIGNALS:
             previous = signal.getsignal(sig)
             if previous in (signal.SIG_DFL, signal.SIG_IGN, None):
@@ -68,6 +78,9 @@ class StopOnSignals:
 
     def remove(self) -> None:
         """Put back the handlers found, where ours is still the one installed."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, previous)
@@ -81,3 +94,26 @@ class StopOnSignals:
         previous = self._previous.get(signum)
         if callable(previous):
             previous(signum, frame)
+
+    async def _poll(self, event: Any) -> None:
+        # A multiprocessing event set by another process: nothing in this loop can be
+        # told of it, so it is polled, as hypercorn's own worker polls it.
+        while not event.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(HYPERCORN_POLL)
+        logger.debug("aiolock: hypercorn is shutting this worker down: stop acquiring")
+        self._stop()
+
+
+#: seconds between two looks at hypercorn's shutdown event (hypercorn's own pace)
+HYPERCORN_POLL = 0.1
+
+
+def _hypercorn_shutdown_event() -> Any | None:
+    """The event hypercorn's parent sets to stop this worker process, or None when this
+    process is not one of hypercorn's workers (its ``--workers 0``, or another server)."""
+    process = multiprocessing.current_process()
+    target = getattr(process, "_target", None)
+    if not getattr(target, "__module__", "").startswith("hypercorn."):
+        return None
+    event = (getattr(process, "_kwargs", None) or {}).get("shutdown_event")
+    return event if callable(getattr(event, "is_set", None)) else None

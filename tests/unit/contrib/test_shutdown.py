@@ -3,8 +3,8 @@ waiting for a lock get a 503 with ``Retry-After`` at once, the holder finishes w
 grace time, and the log has no traceback.
 
 Each test runs a real server process (uvicorn; gunicorn with uvicorn workers; hypercorn
-serving in its own process) on the
-FastAPI app of ``tests/_children/fastapi_app.py`` and sends it the real signal, by pid.
+with and without worker processes) on the FastAPI app of ``tests/_children/fastapi_app.py``
+and sends it the real signal, by pid.
 Before the hook, uvicorn answered the waiters 500 when its grace time ran out (and logged
 a traceback per request), and gunicorn's master killed the worker with them still
 waiting (no response at all).
@@ -147,23 +147,23 @@ def test_gunicorn_with_uvicorn_workers_answers_waiting_requests_503_at_sigterm(
 
 
 @pytest.mark.processes
-def test_hypercorn_serving_in_its_own_process_answers_503_at_sigterm(
-    redis_url: str, prefix: str
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_hypercorn_answers_waiting_requests_503_at_sigterm(
+    redis_url: str, prefix: str, workers: str
 ) -> None:
-    """hypercorn installs its handlers with ``loop.add_signal_handler`` (asyncio's), which
-    the hook chains to as well. ``--workers 0``: the process that gets the signal serves;
-    with worker processes, hypercorn tells them to stop through an event of its own, no
-    signal reaches them, and only ``stop_acquiring()`` called by the application helps
-    (docs/recipes/fastapi.md)."""
+    """``--workers 0``: the process that gets the signal serves, and hypercorn's handlers
+    are asyncio's (``loop.add_signal_handler``), which the hook chains to. ``--workers 1``
+    (hypercorn's default): the signal goes to the parent, which tells the worker process
+    through a multiprocessing event that the hook polls."""
     pytest.importorskip("hypercorn")
     command = [sys.executable, "-m", "hypercorn", APP, "--bind", "127.0.0.1:0",
-               "--graceful-timeout", str(GRACE), "--workers", "0"]  # fmt: skip
+               "--graceful-timeout", str(GRACE), "--workers", workers]  # fmt: skip
     with _serving(command, r"Running on http://127\.0\.0\.1:(\d+)", redis_url, prefix) as (
         server,
         base,
         log,
     ):
-        responses = asyncio.run(_deploy(server, base))
+        responses = asyncio.run(_deploy(server, base))  # SIGTERM to the parent, by pid
         server.wait(timeout=GRACE + 20)
         _check(responses, server, _read(log))
 
