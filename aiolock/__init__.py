@@ -8,6 +8,7 @@ fencing tokens, and cancellation-safe acquire and release::
             ...
 """
 
+from aiolock._engine.contention import NameStatistics
 from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
     IncompatibleLayoutError,
@@ -55,6 +56,7 @@ __all__ = [
     "ManagerNotOpenError",
     "ManagerStatistics",
     "MultiLock",
+    "NameStatistics",
     "Observer",
     "Permit",
     "ReadWriteLock",

@@ -394,6 +394,7 @@ MANAGER_OPTIONS = frozenset(
         "name",
         "identity",
         "max_hold",
+        "top_k",
     }
 )
 

@@ -20,6 +20,13 @@ from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from aiolock._engine.contention import (
+    DEFAULT_TOP_K,
+    NameStatistics,
+    check_top_k,
+    keep_published,
+    summary_key,
+)
 from aiolock._engine.engine import Engine
 from aiolock._engine.hub import WaiterHub
 from aiolock._engine.lifecycle import ManagerLifecycle
@@ -85,6 +92,8 @@ class ManagerStatistics:
         claims: waiters whose place in Redis this manager keeps alive (fair lock,
             read-write writers, semaphore requests; a plain lock's turn: one per name).
         failovers: moves of a Sentinel-managed primary that this manager followed.
+        names: contention on the hottest names, hottest first (at most ``top_k``): see
+            :class:`~aiolock.NameStatistics`.
     """
 
     #: holds of this manager's tasks (a reentrant hold counts once)
@@ -111,6 +120,8 @@ class ManagerStatistics:
     claims: int = 0
     #: moves of a Sentinel-managed primary that this manager followed
     failovers: int = 0
+    #: contention on the hottest names, hottest first (aiolock._engine.contention)
+    names: tuple[NameStatistics, ...] = ()
 
 
 class LockManager(ManagerLifecycle, LockFactories):
@@ -173,6 +184,9 @@ class LockManager(ManagerLifecycle, LockFactories):
             as a loss: its ``async with`` body is cancelled and
             :class:`~aiolock.LockLostError` raised, and the lock is released. Each
             factory method's ``max_hold=`` overrides it for one handle.
+        top_k: how many of the hottest names (by total wait time) the manager keeps
+            contention statistics for (:attr:`ManagerStatistics.names`; published beside
+            its identity record for ``aiolock top``); 0 keeps none. At most 100.
 
     A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
     follow failovers: see ``docs/sentinel.md``.
@@ -207,6 +221,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         name: str | None = None,
         identity: bool = True,
         max_hold: float | None = None,
+        top_k: int = DEFAULT_TOP_K,
     ) -> None:
         super().__init__()
         if not isinstance(check_on_open, bool):
@@ -246,6 +261,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         self._format(None)  # a format refused on a Redis Cluster fails here, at the call
         self._runtime = Runtime(self._client, self._keyspace, self.lease, self.fence_ttl, policy)
         self._runtime.max_hold = self.max_hold = check_max_hold(max_hold)
+        self._runtime.top_k = check_top_k(top_k)
         self._identity = (
             Identity(self._client, self._keyspace.identity_key, self._name, self.lease)
             if identity
@@ -392,6 +408,7 @@ class LockManager(ManagerLifecycle, LockFactories):
             lost=dict(engine.lost),
             claims=engine.claims,
             failovers=0 if self._primary_watch is None else self._primary_watch.failovers,
+            names=engine.contention.snapshot(),
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -478,6 +495,9 @@ class LockManager(ManagerLifecycle, LockFactories):
         tg.start_soon(core.watchdog.run, name="aiolock lease watchdog")
         if self._identity is not None:
             tg.start_soon(self._identity.keep, core.watchdog.period, name="aiolock identity")
+            if self._runtime.top_k:
+                top, call = summary_key(self._identity.key), self._client.call
+                tg.start_soon(keep_published, core.contention, call, top, self.lease)
         tg.start_soon(core.cleanup.run, name="aiolock cleanup")
         tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
         tg.start_soon(core.keep_listeners, name="aiolock listener registrations")

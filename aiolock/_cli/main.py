@@ -35,6 +35,7 @@ from aiolock._cli.target import (
     list_objects,
     mask,
 )
+from aiolock._cli.top import run_top
 from aiolock._errors import LockConnectionError, LockError
 from aiolock._redis.inspect import KINDS, LABELS, Holder, LockInfo, Who, glob_escape, parse_key
 
@@ -81,7 +82,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("--duration", type=float, default=None, help="stop after S seconds")
     watch.add_argument("--count", type=int, default=None, help="stop after N messages")
+    top = commands.add_parser(
+        "top",
+        parents=[common],
+        help="the hottest names across every manager, live (who holds, who waits)",
+    )
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    top.add_argument(
+        "--interval", type=_positive, default=1.0, help="seconds between screens (default 1)"
+    )
+    top.add_argument("--limit", type=_count, default=20, help="names shown (default 20)")
+    top.add_argument("--duration", type=_positive, default=None, help="stop after S seconds")
+    top.add_argument("--count", type=_count, default=None, help="stop after N screens")
     return parser
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -153,6 +186,8 @@ async def _command(target: Target, args: argparse.Namespace) -> int:
         )
     if args.command == "force-release":
         return await _force_release(target, args)
+    if args.command == "top":
+        return await run_top(target, args, mask(args.url, args.url))
     return await _watch(target, args)
 
 

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine
-from typing import Any, NoReturn
+from typing import Any
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
@@ -126,7 +126,7 @@ class Acquiring(Releasing):
         outcome = await self._attempt(kind, keys, owner, lease, permits=permits, claim=False)
         if isinstance(outcome, Hold):
             return outcome
-        self.timeouts[kind.name] += 1
+        self.timed_out(kind, keys)
         raise kind.timeout_error(keys, timeout, permits)
 
     async def _reenter(self, hold: Hold, lease: float | None) -> Hold:
@@ -192,8 +192,10 @@ class Acquiring(Releasing):
             waiter.acknowledged = effective_policy(self.rt.replicas) is not None
         if kind.turns and self.starved:
             still_starving(self.starved, waiter.queue)
-        acquired = False
-        claimed = False
+        acquired = claimed = False
+        # (contention: whether it waits, behind a holder or other waiters, and since when)
+        busy = isinstance(first, Busy) or not waiter.is_head
+        entered = self.contention.wait_began(kind, keys)
         try:
             if undo is not None:
                 await self._undo(kind, undo, deadline)  # it may have run: as _attempt does
@@ -270,7 +272,7 @@ class Acquiring(Releasing):
                             if isinstance(outcome, Hold):
                                 acquired = True
                                 return outcome
-                            failure, backoff = None, MIN_BACKOFF
+                            failure, backoff, busy = None, MIN_BACKOFF, True
                             quiet = losses
                             waiter.queue.answered = time.monotonic()
                             waiter.queue.busy += 1
@@ -306,7 +308,7 @@ class Acquiring(Releasing):
                     if failure is not None:  # an outage, whichever attempt saw it last
                         what = f"{kind.name} {keys.name!r}"
                         raise self.reach.unreachable_error(what, timeout, failure) from failure
-                    self.timeouts[kind.name] += 1
+                    self.timed_out(kind, keys)
                     if not waiter.queue.answered:  # nobody was seen holding it
                         raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
                     raise kind.timeout_error(keys, timeout, permits)
@@ -330,6 +332,7 @@ class Acquiring(Releasing):
                 else:  # the head's timer ran out: it tries too, but in a turn
                     should_try, woken = await self._in_turn(waiter, deadline)
         finally:
+            self.contention.wait_ended(kind, keys, entered, busy, waiter.handed is not None)
             # A shared grant lets the next waiter try at once, as a failed one does.
             hub.leave(waiter, acquired=acquired and not kind.shared)
             if not waiter.queue.waiters:
@@ -499,6 +502,7 @@ class Acquiring(Releasing):
         if time.monotonic() >= hold.valid_until:
             self._lost_at_birth(hold)
         self.acquired[hold.kind.name] += 1
+        self.contention.acquired(hold.resource, hold.kind.name, hold.keys.name)
         stale = self.registry.add(hold)
         if granted and stale is not None:
             # Before the new holder's body starts: two tasks of one manager are never
@@ -520,21 +524,6 @@ class Acquiring(Releasing):
                 owner = hold.owner
                 task.add_done_callback(lambda t: self._task_done(t, owner))
         return hold
-
-    def _lost_at_birth(self, hold: Hold) -> NoReturn:
-        """*hold*'s lease ended (by this client's clock) before the reply that granted it
-        arrived: Redis may have freed it already, so it is never handed to the caller."""
-        hold.lost = True
-        hold.lost_reason = "its lease had ended before the reply that granted it arrived"
-        self.lost[hold.kind.name] += 1
-        logger.warning("lock %r lost: %s", hold.keys.name, hold.lost_reason)
-        self.release_lost(hold)  # in case Redis still has it
-        raise LockLostError(
-            f"lock {hold.keys.name!r} was granted, but its lease of {hold.lease:g} s had "
-            "ended before the reply arrived (Redis or the network was slow, or the event "
-            "loop was blocked); it is given back and nothing is held. Try again, or give "
-            "a longer lease="
-        )
 
     async def _undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None:
         """Revert an attempt whose outcome is unknown, or void it before it runs.

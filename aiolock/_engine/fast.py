@@ -184,7 +184,7 @@ class FastPath(Acquiring):
             if entry is not None:
                 waiter = hub.materialize(channel, entry)
             if waiter is None:
-                self.timeouts[kind.name] += 1
+                self.timed_out(kind, keys)
                 raise kind.timeout_error(keys, timeout, permits)
             deadline = None if timeout is None else (called or sent_at) + timeout
             return await self._wait(

@@ -79,6 +79,7 @@ class Hold:
     __slots__ = (
         "count",
         "field",
+        "granted_at",
         "heeded",
         "keys",
         "kind",
@@ -134,6 +135,8 @@ class Hold:
         #: monotonic time by which the lease has surely ended unless renewed: measured
         #: from before the command was sent, so it errs early, never late
         self.valid_until = sent_at + lease
+        #: when its attempt was sent: the start of the hold, for its length
+        self.granted_at = sent_at
         #: when the watchdog next asks Redis whether a fixed-lease hold still exists
         self.next_check = sent_at + lease / 3
         #: the Redis Cluster slot of the hold's keys: renewal batches never mix slots

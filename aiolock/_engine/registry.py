@@ -29,6 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+from aiolock._engine.contention import Contention
 from aiolock._engine.kind import Hold
 
 __all__ = ["HoldRegistry"]
@@ -46,8 +47,15 @@ _ENDED_RENEWED = "the lease ended: renewal could not reach Redis in time"
 class HoldRegistry:
     """Every live hold of one manager, plus the lost and parked ones its owners may ask about."""
 
-    def __init__(self, on_lost: Callable[[Hold], None], on_fixed: Callable[[Hold], None]) -> None:
+    def __init__(
+        self,
+        on_lost: Callable[[Hold], None],
+        on_fixed: Callable[[Hold], None],
+        contention: Contention | None = None,
+    ) -> None:
         self._holds: dict[int, Hold] = {}
+        #: told how long each hold lasted (see aiolock._engine.contention)
+        self._contention = Contention(0) if contention is None else contention
         #: (resource, owner) -> the owner's hold of a reentrant kind
         self._index: dict[tuple[str, str], Hold] = {}
         #: owner -> its live holds (to release them when its task ends). An owner's entry
@@ -136,6 +144,7 @@ class HoldRegistry:
             if hold.limit is not None:
                 hold.limit.cancel()
                 hold.limit = None
+            self._contention.held(hold.resource, time.monotonic() - hold.granted_at)
             if hold.heeded:
                 hold.heeded = False
                 if self.on_unheld is not None:

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
 from aiolock._engine.kind import Hold, Released, ReleaseStatus, Successor
@@ -283,6 +284,21 @@ class Releasing(EngineState):
                 if late
                 else ""
             )
+        )
+
+    def _lost_at_birth(self, hold: Hold) -> NoReturn:
+        """*hold*'s lease ended (by this client's clock) before the reply that granted it
+        arrived: Redis may have freed it already, so it is never handed to the caller."""
+        hold.lost = True
+        hold.lost_reason = "its lease had ended before the reply that granted it arrived"
+        self.lost[hold.kind.name] += 1
+        logger.warning("lock %r lost: %s", hold.keys.name, hold.lost_reason)
+        self.release_lost(hold)  # in case Redis still has it
+        raise LockLostError(
+            f"lock {hold.keys.name!r} was granted, but its lease of {hold.lease:g} s had "
+            "ended before the reply arrived (Redis or the network was slow, or the event "
+            "loop was blocked); it is given back and nothing is held. Try again, or give "
+            "a longer lease="
         )
 
     def release_lost(self, hold: Hold) -> None:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from aiolock._engine.contention import DEFAULT_TOP_K
 from aiolock._engine.kind import ScriptRunner
 from aiolock._keys import KeySpace, ms
 from aiolock._redis.replicas import ReplicaPolicy
@@ -65,6 +66,7 @@ class Runtime:
         "max_hold",
         "replicas",
         "tombstone_ms",
+        "top_k",
     )
 
     def __init__(
@@ -92,6 +94,8 @@ class Runtime:
         self.replicas = replicas
         #: the longest a hold lasts unless its handle says otherwise (None: no bound)
         self.max_hold: float | None = None
+        #: how many names the per-name contention statistics track (0: none)
+        self.top_k = DEFAULT_TOP_K
 
     def next_id(self) -> int:
         return next(self.ids)

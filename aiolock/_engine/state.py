@@ -15,14 +15,16 @@ from collections import Counter
 
 from aiolock._engine.claims import WaiterClaims
 from aiolock._engine.cleanup import Cleanup
+from aiolock._engine.contention import Contention
 from aiolock._engine.heed import ReleaseHeed
 from aiolock._engine.hub import WaiterHub
-from aiolock._engine.kind import Hold
+from aiolock._engine.kind import Hold, LockKind
 from aiolock._engine.listeners import ListenerRegistrations
 from aiolock._engine.registry import HoldRegistry
 from aiolock._engine.runtime import Runtime
 from aiolock._engine.watchdog import Watchdog
 from aiolock._errors import ManagerNotOpenError
+from aiolock._keys import LockKeys
 from aiolock._observe import ObserverSet
 from aiolock._redis.reach import Reachability, describe, endpoint, speaks_plain
 
@@ -41,7 +43,11 @@ class EngineState:
         self.rt = runtime
         self.client = runtime.client
         self.hub = hub
-        self.registry = HoldRegistry(on_lost=self._on_lost, on_fixed=self._on_fixed)
+        #: the hottest names' contention statistics (see aiolock._engine.contention)
+        self.contention = Contention(runtime.top_k)
+        self.registry = HoldRegistry(
+            on_lost=self._on_lost, on_fixed=self._on_fixed, contention=self.contention
+        )
         #: told of every new hold's wait, acquisition and end (see aiolock._observe)
         self.observers = ObserverSet() if observers is None else observers
         self.watchdog = Watchdog(
@@ -76,8 +82,14 @@ class EngineState:
         #: kinds that register listeners: this manager's registrations (aiolock show)
         self._listeners = ListenerRegistrations(hub, group_by_slot=runtime.client.cluster)
 
+    def timed_out(self, kind: LockKind, keys: LockKeys) -> None:
+        """Count an acquire of *kind* on *keys* that ran out of time."""
+        self.timeouts[kind.name] += 1
+        self.contention.timed_out(kind.resource(keys), kind.name, keys.name)
+
     def _on_lost(self, hold: Hold) -> None:
         self.lost[hold.kind.name] += 1
+        self.contention.lost(hold.resource, hold.kind.name, hold.keys.name)
         if hold.observed_at is not None:
             self._ended(hold, hold.lost_reason)
         # The lock may be free now (or soon): the local head should try for it.

@@ -26,6 +26,9 @@ lease later) and again every ``lease / 3``, the watchdog's period, by a loop of 
 renewal. It disappears within one lease after the process
 dies, and is deleted when the manager closes. ``LockManager(identity=False)`` writes none.
 
+Beside it, ``P:mgr:{<manager id>}:top`` holds the manager's contention summary while it
+has one (:mod:`aiolock._engine.contention`); it is deleted with the record.
+
 The record is also how managers of two layouts on one prefix find each other: a manager
 that opens reads the records under its prefix and refuses to open beside one of another
 layout (:mod:`aiolock._redis.layout`). So its key and its ``l`` field stay where they are
@@ -164,14 +167,14 @@ class Identity:
         lease: float,
         layout: int = LAYOUT,
     ) -> None:
-        self._client = client
+        self.client = client
         self.key = key
         self._app_name = app_name
         #: the layout announced: this build's (another only in the tests, which play a
         #: manager of an older or a newer build with it)
         self.layout = layout
-        self._lease_ms = ms(lease)
-        self._limit = lease / 3
+        self.lease_ms = ms(lease)
+        self.limit = lease / 3
         self._value: str | None = None
         #: whether the last write failed (a failure is logged once, not every round)
         self._failing = False
@@ -181,9 +184,9 @@ class Identity:
         if self._value is None:
             self._value = record(self._app_name, self.layout)
         try:
-            with anyio.fail_after(self._limit):
-                await self._client.call(
-                    "SET", self.key, self._value, "PX", self._lease_ms, key=self.key
+            with anyio.fail_after(self.limit):
+                await self.client.call(
+                    "SET", self.key, self._value, "PX", self.lease_ms, key=self.key
                 )
         except (LockError, TimeoutError) as exc:
             if not self._failing:
@@ -210,6 +213,7 @@ class Identity:
     async def delete(self) -> None:
         """Delete the record (at close); it expires on its own if this fails."""
         try:
-            await self._client.call("DEL", self.key, key=self.key)
+            # (and the contention summary beside it: aiolock._engine.contention)
+            await self.client.call("DEL", self.key, f"{self.key}:top", key=self.key)
         except LockError as exc:
             logger.debug("could not delete the manager's identity record: %s", exc)

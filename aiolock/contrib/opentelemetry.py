@@ -15,13 +15,15 @@ Spans (both children of the span current where the lock is acquired):
   ``released`` or ``lost`` (status ERROR, and ``aiolock.lost_reason``).
 
 Both carry ``aiolock.kind``, ``aiolock.name`` and (once acquired) ``aiolock.fencing_token``.
-Metrics: see :data:`METRICS` and ``docs/observability.md``.
+Metrics: see :data:`METRICS` and ``docs/observability.md``. Lock names are attributes of
+the per-name gauges only (``aiolock.name.*``), for the hottest names only (the managers'
+top-K tables, ``LockManager(top_k=)``), and not at all with ``lock_names=False``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 try:
     from opentelemetry import metrics, trace
@@ -35,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from aiolock import __version__
 from aiolock._observe import AcquireFailure, ObservedManager, Observer
-from aiolock.contrib._statistics import WatchedManagers
+from aiolock.contrib._statistics import NAME_GAUGES, WatchedManagers
 
 __all__ = ["METRICS", "SECONDS_BUCKETS", "OpenTelemetryObserver"]
 
@@ -55,6 +57,12 @@ METRICS = {
     "aiolock.renewals": "counter: holds renewed by the watchdog [aiolock.kind]",
     "aiolock.held": "gauge: holds now [aiolock.prefix, aiolock.kind]",
     "aiolock.waiters": "gauge: tasks waiting now [aiolock.prefix]",
+    **{
+        f"aiolock.name.{attribute}": (
+            f"gauge{', s' if seconds else ''}: {what} [aiolock.prefix, aiolock.kind, aiolock.name]"
+        )
+        for attribute, (seconds, what) in NAME_GAUGES.items()
+    },
 }
 
 #: Hold spans remembered at most; beyond this the oldest are dropped (never ended).
@@ -72,8 +80,9 @@ class OpenTelemetryObserver(Observer):
         tracer_provider: where the spans go; ``None``: the global tracer provider.
         meter_provider: where the metrics go; ``None``: the global meter provider.
         spans: record spans (``False``: metrics only).
-        lock_names: put lock names in span attributes (``False`` if names carry data
-            that must not leave the process). Metrics never carry names.
+        lock_names: put lock names in span attributes and export the per-name gauges
+            of the hottest names (``False`` if names carry data that must not leave the
+            process: no metric then carries a name).
     """
 
     def __init__(
@@ -126,6 +135,14 @@ class OpenTelemetryObserver(Observer):
             unit="{task}",
             description="Tasks of the watched managers waiting for a lock now.",
         )
+        if lock_names:
+            for attribute, (seconds, what) in NAME_GAUGES.items():
+                meter.create_observable_gauge(
+                    f"aiolock.name.{attribute}",
+                    callbacks=[self._per_name(attribute)],
+                    unit="s" if seconds else "1",
+                    description=what,
+                )
 
     def attached(self, manager: ObservedManager) -> None:
         self._managers.add(manager)
@@ -210,6 +227,19 @@ class OpenTelemetryObserver(Observer):
             for prefix, total in self._managers.totals().items()
             for kind, count in total.held.items()
         ]
+
+    def _per_name(self, attribute: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(
+                    getattr(row, attribute),
+                    {"aiolock.prefix": prefix, "aiolock.kind": row.kind, "aiolock.name": row.name},
+                )
+                for prefix, total in self._managers.totals().items()
+                for row in total.names
+            ]
+
+        return observe
 
     def _observe_waiters(self, options: CallbackOptions) -> Iterable[Observation]:
         return [

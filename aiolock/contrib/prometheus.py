@@ -9,8 +9,9 @@ Install with ``pip install 'aiolock[prometheus]'``, then::
 One observer per registry; it can watch any number of managers. It registers, in its
 registry, histograms and counters fed by the lock events, and a collector that reads the
 managers' :meth:`~aiolock.LockManager.statistics` at each scrape (see :data:`METRICS`).
-Lock names are never labels (one series per name would be unbounded): the labels are the
-kind and, for what is read from the statistics, the managers' key prefix.
+Lock names are labels of the per-name gauges only (``aiolock_name_*``), and only for the
+hottest names: the managers' top-K tables (``LockManager(top_k=)``, 20 by default),
+merged per prefix; every other label is the kind or the managers' key prefix.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from aiolock._observe import AcquireFailure, ObservedManager, Observer
-from aiolock.contrib._statistics import PrefixTotals, WatchedManagers
+from aiolock.contrib._statistics import NAME_GAUGES, PrefixTotals, WatchedManagers
 
 __all__ = ["METRICS", "SECONDS_BUCKETS", "PrometheusObserver", "StatisticsCollector"]
 
@@ -36,6 +37,14 @@ SECONDS_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 300.0, float("inf"),
 )  # fmt: skip
+
+
+def _name_metric(namespace: str, attribute: str, seconds: bool) -> str:
+    """``aiolock_name_wait_p99_seconds``: a percentile in seconds says its unit; the
+    totals in seconds already end in it (``aiolock_name_wait_seconds``)."""
+    unit = "_seconds" if seconds and not attribute.endswith("seconds") else ""
+    return f"{namespace}_name_{attribute}{unit}"
+
 
 #: The metric families with the default namespace: name -> what it measures [labels].
 METRICS = {
@@ -50,6 +59,10 @@ METRICS = {
     "aiolock_connection_errors_total": "counter: round trips failed on a connection error [prefix]",
     "aiolock_pubsub_reconnects_total": "counter: pub/sub connection re-established [prefix]",
     "aiolock_released_on_task_exit_total": "counter: holds released as their task ended [prefix]",
+    **{
+        _name_metric("aiolock", attribute, seconds): f"gauge: {what} [prefix, kind, name]"
+        for attribute, (seconds, what) in NAME_GAUGES.items()
+    },
 }
 
 
@@ -99,13 +112,23 @@ class StatisticsCollector:
                 labels=["prefix"],
             ),
         }
+        names = {
+            attribute: GaugeMetricFamily(
+                _name_metric(ns, attribute, seconds), what, labels=["prefix", "kind", "name"]
+            )
+            for attribute, (seconds, what) in NAME_GAUGES.items()
+        }
         for prefix, total in totals.items():
             for kind, count in total.held.items():
                 held.add_metric([prefix, kind], count)
             for attribute, family in (gauges | counters).items():
                 family.add_metric([prefix], getattr(total, attribute))
+            for row in total.names:
+                for attribute, family in names.items():
+                    family.add_metric([prefix, row.kind, row.name], getattr(row, attribute))
         yield held
         yield from (gauges | counters).values()
+        yield from names.values()
 
 
 class PrometheusObserver(Observer):

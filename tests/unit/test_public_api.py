@@ -33,6 +33,7 @@ def test_public_names_are_pinned() -> None:
         "ManagerNotOpenError",
         "ManagerStatistics",
         "MultiLock",
+        "NameStatistics",
         "Observer",
         "Permit",
         "Semaphore",

@@ -168,3 +168,34 @@ async def test_lock_names_can_be_kept_out_of_spans(redis: Redis, prefix: str) ->
     spans = exporter.get_finished_spans()
     assert len(spans) == 2
     assert all(s.attributes is not None and "aiolock.name" not in s.attributes for s in spans)
+
+
+async def test_the_hottest_names_as_gauges_bounded_by_top_k(redis: Redis, prefix: str) -> None:
+    """Issue 38: per-name gauges for the top-K names only, and none with lock_names=False."""
+    reader, quiet = InMemoryMetricReader(), InMemoryMetricReader()
+    observers = [
+        OpenTelemetryObserver(meter_provider=MeterProvider(metric_readers=[reader]), spans=False),
+        OpenTelemetryObserver(
+            meter_provider=MeterProvider(metric_readers=[quiet]), spans=False, lock_names=False
+        ),
+    ]
+    async with aiolock.LockManager(redis, prefix=prefix, top_k=3, observers=observers) as locks:
+
+        async def take(name: str) -> None:
+            async with locks.lock(name):
+                await asyncio.sleep(0.005)
+
+        await asyncio.gather(*(take("hot") for _ in range(5)))
+        for i in range(10):  # more names than top_k, none of them contended
+            await take(f"cold{i}")
+        telemetry = Telemetry(locks, TracerProvider(), InMemorySpanExporter(), reader)
+        waits = telemetry.value("aiolock.name.waits", prefix=prefix, kind="lock", name="hot")
+        assert waits == 4  # the first of the five found it free
+        assert (
+            telemetry.value("aiolock.name.wait_seconds", prefix=prefix, kind="lock", name="hot") > 0
+        )
+        names = {dict(p.attributes)["aiolock.name"] for p in telemetry.points("aiolock.name.waits")}
+        assert "hot" in names and len(names) == 3
+        silent = Telemetry(locks, TracerProvider(), InMemorySpanExporter(), quiet)
+        assert list(silent.points("aiolock.name.waits")) == []
+    assert {f"aiolock.name.{a}" for a in ("waits", "waiting", "wait_p99")} <= set(METRICS)

@@ -158,3 +158,31 @@ def test_multiprocess_mode_serves_the_statistics_from_each_workers_collector(
     assert 'aiolock_acquisitions_total{kind="lock",result="acquired"} 1.0' in shared
     assert "aiolock_held" not in shared
     assert 'aiolock_held{kind="lock",prefix="mp"} 1.0' in own
+
+
+async def test_the_hottest_names_as_labels_bounded_by_top_k(redis: Redis, prefix: str) -> None:
+    """Issue 38: per-name gauges carry names for the managers' top-K names only, merged
+    across the managers of a prefix."""
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    async with (
+        aiolock.LockManager(redis, prefix=prefix, top_k=4, observers=[observer]) as one,
+        aiolock.LockManager(redis, prefix=prefix, top_k=4, observers=[observer]) as two,
+    ):
+
+        async def take(locks: aiolock.LockManager, name: str) -> None:
+            async with locks.lock(name):
+                await asyncio.sleep(0.005)
+
+        await asyncio.gather(*(take(m, "hot") for m in (one, two) for _ in range(4)))
+        for i in range(12):
+            await take(one, f"cold{i}")
+            await take(two, f"other{i}")
+        now = scrape(registry)
+        labels = frozenset({"prefix": prefix, "kind": "lock", "name": "hot"}.items())
+        hot = now.get(("aiolock_name_waits", labels))
+        assert hot is not None and hot >= 6  # both managers' waits, added up
+        assert now.get(("aiolock_name_wait_p99_seconds", labels), 0) > 0
+        named = {dict(labels)["name"] for (metric, labels) in now if metric == "aiolock_name_waits"}
+        assert "hot" in named and len(named) == 4  # 25 names used, 4 exported
+    assert "aiolock_name_wait_seconds" in METRICS and "aiolock_name_waiting" in METRICS
