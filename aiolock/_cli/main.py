@@ -219,11 +219,27 @@ def _hold_line(info: LockInfo, holder: Holder) -> str:
     unit = "permit" if info.kind == "semaphore" else "hold"
     role = f" ({holder.role})" if holder.role else ""
     line = f"    {holder.owner}{role}: {_plural(holder.count, unit)}, {_who_text(holder)}"
+    if holder.token is not None:  # the holder's own token (a plain lock's state keeps it)
+        line += f", token {holder.token}"
     if holder.lease_left is not None:
         line += f", lease left {holder.lease_left:.1f}s"
     if holder.held_for is not None:
         line += f", held for {holder.held_for:.1f}s"
     return line
+
+
+def _fence_text(info: LockInfo) -> str:
+    """What the fence key of *info* keeps (``fence.lua``'s callers): a fair lock's, the
+    last token released, older than its holder's; a read-write lock's, the largest
+    released (a reader that still holds may have an older one, a writer's is newer); a
+    semaphore's, the last issued (a holder's, or a newer one)."""
+    if info.kind == "semaphore":
+        return "the last token issued"
+    if info.kind == "rw":
+        writer = any(holder.role == "writer" for holder in info.holders)
+        return "the largest token released" + ("; the writer's token is newer" if writer else "")
+    newer = "; the holders' tokens are newer" if info.holders else ""
+    return f"the last token released{newer}"
 
 
 def _plural(count: int, what: str) -> str:
@@ -294,10 +310,8 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
         if info.kind == "lock":  # who they are, as far as the managers registered
             for who in info.listening:
                 print(f"    {who.field}: {_who_text(who)}")
-        if info.fence is not None:
-            # the fence key keeps the last token released: a holder's own token is newer
-            newer = "; the holders' tokens are newer" if info.holders else ""
-            print(f"  fence:      {info.fence} (the last token released{newer})")
+        if info.fence is not None:  # the fence key's token, not a holder's (their lines)
+            print(f"  fence:      {info.fence} ({_fence_text(info)})")
         if info.job is not None:
             print(_job_line(info.job))
         print(f"  holders:    {len(info.holders)}")

@@ -29,12 +29,17 @@ Every holder and waiter field starts with the id of its manager, whose identity 
 application it is: :func:`scan` and :func:`describe` read those records (one ``MGET``)
 and fill in :class:`Holder`'s ``host``, ``pid``, ``name`` and ``layout`` (None when the
 record is gone: the process died, or its manager runs with ``identity=False``).
+
+A plain lock's holder also gets its fencing token (the state's ``<token>``, what its
+handle's ``fencing_token`` reads) and ``held_for``, the server's ``TIME`` (the first
+command of the same pipeline as the state) less that token: tokens are the server's
+clock in microseconds at the grant, or forced above it, so the figure is a lower bound
+of the hold's age. The other kinds keep no token and no start per hold.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -117,9 +122,16 @@ class Holder:
     process: str | None = None
     #: when the holder's manager opened (Unix time, its own clock)
     started: float | None = None
-    #: seconds this hold has lasted, where Redis knows (a ``contrib.jobs`` lock's holder
-    #: record, by its ``since``: the holder's clock); None otherwise: a plain hold's
-    #: start is kept nowhere in Redis (its fencing token may be forced above the clock)
+    #: the hold's fencing token, what its handle's ``fencing_token`` reads: a plain
+    #: lock's, from its state; None for the kinds whose structure keeps no token per
+    #: hold (fair, rw, semaphore: only the fence key's last one) and for a Redlock (no
+    #: fencing tokens)
+    token: int | None = None
+    #: a lower bound of the seconds this hold has lasted, on the server's clock: a plain
+    #: lock's, the server's ``TIME`` (read before the state, in the same round trip) less
+    #: its token (the server's clock in microseconds at the grant, or forced above it);
+    #: 0 when the token is above that clock. None for the other kinds, whose structure
+    #: keeps no start of a hold
     held_for: float | None = None
     #: seconds left on this hold's lease (the object's PTTL, or the hold's own lease end
     #: for a read-write lock and a semaphore)
@@ -299,18 +311,13 @@ async def describe(
 
 
 async def _with_job(redis: Redis, info: LockInfo) -> LockInfo:
-    """*info* with the holder record ``contrib.jobs`` keeps at ``<lock key>:job``, and
-    the hold's age from its ``since`` (the holder's clock when it took the lock; the
-    record's fencing token is a counter, not a time, since issue 21)."""
+    """*info* with the holder record ``contrib.jobs`` keeps at ``<lock key>:job``. The
+    hold's age is its token's (:func:`_held_for`, the server's clock), not the record's
+    ``since`` (the holder's clock, which the reader's clock need not agree with)."""
     job = parse_record(await redis.get(f"{info.key}:job"))
     if job is None or not info.holders:
         return info
-    since = job.get("since")
-    held_for = time.time() - float(since) if isinstance(since, (int, float)) else None
-    holders = info.holders
-    if held_for is not None and len(holders) == 1:
-        holders = (replace(holders[0], held_for=round(max(0.0, held_for), 3)),)
-    return replace(info, job=job, holders=holders)
+    return replace(info, job=job)
 
 
 async def resolve(redis: Any, prefix: str, infos: list[LockInfo]) -> list[LockInfo]:
@@ -468,7 +475,7 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
         # registrations still live on the server's clock
         live = sorted(m for m, left in _lease_ends(extra[0], now_ms).items() if left > 0)
         common["listening"] = tuple(Who(manager) for manager in live)
-        return _parse_lock(raw, common)
+        return _parse_lock(raw, common, now_ms)
     if kind == "fair":
         holders = tuple(
             Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
@@ -510,11 +517,12 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
     )
 
 
-def _parse_lock(raw: Any, common: dict[str, Any]) -> LockInfo | None:
+def _parse_lock(raw: Any, common: dict[str, Any], now_ms: float) -> LockInfo | None:
     """A plain lock's state string (``aiolock/_kinds/lock/state.lua``): held,
     ``<field>|<count>|<token>|<epoch>|<flag>``; free, ``|<epoch>|<last>`` (None: no
     object). A value aiolock did not write (or a key of another type, an error reply) is
-    shown without holders, as the other kinds' foreign keys are."""
+    shown without holders, as the other kinds' foreign keys are. *now_ms* is the
+    server's ``TIME``, read before the state."""
     if raw is None:  # gone between SCAN and GET
         return None
     if isinstance(raw, Exception):
@@ -524,7 +532,25 @@ def _parse_lock(raw: Any, common: dict[str, Any]) -> LockInfo | None:
         return None  # free
     if len(parts) != 5 or not parts[0] or not all(p.isdigit() for p in parts[1:4]):
         return LockInfo(**common)
-    holder = Holder(parts[0], int(parts[1]), lease_left=common["ttl"])
+    token = int(parts[2])
+    holder = Holder(
+        parts[0],
+        int(parts[1]),
+        token=token,
+        held_for=_held_for(token, now_ms),
+        lease_left=common["ttl"],
+    )
     # no fence: a held state keeps the holder's token, not the one released before it
     # (tokens follow the server's clock, so that one is not the holder's minus one)
     return LockInfo(holders=(holder,), **common)
+
+
+def _held_for(token: int, now_ms: float) -> float:
+    """Seconds from a plain lock's token to the server's *now_ms*: a lower bound of the
+    hold's age. The acquire script takes the token from the server's ``TIME`` in
+    microseconds, or the last token plus one where the clock is not above it (state.lua's
+    ``next_token``): the token is never below the clock at the grant, and *now_ms* was
+    read before the state, so the hold began at least this long ago (on that server's
+    clock). A token above *now_ms* (forced above a clock that was behind, or a grant
+    between the two reads) gives 0."""
+    return round(max(0.0, (now_ms * 1000 - token) / 1_000_000), 3)

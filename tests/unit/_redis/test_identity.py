@@ -191,7 +191,8 @@ async def test_the_cli_shows_host_pid_and_name_of_another_managers_holder(
     assert lock_holder["manager"] == holder.id
     assert lock_holder["layout"] == LAYOUT
     assert 0 < lock_holder["lease_left"] <= LONG_LEASE
-    assert lock_holder["held_for"] is None  # a plain hold's start is kept nowhere
+    # a plain hold's token and age, from its state (issue 38; tests/unit/_cli/test_holders.py)
+    assert lock_holder["token"] is not None and lock_holder["held_for"] >= 0
     (who,) = objects["invoice"]["waiting_who"]
     assert who["manager"] == waiter.id and who["pid"] == os.getpid()
     assert who["layout"] == LAYOUT
