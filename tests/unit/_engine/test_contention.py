@@ -211,11 +211,14 @@ async def test_the_summary_is_written_while_it_changes_and_not_while_it_stays(
         async def written() -> float | None:
             raw = await redis.get(summary)
             rows = parse_summary(raw)
-            if not rows or rows[0]["waiting"] != 50:
+            if raw is None or not rows or rows[0]["waiting"] != 50:
                 return None
             return float(json.loads(raw)["t"])
 
-        await eventually(written, what="the summary with the 50 waiters")
+        async def has_waiters() -> bool:
+            return await written() is not None
+
+        await eventually(has_waiters, what="the summary with the 50 waiters")
         first = await written()
         await asyncio.sleep(2.5 * TOP_PERIOD)
         assert await written() == first  # the same figures: not written again
@@ -225,7 +228,11 @@ async def test_the_summary_is_written_while_it_changes_and_not_while_it_stays(
 
         async def rewritten() -> bool:
             rows = parse_summary(await redis.get(summary))
-            return bool(rows) and rows[0]["waiting"] == 0 and rows[0]["waits"] == 50
+            return (
+                rows is not None
+                and rows[:1] != []
+                and (rows[0]["waiting"], rows[0]["waits"]) == (0, 50)
+            )
 
         await eventually(rewritten, what="the changed figures' write")
     assert not await redis.exists(summary)  # deleted with the identity record
