@@ -13,20 +13,16 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aiolock._cli.target import (
-    ShardedWatch,
     Target,
     Unreachable,
     connect,
@@ -35,9 +31,10 @@ from aiolock._cli.target import (
     list_objects,
     mask,
 )
-from aiolock._cli.top import run_top
+from aiolock._cli.top import run_top, waiting_by_name
+from aiolock._cli.watch import EXIT_INTERRUPTED, watch
 from aiolock._errors import LockConnectionError, LockError
-from aiolock._redis.inspect import KINDS, LABELS, Holder, LockInfo, Who, glob_escape, parse_key
+from aiolock._redis.inspect import KINDS, LABELS, Holder, LockInfo, Who
 
 __all__ = ["main"]
 
@@ -46,8 +43,7 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 EXIT_UNREACHABLE = 2
 #: exit status when Redis answered a command with an error (auth, ACL, wrong type, ...)
 EXIT_REDIS_ERROR = 3
-#: exit status after Ctrl-C (128 + SIGINT, as shells report it)
-EXIT_INTERRUPTED = 130
+# (and EXIT_INTERRUPTED, 130 after Ctrl-C: aiolock._cli.watch)
 
 
 #: The kinds force-release frees: not a Redlock, which lives on several masters (freeing
@@ -81,7 +77,12 @@ def _parser() -> argparse.ArgumentParser:
         "watch", parents=[common], help="print every release message as it comes"
     )
     watch.add_argument("--duration", type=float, default=None, help="stop after S seconds")
-    watch.add_argument("--count", type=int, default=None, help="stop after N messages")
+    watch.add_argument("--count", type=int, default=None, help="stop after N events")
+    watch.add_argument(
+        "--no-local",
+        action="store_true",
+        help="only the release messages, not the hand-overs and waits inside each process",
+    )
     top = commands.add_parser(
         "top",
         parents=[common],
@@ -175,7 +176,7 @@ async def _run(args: argparse.Namespace) -> int:
 async def _command(target: Target, args: argparse.Namespace) -> int:
     if args.command == "list":
         infos = await list_objects(target, args.prefix)
-        code = _print_list(infos, args.json)
+        code = _print_list(infos, await waiting_by_name(target, args.prefix), args.json)
         line = None if infos else await hint(target, args.prefix)
         if line is not None:
             print(line, file=sys.stderr if args.json else sys.stdout)
@@ -188,7 +189,7 @@ async def _command(target: Target, args: argparse.Namespace) -> int:
         return await _force_release(target, args)
     if args.command == "top":
         return await run_top(target, args, mask(args.url, args.url))
-    return await _watch(target, args)
+    return await watch(target, args)
 
 
 # -- output ------------------------------------------------------------------------------
@@ -199,9 +200,10 @@ def _ttl_text(ttl: float | None) -> str:
 
 
 def _who_text(who: Holder | Who) -> str:
-    """``billing-worker@web-1 pid 4242``, or ``(no record)`` when the record is gone."""
+    """``billing-worker@web-1 pid 4242``, or, when the record is gone, ``(no record,
+    manager 3f2a9c1e)`` (the first digits of its id, which ``show`` prints whole)."""
     if who.host is None and who.pid is None:
-        return "(no record)"
+        return f"(no record, manager {(who.manager or '?')[:8]})"
     return f"{who.name or '?'}@{who.host or '?'} pid {who.pid if who.pid is not None else '?'}"
 
 
@@ -210,8 +212,8 @@ def _holders_text(info: LockInfo) -> str:
         return "-"
     parts = []
     for holder in info.holders:
-        role = f" {holder.role}" if holder.role else ""
-        parts.append(f"{holder.owner}{role} x{holder.count} {_who_text(holder)}")
+        role = f" ({holder.role})" if holder.role else ""
+        parts.append(f"{_who_text(holder)}{role} x{holder.count}")
     return ", ".join(parts)
 
 
@@ -265,14 +267,25 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
         print("  ".join(cells).rstrip(), file=out)
 
 
-def _print_list(infos: list[LockInfo], as_json: bool) -> int:
+def _print_list(
+    infos: list[LockInfo], waiting: dict[tuple[str, str], dict[str, int]], as_json: bool
+) -> int:
+    """*waiting*: the tasks waiting in each process (the managers' contention summaries),
+    which a plain lock's waiters, waiting in their processes, show nowhere in Redis."""
     if as_json:
-        print(json.dumps([info.to_dict() for info in infos], indent=2))
+        found = []
+        for info in infos:
+            data = info.to_dict()
+            per = waiting.get((info.kind, info.name), {})
+            data["waiting_tasks"] = sum(per.values())
+            data["waiting_in"] = [{"who": who, "waiting": n} for who, n in per.items()]
+            found.append(data)
+        print(json.dumps(found, indent=2))
         return 0
     if not infos:
         print("no locks")
         return 0
-    rows = [["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "LISTENERS"]]
+    rows = [["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "WAITING", "LISTENERS"]]
     for info in infos:
         holders = _holders_text(info)
         if info.kind == "semaphore":
@@ -284,6 +297,7 @@ def _print_list(infos: list[LockInfo], as_json: bool) -> int:
             holders,
             _ttl_text(info.ttl),
             str(info.waiters),
+            str(sum(waiting.get((info.kind, info.name), {}).values())),
             str(info.listeners),
         ])  # fmt: skip
     _table(rows, sys.stdout)
@@ -388,106 +402,3 @@ async def _force_release(target: Target, args: argparse.Namespace) -> int:
 
 
 # -- watch -------------------------------------------------------------------------------
-
-
-async def _watch(target: Target, args: argparse.Namespace) -> int:
-    # Ctrl-C stops the loop by a flag it checks between reads (each at most 1 s), not only
-    # by cancelling the task: redis-py's get_message() can swallow a cancellation that
-    # lands inside its read, and the watch then ran on after SIGINT (seen on loaded CI
-    # runs). The handler is in place before the subscription, which is when a caller may
-    # take the watch for started: a Ctrl-C between the two went to asyncio.run's own
-    # handler, whose cancellation the first read could swallow, and the watch ran on
-    # (issue 25). A cancellation that was swallowed all the same ends the loop too (3.11+
-    # counts it). Where the loop cannot take signals (Windows), KeyboardInterrupt ends it.
-    interrupted = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    try:
-        loop.add_signal_handler(signal.SIGINT, interrupted.set)
-        handled = True
-    except (NotImplementedError, RuntimeError):
-        handled = False
-    cancelling = getattr(asyncio.current_task(), "cancelling", lambda: 0)
-    source: _PatternWatch | ShardedWatch | None = None
-    try:
-        if target.cluster is None:
-            source = _PatternWatch(target.redis)
-            await source.subscribe(f"{glob_escape(args.prefix)}:*released")
-        else:
-            source = ShardedWatch(target, args.prefix)
-        deadline = None if args.duration is None else time.monotonic() + args.duration
-        seen = 0
-        while args.count is None or seen < args.count:
-            if interrupted.is_set() or cancelling():
-                return EXIT_INTERRUPTED
-            wait = 1.0
-            if deadline is not None:
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    break
-                wait = min(wait, 1.0)
-            message = await source.get(wait)
-            if message is None:
-                continue
-            event = _event(args.prefix, message)
-            if event is None:
-                continue
-            seen += 1
-            if args.json:
-                print(json.dumps(event), flush=True)
-            else:
-                stamp = datetime.fromtimestamp(event["time"]).strftime("%H:%M:%S.%f")[:-3]
-                label = LABELS[event["kind"]]
-                what = _event_text(event)
-                print(f"{stamp}  {label:<9}  {event['name']}  {what}", flush=True)
-    finally:
-        if handled:
-            loop.remove_signal_handler(signal.SIGINT)
-        if source is not None:
-            await source.aclose()
-    return EXIT_INTERRUPTED if interrupted.is_set() else 0
-
-
-class _PatternWatch:
-    """Every release channel under the prefix of one server, by one PSUBSCRIBE."""
-
-    def __init__(self, redis: Redis) -> None:
-        self._pubsub = redis.pubsub()
-
-    async def subscribe(self, pattern: str) -> None:
-        await self._pubsub.psubscribe(pattern)
-
-    async def get(self, timeout: float) -> dict[str, Any] | None:
-        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-        return message if message is not None and message.get("type") == "pmessage" else None
-
-    async def aclose(self) -> None:
-        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
-
-
-def _event(prefix: str, message: dict[str, Any]) -> dict[str, Any] | None:
-    channel = _decode(message["channel"])
-    parsed = parse_key(prefix, channel)
-    if parsed is None or parsed[2] != ":released":
-        return None
-    kind, name, _ = parsed
-    return {
-        "time": time.time(),
-        "kind": kind,
-        "name": name,
-        "channel": channel,
-        "message": _decode(message["data"]),
-        # A fair lock publishes only when it hands the lock to its next waiter (the
-        # message is that waiter's field); the other kinds publish every release (the
-        # message is the releasing manager's id).
-        "event": "granted" if kind == "fair" else "released",
-    }
-
-
-def _event_text(event: dict[str, Any]) -> str:
-    if event["event"] == "granted":
-        return f"granted to {event['message']}"
-    return f"released by {event['message']}"
-
-
-def _decode(value: Any) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)

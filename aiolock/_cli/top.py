@@ -28,10 +28,19 @@ from aiolock._keys import IDENTITY_TAG
 from aiolock._redis.identity import parse_record
 from aiolock._redis.inspect import LockInfo, glob_escape
 
-__all__ = ["NameRow", "read_top", "render", "run_top"]
+__all__ = [
+    "INSPECTED",
+    "NameRow",
+    "read_summaries",
+    "read_top",
+    "render",
+    "run_top",
+    "waiting_by_name",
+    "who_text",
+]
 
 #: The inspector's kind for each kind name a summary uses.
-_INSPECTED = {
+INSPECTED = {
     "lock": "lock",
     "fair lock": "fair",
     "read lock": "rw",
@@ -80,43 +89,71 @@ def who_text(record: dict[str, Any] | None) -> str:
     return f"{name}@{record.get('h') or '?'} pid {record.get('p', '?')}"
 
 
-async def _summaries(node: Redis, prefix: str) -> list[tuple[dict[str, Any] | None, Any]]:
-    """Every (identity record, summary) pair on *node* under *prefix*."""
+async def _summaries(node: Redis, prefix: str) -> list[tuple[str, dict[str, Any] | None, Any]]:
+    """Every (manager id, identity record, summary) on *node* under *prefix*."""
     pattern = f"{glob_escape(prefix)}:{IDENTITY_TAG}:{{*}}:top"
     keys = [key async for key in node.scan_iter(match=pattern, count=1000)]
     if not keys:
         return []
+    texts = [key.decode() if isinstance(key, bytes) else str(key) for key in keys]
     pipe = node.pipeline(transaction=False)
-    for key in keys:
-        text = key.decode() if isinstance(key, bytes) else key
+    for text in texts:
         pipe.get(text.removesuffix(":top"))
         pipe.get(text)
     replies = await pipe.execute()
-    return [(parse_record(replies[i]), replies[i + 1]) for i in range(0, len(replies), 2)]
+    return [
+        (text.rsplit("{", 1)[-1].split("}", 1)[0], parse_record(replies[2 * i]), replies[2 * i + 1])
+        for i, text in enumerate(texts)
+    ]
+
+
+async def read_summaries(
+    target: Target, prefix: str
+) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Every open manager's contention summary under *prefix*: (manager id, who it is,
+    its rows); on a Cluster, from every primary."""
+    nodes = [target.redis] if target.cluster is None else target.primaries()
+    found = []
+    for node in nodes:
+        for manager, record, raw in await _summaries(node, prefix):
+            rows = parse_summary(raw)
+            if rows is not None:
+                found.append((manager, who_text(record), rows))
+    return found
+
+
+async def waiting_by_name(target: Target, prefix: str) -> dict[tuple[str, str], dict[str, int]]:
+    """Per (inspector kind, name): the processes with tasks waiting for it now, each with
+    how many (``aiolock list``)."""
+    found: dict[tuple[str, str], dict[str, int]] = {}
+    for _, who, rows in await read_summaries(target, prefix):
+        for row in rows:
+            kind, waiting = INSPECTED.get(str(row["kind"])), int(row["waiting"])
+            if kind is not None and waiting > 0:
+                per = found.setdefault((kind, str(row["name"])), {})
+                per[who] = per.get(who, 0) + waiting
+    return found
 
 
 async def read_top(target: Target, prefix: str, limit: int) -> list[NameRow]:
     """The *limit* hottest names (by wait time, the waits in progress included, every
     manager's added up), hottest first, each with who holds it now."""
-    nodes = [target.redis] if target.cluster is None else target.primaries()
     rows: dict[tuple[str, str], NameRow] = {}
-    for node in nodes:
-        for record, raw in await _summaries(node, prefix):
-            who = who_text(record)
-            for entry in parse_summary(raw) or ():
-                key = (str(entry["kind"]), str(entry["name"]))
-                row = rows.get(key) or rows.setdefault(key, NameRow(*key))
-                row.managers += 1
-                for name in ("acquisitions", "waits", "handovers", "timeouts", "losses"):
-                    setattr(row, name, getattr(row, name) + int(entry[name]))
-                row.wait_seconds += float(entry["wait_seconds"])
-                row.waiting_seconds += float(entry["waiting_seconds"])
-                row.grants_per_s += float(entry["grants_per_s"])
-                row.wait_p99 = max(row.wait_p99, float(entry["wait_p99"]))
-                row.hold_p99 = max(row.hold_p99, float(entry["hold_p99"]))
-                if int(entry["waiting"]) > 0:
-                    row.waiting += int(entry["waiting"])
-                    row.waiters[who] = row.waiters.get(who, 0) + int(entry["waiting"])
+    for _, who, entries in await read_summaries(target, prefix):
+        for entry in entries:
+            key = (str(entry["kind"]), str(entry["name"]))
+            row = rows.get(key) or rows.setdefault(key, NameRow(*key))
+            row.managers += 1
+            for name in ("acquisitions", "waits", "handovers", "timeouts", "losses"):
+                setattr(row, name, getattr(row, name) + int(entry[name]))
+            row.wait_seconds += float(entry["wait_seconds"])
+            row.waiting_seconds += float(entry["waiting_seconds"])
+            row.grants_per_s += float(entry["grants_per_s"])
+            row.wait_p99 = max(row.wait_p99, float(entry["wait_p99"]))
+            row.hold_p99 = max(row.hold_p99, float(entry["hold_p99"]))
+            if int(entry["waiting"]) > 0:
+                row.waiting += int(entry["waiting"])
+                row.waiters[who] = row.waiters.get(who, 0) + int(entry["waiting"])
     hottest = sorted(
         rows.values(),
         key=lambda r: (-(r.wait_seconds + r.waiting_seconds), -r.acquisitions, r.name),
@@ -129,7 +166,7 @@ async def read_top(target: Target, prefix: str, limit: int) -> list[NameRow]:
 
 
 def _holders(infos: list[LockInfo], kind: str) -> list[dict[str, Any]]:
-    wanted = _INSPECTED.get(kind)
+    wanted = INSPECTED.get(kind)
     return [
         {
             "who": (

@@ -150,7 +150,7 @@ async def test_show_json_and_the_tables(
 
     assert table.code == 0, table.err
     header, *rows = table.out.splitlines()
-    assert header.split() == ["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "LISTENERS"]
+    assert header.split() == ["KIND", "NAME", "HOLDERS", "TTL", "WAITERS", "WAITING", "LISTENERS"]
     for label, name in [("lock", "orders"), ("fair lock", "queue"), ("rw lock", "config"),
                         ("semaphore", "pool")]:  # fmt: skip
         assert any(row.startswith(label) and f" {name} " in row for row in rows), table.out
@@ -244,7 +244,8 @@ async def start_watch(
     before = await admin.pubsub_numpat()
     # (the options go after the command: the CLI takes them on either side)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, *program, "--url", url, "--prefix", prefix, "watch", *options,
+        sys.executable, *program, "--url", url, "--prefix", prefix, "watch", "--no-local",
+        *options,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -411,7 +412,8 @@ async def test_ctrl_c_ends_watch_cleanly(redis_url: str, prefix: str, admin: Red
 _STALLED_WATCH = """
 import asyncio, importlib, sys, time
 cli = importlib.import_module("aiolock._cli.main")
-subscribe, get = cli._PatternWatch.subscribe, cli._PatternWatch.get
+watch = importlib.import_module("aiolock._cli.watch")
+subscribe, get = watch._PatternWatch.subscribe, watch._PatternWatch.get
 async def stalled(self, pattern):
     await subscribe(self, pattern)
     time.sleep(1.0)
@@ -420,7 +422,7 @@ async def swallowing(self, timeout):
         return await get(self, timeout)
     except asyncio.CancelledError:
         return None
-cli._PatternWatch.subscribe, cli._PatternWatch.get = stalled, swallowing
+watch._PatternWatch.subscribe, watch._PatternWatch.get = stalled, swallowing
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -174,7 +174,7 @@ async def test_watch_on_a_cluster_prints_the_releases_of_every_primary(
         url_port = next(iter(held))
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "aiolock", "--url", node_url(url_port), "--prefix", prefix,
-            "--json", "watch", "--count", "4", "--duration", "60",
+            "--json", "watch", "--no-local", "--count", "4", "--duration", "60",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
