@@ -32,7 +32,7 @@ import anyio
 
 from aiolock._engine.kind import Hold, LockKind
 from aiolock._engine.registry import HoldRegistry
-from aiolock._errors import LockError
+from aiolock._errors import LockConnectionError, LockError
 from aiolock._observe import ObserverSet
 
 __all__ = ["Watchdog"]
@@ -81,6 +81,8 @@ class Watchdog:
         #: (monotonic; None while they succeed), and the latest failure
         self._failing_since: float | None = None
         self._failure = ""
+        #: whether that failure was a connection's (an error reply is not: Redis answered)
+        self._unreachable = True
 
     def reschedule(self, due: float) -> None:
         """A fixed-lease hold was added or extended and is due at *due*.
@@ -154,8 +156,9 @@ class Watchdog:
             "the process was stopped)"
         )
         if self._failing_since is not None:
+            state = "was unreachable" if self._unreachable else "answered with errors"
             unreachable = (
-                "the lease ran out while Redis was unreachable: its renewals failed for "
+                f"the lease ran out while Redis {state}: its renewals failed for "
                 f"{now - self._failing_since:.1f} s; last error: {self._failure}"
             )
             if stood_still > self.period:
@@ -221,6 +224,7 @@ class Watchdog:
                 self._failing_since = sent_at
             # (the driver's error, for a loss reason: the wrapper's advice is about calls)
             self._failure = _reason(exc.__cause__ or exc, self.period)
+            self._unreachable = isinstance(exc, (LockConnectionError, TimeoutError))
             logger.warning(
                 "lease renewal of %s failed, will retry: %s",
                 _count(len(batch), f"{kind.name} hold"),
