@@ -4,9 +4,16 @@ Leading *name* is holding the lock *name* with the manager's lease, renewed by t
 manager's watchdog while the process lives. A process that dies stops renewing, so its
 leadership ends with its lease; a hold found lost (a renewal refused, the lease run out
 on this client's clock, a forced release) cancels the leader's body at once, as in any
-``async with`` of a lock, and :meth:`LeaderElection.run` campaigns again. Each term gets
-the lock's fencing token, which is larger than the token of every earlier term of the
-name: a resource that records the largest token it has seen refuses a deposed leader.
+``async with`` of a lock, and :meth:`LeaderElection.run` campaigns again.
+
+A term is numbered by the lock's fencing token, which is larger than the token of every
+earlier term of the name, in any process: the number a leader logs is the one a resource
+that records the largest token it has seen checks, and it refuses a deposed leader. (A
+count of terms per election object would say ``term 1`` in every new leader.)
+
+A loss says why (the hold's loss reason, in the log and in :class:`LockLostError`): the
+lease ran out while the event loop stood still (code that blocked it, or a stopped
+process), or while Redis could not be reached, or Redis no longer had the key.
 """
 
 from __future__ import annotations
@@ -38,18 +45,24 @@ class _Manager(ManagerLike, Protocol):
 
 @dataclass(frozen=True)
 class LeaderTerm:
-    """One term of leadership of a name by this process.
+    """One term of leadership of a name by this process, known by its fencing token.
+
+    ``str(term)`` is ``term <fencing_token> of '<name>'``: the logs and
+    ``repr(election)`` number a term by its token too.
 
     Attributes:
         name: the name led (the name of the lock that carries the election).
-        number: this election object's count of terms, from 1.
-        fencing_token: the lock's fencing token for this term; every later term of the
-            name, in any process, has a larger one.
+        fencing_token: the term's number: the lock's fencing token for this term. Every
+            later term of the name, in any process, has a larger one, so it orders the
+            terms of all the processes that campaign; they are not consecutive (aiolock's
+            own wire format takes them from the server's clock, in microseconds).
     """
 
     name: str
-    number: int
     fencing_token: int
+
+    def __str__(self) -> str:
+        return f"term {self.fencing_token} of {self.name!r}"
 
 
 class LeaderElection:
@@ -61,7 +74,7 @@ class LeaderElection:
     manager: ``aiolock show NAME`` shows the leader.
     """
 
-    __slots__ = ("_active", "_hold", "_lock", "_lost", "_manager", "_term", "_terms")
+    __slots__ = ("_active", "_hold", "_lock", "_lost", "_manager", "_term")
 
     def __init__(self, manager: _Manager, lock: Lock) -> None:
         self._manager = manager
@@ -69,9 +82,9 @@ class LeaderElection:
         #: the hold of the current term (None between terms)
         self._hold: Hold | None = None
         self._term: LeaderTerm | None = None
-        self._terms = 0
-        #: whether the last term ended by a loss of its hold (not an error of the body)
-        self._lost = False
+        #: why the last term's hold was lost, if it ended by a loss (not an error of the
+        #: body, nor a release)
+        self._lost: str | None = None
         #: whether a task is campaigning or leading with this object
         self._active = False
 
@@ -99,7 +112,7 @@ class LeaderElection:
 
     def __repr__(self) -> str:
         term = self.term
-        state = f"leading term {term.number}" if term else "not leading"
+        state = f"leading term {term.fencing_token}" if term else "not leading"
         return f"<LeaderElection {self.name!r} {state}>"
 
     @asynccontextmanager
@@ -107,8 +120,10 @@ class LeaderElection:
         """Wait until this process leads, and hold the leadership for the block's body.
 
         If the leadership is lost meanwhile, the body is cancelled and
-        :class:`LockLostError` is raised at the end of the block, as for a lock. Leaving
-        the block (also by a cancellation) ends the term and releases the name.
+        :class:`LockLostError` is raised at the end of the block, as for a lock; its
+        message says why (the lease ran out while the event loop stood still, or while
+        Redis could not be reached; or Redis no longer had the key). Leaving the block
+        (also by a cancellation) ends the term and releases the name.
         """
         if self._active:
             raise RuntimeError(
@@ -118,17 +133,14 @@ class LeaderElection:
         self._active = True
         try:
             async with self._lock:  # waits as long as it takes: the lock's timeout is None
-                self._terms += 1
                 hold = self._hold = self._lock._current_hold()
                 assert hold is not None  # the block holds it
-                term = self._term = LeaderTerm(self.name, self._terms, hold.token)
-                logger.info(
-                    "leading %r (term %d, fencing token %d)", self.name, term.number, hold.token
-                )
+                term = self._term = LeaderTerm(self.name, hold.token)
+                logger.info("leading %r: term %d (its fencing token)", self.name, hold.token)
                 try:
                     yield term
                 finally:
-                    self._lost = hold.lost
+                    self._lost = hold.lost_reason if hold.lost else None
                     self._hold = self._term = None
         finally:
             self._active = False
@@ -136,7 +148,8 @@ class LeaderElection:
     async def run(self, body: Callable[[LeaderTerm], Awaitable[object]]) -> None:
         """Campaign, and run ``await body(term)`` in every term this process leads.
 
-        A lost leadership cancels *body* and campaigns again. Returns when *body* returns
+        A lost leadership cancels *body*, logs a WARNING saying why, and campaigns
+        again. Returns when *body* returns
         (the leadership is released then), or when the manager stops: it was closed, or
         :meth:`~aiolock.LockManager.stop_acquiring` was called. Cancelling the task that
         awaits it releases the leadership. An error of *body* is raised, after release. A
@@ -149,17 +162,23 @@ class LeaderElection:
                     await body(term)
                 return
             except LockLostError as exc:
-                if term is not None and not self._lost:
+                if term is not None and self._lost is None:
                     raise  # the body's own error, about another lock
                 if not self._manager.is_open:
                     return  # lost by the manager's close: the process is stopping
-                # (term None: the lease ran out before the term began; the body never ran)
-                logger.warning(
-                    "lost the leadership of %r (%s): %s; campaigning again",
-                    self.name,
-                    "before the term began" if term is None else f"term {term.number}",
-                    exc,
-                )
+                if term is None:  # the lease ran out before the term began: no body ran
+                    logger.warning(
+                        "lost the leadership of %r before the term began: %s; campaigning again",
+                        self.name,
+                        exc,
+                    )
+                else:  # the hold's reason: a stopped loop, an unreachable Redis, a lost key
+                    logger.warning(
+                        "lost the leadership of %r (term %d): %s; campaigning again",
+                        self.name,
+                        term.fencing_token,
+                        self._lost,
+                    )
             except ManagerNotOpenError:
                 if self._manager._state in ("new", "failed"):
                     raise  # never opened, or broken: not a stop the caller asked for

@@ -41,7 +41,7 @@ async def worker(url: str, me: str) -> None:
         store = locks.redis.register_script(FENCED_SET)
 
         async def schedule(term: aiolock.LeaderTerm) -> None:
-            print(f"{me} leads (term {term.number}, token {term.fencing_token})", flush=True)
+            print(f"{me} leads (term {term.fencing_token})", flush=True)
             while True:  # cancelled if the leadership is lost; run() campaigns again
                 report = f"report by {me} at {time.time():.3f}"
                 keys = [f"{PREFIX}:report", f"{PREFIX}:report:token"]

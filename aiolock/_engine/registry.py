@@ -41,6 +41,7 @@ logger = logging.getLogger("aiolock")
 LOST_MEMORY = 10_000
 
 _ENDED_FIXED = "the lease ended: its fixed lease ran out"
+#: When the watchdog cannot tell why an auto-renewed lease ran out (see HoldRegistry.ended_why).
 _ENDED_RENEWED = "the lease ended: renewal could not reach Redis in time"
 
 
@@ -79,6 +80,9 @@ class HoldRegistry:
         self._on_fixed = on_fixed
         #: told when a hold whose release channel is listened to ends (aiolock._engine.heed)
         self.on_unheld: Callable[[Hold], None] | None = None
+        #: why an auto-renewed hold's lease ran out before it was renewed (the watchdog
+        #: tells: Redis unreachable, or the event loop stood still), or None if unknown
+        self.ended_why: Callable[[Hold], str | None] | None = None
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -188,7 +192,7 @@ class HoldRegistry:
         if hold.lost or not self.holds(hold):
             return False
         if time.monotonic() >= hold.valid_until:
-            self.lose(hold, _ENDED_FIXED if not hold.renew else _ENDED_RENEWED)
+            self.lose(hold, self._ended(hold))
             return False
         return True
 
@@ -317,6 +321,13 @@ class HoldRegistry:
             return
         self.lose(hold, _ENDED_FIXED)
 
+    def _ended(self, hold: Hold) -> str:
+        """The loss reason of *hold*, whose lease ran out on this client's clock."""
+        if not hold.renew:
+            return _ENDED_FIXED  # its own lease, not renewed: nothing went wrong
+        why = None if self.ended_why is None else self.ended_why(hold)
+        return _ENDED_RENEWED if why is None else why
+
     def _arm_shared(self, when: float) -> None:
         """One timer for all auto-renewed holds, at the earliest of their deadlines.
 
@@ -338,7 +349,7 @@ class HoldRegistry:
             if not hold.renew or hold.lost:
                 continue
             if hold.valid_until <= now:
-                self.lose(hold, _ENDED_RENEWED)
+                self.lose(hold, self._ended(hold))
             elif earliest is None or hold.valid_until < earliest:
                 earliest = hold.valid_until
         if earliest is not None:

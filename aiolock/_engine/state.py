@@ -57,6 +57,7 @@ class EngineState:
             group_by_slot=runtime.client.cluster,
             observers=self.observers,
         )
+        self.registry.ended_why = self.watchdog.why_ended
         self.cleanup = Cleanup()
         #: listens to the release channels of long-held locks (a release by another
         #: client is noticed at once, not at the next renewal)

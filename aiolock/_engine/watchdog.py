@@ -8,6 +8,11 @@ of one lock kind; on Redis Cluster (``group_by_slot``) also of one slot, since a
 may only touch keys of one slot there. A single server takes any mix, and 10,000 holds
 spread over as many slots then still take 34 round trips (lock holds), not 10,000.
 
+When an auto-renewed hold's lease runs out before it was renewed, the watchdog says why
+(:meth:`Watchdog.why_ended`, the hold's loss reason): either its renewals failed (Redis
+could not be reached) or the loop did not run it when it was due (the event loop stood
+still: code that blocked it, or a process stopped by SIGSTOP or a debugger).
+
 A batch is as large as its kind's :attr:`~aiolock._engine.kind.LockKind.renew_batch`: each kind
 names the number of holds whose renewal stays under a millisecond of Redis time (a
 script blocks the server while it runs), measured per kind (``benchmarks/NOTES.md``,
@@ -27,7 +32,7 @@ import anyio
 
 from aiolock._engine.kind import Hold, LockKind
 from aiolock._engine.registry import HoldRegistry
-from aiolock._errors import LockError
+from aiolock._errors import LockConnectionError, LockError
 from aiolock._observe import ObserverSet
 
 __all__ = ["Watchdog"]
@@ -66,6 +71,18 @@ class Watchdog:
         self._wake_at = math.inf
         #: holds to check with Redis at once (check_soon), by id
         self._urgent: dict[int, Hold] = {}
+        #: by when the loop must run again (monotonic): its planned wake-up while it
+        #: sleeps, the time-out of its latest batch while a round is in flight. Past it,
+        #: the event loop has not run the watchdog: it stood still (see why_ended)
+        self._due = math.inf
+        #: whether the loop of run() is in a round (its batches move _due)
+        self._in_round = False
+        #: when the first renewal batch failed since the last one that succeeded
+        #: (monotonic; None while they succeed), and the latest failure
+        self._failing_since: float | None = None
+        self._failure = ""
+        #: whether that failure was a connection's (an error reply is not: Redis answered)
+        self._unreachable = True
 
     def reschedule(self, due: float) -> None:
         """A fixed-lease hold was added or extended and is due at *due*.
@@ -89,12 +106,12 @@ class Watchdog:
                 urgent, self._urgent = self._urgent, {}
                 live = [hold for hold in urgent.values() if self._registry.holds(hold)]
                 if live:  # (a renewal is a check; a fixed lease is only checked)
-                    await self.run_round(live, counted=False)
+                    await self._round(live, counted=False)
                 continue
             now = time.monotonic()
             fixed = self._registry.fixed()
             due = min((hold.next_check for hold in fixed), default=math.inf)
-            wake_at = self._wake_at = min(next_round, due)
+            wake_at = self._wake_at = self._due = min(next_round, due)
             if wake_at > now:
                 self._changed.clear()
                 with anyio.move_on_after(wake_at - now):
@@ -103,13 +120,53 @@ class Watchdog:
             renewing = now >= next_round
             holds = self._registry.renewable() if renewing else []
             checked = [hold for hold in fixed if hold.next_check <= now]
-            ok = await self.run_round(holds + checked)
+            ok = await self._round(holds + checked)
             after = self.period if ok else min(self.period, RETRY_AFTER)
             if renewing:
                 next_round = time.monotonic() + after
             for hold in checked:
                 third = hold.lease / 3
                 hold.next_check = time.monotonic() + (third if ok else min(third, RETRY_AFTER))
+
+    async def _round(self, holds: list[Hold], *, counted: bool = True) -> bool:
+        """A round of the loop of :meth:`run`: its batches tell by when it runs again."""
+        self._due = time.monotonic() + self.period
+        self._in_round = True
+        try:
+            return await self.run_round(holds, counted=counted)
+        finally:
+            self._in_round = False
+
+    def why_ended(self, hold: Hold) -> str | None:
+        """Why the lease of *hold*, auto-renewed, ran out before a renewal confirmed it:
+        the reason of its loss, or None if the watchdog cannot tell.
+
+        A failed renewal since the last one that succeeded means Redis could not be
+        reached (or answered too late). Otherwise the loop was overdue: the event loop
+        did not run it when it was due, for long enough that the lease ran out
+        meanwhile. That the lease ran out with no failed renewal already shows the stall
+        was long (the watchdog renews every third of the lease), so no threshold is
+        needed for it; with failures, a stall is mentioned when it lasted longer than a
+        renewal period, which a loop that runs never shows.
+        """
+        now = time.monotonic()
+        stood_still = now - self._due
+        stall = (
+            f"the event loop stood still for {stood_still:.1f} s or more (blocking code, or "
+            "the process was stopped)"
+        )
+        if self._failing_since is not None:
+            state = "was unreachable" if self._unreachable else "answered with errors"
+            unreachable = (
+                f"the lease ran out while Redis {state}: its renewals failed for "
+                f"{now - self._failing_since:.1f} s; last error: {self._failure}"
+            )
+            if stood_still > self.period:
+                return f"{unreachable}; meanwhile {stall}"
+            return unreachable
+        if stood_still > 0:
+            return f"the lease ran out while {stall}, so the watchdog could not renew it in time"
+        return None
 
     async def renew_all(self) -> bool:
         """Renew every auto-renewed hold and check every fixed one, once."""
@@ -157,16 +214,24 @@ class Watchdog:
     async def _renew_batch(self, kind: LockKind, batch: list[Hold], *, counted: bool) -> bool:
         sent_at = time.monotonic()
         self.round_trips += counted
+        if self._in_round:  # (a batch that waited for its turn is bounded from its send)
+            self._due = max(self._due, sent_at + self.period)
         try:
             with anyio.fail_after(self.period):
                 held = await kind.renew(batch, self._lease)
         except (LockError, TimeoutError) as exc:
+            if self._failing_since is None:
+                self._failing_since = sent_at
+            # (the driver's error, for a loss reason: the wrapper's advice is about calls)
+            self._failure = _reason(exc.__cause__ or exc, self.period)
+            self._unreachable = isinstance(exc, (LockConnectionError, TimeoutError))
             logger.warning(
                 "lease renewal of %s failed, will retry: %s",
                 _count(len(batch), f"{kind.name} hold"),
                 _reason(exc, self.period),
             )
             return False
+        self._failing_since = None
         round_trip = time.monotonic() - sent_at
         registry = self._registry
         renewed = 0

@@ -326,3 +326,47 @@ async def test_a_lost_hold_cancels_a_body_that_swallowed_the_first_cancellation(
     await locks.lock("swallowed").force_release()
     assert await asyncio.wait_for(task, 10) == 0
     assert steps == ["swallowed"]
+
+
+# -- issue 38: a lost lease says why --------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_a_lease_lost_on_a_blocked_loop_says_the_loop_stood_still(
+    redis: Redis, prefix: str, kind: str
+) -> None:
+    """Blocking code (or a stopped process) keeps the watchdog from renewing until the
+    lease has run out: the loss says so, not that Redis could not be reached."""
+    lease = 1.0
+    async with aiolock.LockManager(redis, prefix=prefix, lease=lease) as locks:
+        held = locks.lock("blocked") if kind == "lock" else locks.semaphore("blocked", 2)
+        with pytest.raises(aiolock.LockLostError) as lost:
+            async with held:
+                # Blocks the loop (a callback of it runs the sleep): no renewal can run.
+                asyncio.get_running_loop().call_later(0.01, time.sleep, lease + 0.5)
+                await asyncio.sleep(30)  # cancelled by the loss
+        message = str(lost.value)
+        assert "the lease ran out while the event loop stood still for" in message, message
+        assert "unreachable" not in message, message
+        stats = locks.statistics()
+        assert stats.lost == {kind: 1}
+
+
+async def test_a_lease_lost_while_redis_is_unreachable_says_so(redis_url: str, prefix: str) -> None:
+    """Redis stops answering (the connections stay open, nothing comes back) until the
+    lease runs out: the loss says Redis was unreachable, with the renewals' error."""
+    upstream = urlparse(redis_url)
+    assert upstream.hostname is not None and upstream.port is not None
+    async with (
+        FaultProxy(upstream.hostname, upstream.port) as proxy,
+        aiolock.LockManager.from_url(proxy.url, prefix=prefix, lease=1.0) as locks,
+    ):
+        with pytest.raises(aiolock.LockLostError) as lost:
+            async with locks.lock("cut-off"):
+                proxy.blackhole()
+                await asyncio.sleep(30)  # cancelled by the loss
+        proxy.restore()
+        message = str(lost.value)
+        assert "the lease ran out while Redis was unreachable: its renewals failed for" in message
+        assert "last error: no reply within 0.333 s" in message, message
+        assert "stood still" not in message, message

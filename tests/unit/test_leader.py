@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import aiolock
 from aiolock.testing import RedisServer
 from tests._support.helpers import eventually, lock_held
 from tests._support.paths import REPO_ROOT
+from tests._support.redlock import paused
 
 
 @pytest.fixture
@@ -66,7 +69,7 @@ async def test_one_leader_at_a_time_and_the_next_term_has_a_larger_token(
     await first.stop()  # cancelling releases at once: no wait for the lease
     await eventually(lambda: bool(second.terms), timeout=2, what="the second leader")
     assert second.terms[0].fencing_token > first.terms[0].fencing_token
-    assert second.terms[0].number == 1 and second.terms[0].name == "scheduler"
+    assert second.terms[0].name == "scheduler"
     await second.stop()
     assert not await locks.lock("scheduler").locked()
 
@@ -78,16 +81,40 @@ async def test_a_lost_leadership_cancels_the_body_and_campaigns_again(
     leader = Leader(election)
     await eventually(lambda: bool(leader.terms), what="leading")
     assert election.is_leader and election.term == leader.terms[0]
-    assert "leading term 1" in repr(election)
+    assert f"leading term {leader.terms[0].fencing_token}>" in repr(election)
     assert await locks.lock("scheduler").force_release()  # as if the lease had run out
     await eventually(lambda: len(leader.terms) == 2, timeout=5, what="the second term")
     assert isinstance(leader.ended[0], asyncio.CancelledError)  # the body was cancelled
-    assert leader.terms[1].number == 2
     assert leader.terms[1].fencing_token > leader.terms[0].fencing_token
     assert election.term == leader.terms[1]
     await leader.stop()
     assert not election.is_leader
     assert not await locks.lock("scheduler").locked()
+
+
+async def test_every_new_leader_reports_its_fencing_token_as_its_term(
+    locks: aiolock.LockManager, other: aiolock.LockManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two managers (two processes, as far as Redis can tell) lead in turn. Each term is
+    numbered by its fencing token, larger than every earlier term's in either process
+    (a count per election object made every new leader say ``term 1``)."""
+    elections = [locks.leader("scheduler"), other.leader("scheduler")]
+    reported: list[int] = []
+    with caplog.at_level(logging.INFO, logger="aiolock"):
+        for turn in range(4):  # a, b, a, b: each election's second term too
+            election = elections[turn % 2]
+            caplog.clear()
+            async with election.lead() as term:
+                (logged,) = [
+                    int(found.group(1))
+                    for record in caplog.records
+                    if (found := re.match(r"leading 'scheduler'\W+term (\d+)", record.message))
+                ]
+                assert logged == term.fencing_token
+                assert str(term) == f"term {term.fencing_token} of 'scheduler'"
+                assert repr(election).endswith(f"leading term {term.fencing_token}>")
+                reported.append(logged)
+    assert reported == sorted(set(reported)), reported  # increasing across both processes
 
 
 async def test_a_body_that_returns_ends_the_run_and_releases(locks: aiolock.LockManager) -> None:
@@ -127,7 +154,10 @@ async def test_stopping_and_closing_the_manager_end_the_run(redis_url: str, pref
         assert not await locks.lock("scheduler").locked()
 
 
-async def test_an_outage_ends_the_term_and_the_campaign_resumes_when_redis_is_back() -> None:
+async def test_an_outage_ends_the_term_and_the_campaign_resumes_when_redis_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="aiolock")
     with RedisServer() as server:
         # No retries inside redis-py: each attempt fails at once while the server is down.
         client = Redis.from_url(server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2)
@@ -141,10 +171,78 @@ async def test_an_outage_ends_the_term_and_the_campaign_resumes_when_redis_is_ba
                 assert isinstance(leader.ended[0], asyncio.CancelledError)
                 assert not election.is_leader
                 assert not leader.task.done()  # the campaign waits through the outage
+                # The loss says why: the renewals could not reach Redis.
+                token = leader.terms[0].fencing_token
+                assert _lost_leadership(caplog) == [(token, "Redis was unreachable")]
                 server.start()
                 await eventually(lambda: len(leader.terms) == 2, timeout=20, what="a new term")
-                assert leader.terms[1].number == 2 and election.is_leader
+                assert election.is_leader
+                assert leader.terms[1].fencing_token > leader.terms[0].fencing_token
                 await leader.stop()
+        finally:
+            await client.aclose()
+
+
+def _lost_leadership(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """(term, cause) of each WARNING of a lost leadership; the cause is "unreachable",
+    "stood still" or the message's rest (its figures vary)."""
+    found = []
+    for record in caplog.records:
+        lost = re.fullmatch(r"lost the leadership of '\w+' \(term (\d+)\): (.*)", record.message)
+        if lost:
+            cause = re.match(
+                r"the lease ran out while (Redis was unreachable|the event loop stood still)[: ]",
+                lost.group(2),
+            )
+            found.append((int(lost.group(1)), cause.group(1) if cause else lost.group(2)))
+    return found
+
+
+async def test_a_leader_paused_past_its_lease_says_its_loop_stood_still(
+    redis: Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Code that blocks the event loop past the lease (as a stopped process would):
+    the loss says the loop stood still, not that Redis could not be reached."""
+    caplog.set_level(logging.WARNING, logger="aiolock")
+    lease = 1.0
+    async with aiolock.LockManager(redis, prefix=prefix, lease=lease) as locks:
+        terms: list[aiolock.LeaderTerm] = []
+
+        async def body(term: aiolock.LeaderTerm) -> None:
+            terms.append(term)
+            if len(terms) == 1:
+                # Blocks the loop (a callback of it runs the sleep): no renewal can run.
+                asyncio.get_running_loop().call_later(0.01, time.sleep, lease + 0.5)
+                await asyncio.sleep(30)  # cancelled by the loss
+
+        await asyncio.wait_for(locks.leader("scheduler").run(body), 20)
+        assert len(terms) == 2 and terms[1].fencing_token > terms[0].fencing_token
+    assert _lost_leadership(caplog) == [(terms[0].fencing_token, "the event loop stood still")]
+    (message,) = [r.message for r in caplog.records if r.message.startswith("lost the lead")]
+    figure = re.search(r"stood still for ([\d.]+) s or more", message)
+    assert figure is not None, message
+    stood_still = float(figure.group(1))
+    # From the renewal that was due (a third of the lease in, or earlier) to the loss.
+    assert lease * 2 / 3 - 0.1 <= stood_still <= lease + 0.5 + 0.3, message
+
+
+@pytest.mark.processes
+async def test_a_leader_cut_off_from_redis_says_redis_was_unreachable() -> None:
+    """The server stops answering (SIGSTOP: connections stay open, no reply comes) until
+    the lease runs out: the loss says Redis was unreachable, with the renewals' error."""
+    with RedisServer() as server:
+        client = Redis.from_url(server.url)
+        try:
+            async with aiolock.LockManager(client, prefix="cut-off", lease=1) as locks:
+                election = locks.leader("scheduler")
+                with pytest.raises(aiolock.LockLostError) as lost:
+                    async with election.lead():
+                        with paused(server):
+                            await asyncio.sleep(10)  # cancelled by the loss
+                message = str(lost.value)
+                assert "the lease ran out while Redis was unreachable" in message, message
+                assert "no reply within 0.333 s" in message, message
+                assert "stood still" not in message, message
         finally:
             await client.aclose()
 
@@ -286,3 +384,39 @@ async def test_a_killed_leader_is_replaced_within_the_lease(
 
 async def _has(redis: Redis, key: str, count: int) -> bool:
     return bool(await redis.llen(key) >= count)
+
+
+@pytest.mark.processes
+async def test_a_stopped_leader_process_says_its_loop_stood_still(
+    redis_url: str, prefix: str, admin: Redis
+) -> None:
+    """A leader process stopped (SIGSTOP) past its lease, then continued: its loss says
+    the event loop stood still, and it leads again in a later term, with a larger token."""
+    lease = 1.0
+    spec = {
+        "url": redis_url, "prefix": prefix, "name": "scheduler", "lease": lease,
+        "period": 0.05, "work": 0.02, "max_seconds": 60,
+    }  # fmt: skip
+    child = _start_child(spec)
+    try:
+        await until(lambda: _has(admin, f"{prefix}:terms", 1), timeout=30, what="a leader")
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(lease + 1)  # the lease must run out meanwhile
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        await until(lambda: _has(admin, f"{prefix}:terms", 2), timeout=30, what="a new term")
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=15)
+        assert child.returncode == 0, stderr
+        (_, first, _), (_, second, _) = await records(admin, f"{prefix}:terms")
+        assert second > first
+        # The child configures no logging: Python prints its WARNINGs to stderr.
+        lost = [line for line in stderr.splitlines() if line.startswith("lost the leadership")]
+        assert len(lost) == 1, stderr
+        assert lost[0].startswith(
+            f"lost the leadership of 'scheduler' (term {first}): the lease ran out while the "
+            "event loop stood still for "
+        ), lost[0]
+    finally:
+        _kill(child)
