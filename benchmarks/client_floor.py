@@ -53,6 +53,7 @@ import hiredis
 from redis.asyncio import Redis
 
 from aiolock import LockManager
+from aiolock._engine.contention import DEFAULT_TOP_K
 from aiolock._engine.kind import Granted, ReleaseStatus, decode_attempt, decode_release
 from aiolock._keys import KeySpace
 from aiolock._kinds.lock.kind import ACQUIRE, DEFAULT_KEEP_MS, RELEASE
@@ -66,6 +67,8 @@ PREFIX = "clientfloor"
 LEASE_MS = 30_000
 MANAGER_ID = "0123456789abcdef0123456789abcdef"
 MANAGER = "aiolock's LockManager"
+#: the same without per-name contention statistics (issue 38: their cost on W2)
+MANAGER_NO_STATS = "aiolock's LockManager, top_k=0"
 ROWS = ("minimal batching client", "aiolock's Client", MANAGER, "redis-py's Lock")
 #: issue 21's target 2 (its client-CPU half; W2 cycles/s vs main is the main harness's)
 TARGET = "aiolock's LockManager: client CPU per W2 cycle <= 2.0x the minimal batching client"
@@ -198,10 +201,13 @@ async def client_cycle(name: str, host: str, port: int) -> AsyncIterator[Cycle]:
         finally:
             await client.aclose()
             await redis.aclose()
-    elif name == MANAGER:
+    elif name in (MANAGER, MANAGER_NO_STATS):
         redis = Redis(host=host, port=port)
+        top_k = 0 if name == MANAGER_NO_STATS else DEFAULT_TOP_K
         try:
-            async with LockManager(redis, prefix=PREFIX, lease=LEASE_MS / 1000) as manager:
+            async with LockManager(
+                redis, prefix=PREFIX, lease=LEASE_MS / 1000, top_k=top_k
+            ) as manager:
 
                 async def cycle(lock_name: str) -> None:
                     lock = manager.lock(lock_name)

@@ -35,10 +35,14 @@ import tempfile
 from pathlib import Path
 
 from aiolock.testing import RedisServer
-from benchmarks.client_floor import MANAGER, ROWS, client_cycle
+from benchmarks.client_floor import MANAGER, MANAGER_NO_STATS, ROWS, client_cycle
 
-#: short names on the command line for the rows of benchmarks.client_floor
-CLIENTS = dict(zip(("minimal", "client", "manager", "redis-py"), ROWS, strict=True))
+#: short names on the command line for the rows of benchmarks.client_floor, and the
+#: LockManager without per-name statistics (issue 38)
+CLIENTS = {
+    **dict(zip(("minimal", "client", "manager", "redis-py"), ROWS, strict=True)),
+    "manager-nostats": MANAGER_NO_STATS,
+}
 
 
 async def _cycles(name: str, host: str, port: int, tasks: int, cycles: int) -> None:
@@ -121,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     if "minimal" in per_cycle and "manager" in per_cycle:
         ratio = per_cycle["manager"] / per_cycle["minimal"]
         print(f"{MANAGER} / minimal batching client: {ratio:.2f}x (issue 21, target 2: <= 2.0x)")
+    if "manager" in per_cycle and "manager-nostats" in per_cycle:
+        ratio = per_cycle["manager"] / per_cycle["manager-nostats"]
+        print(
+            f"{MANAGER} (top_k=20) / the same with top_k=0: {ratio:.3f}x "
+            "(issue 38: per-name statistics cost at most 1.03x)"
+        )
     return 0
 
 

@@ -157,6 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REDIS_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``aiolock watch | head``): nothing more to say to it, and
+        # Python's own flush at exit must not report it either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _error(url: str, message: str) -> None:

@@ -207,7 +207,8 @@ def render(rows: list[NameRow], out: TextIO, *, server: str, now: float) -> None
         name = row.name if len(row.name) <= _NAME_CELL else row.name[: _NAME_CELL - 1] + "…"
         holder = ", ".join(h["who"] for h in row.holders) or "-"
         held = [h["held_for"] for h in row.holders if h["held_for"] is not None]
-        waiting = ", ".join(f"{n} {who}" for who, n in row.waiters.items()) or "0"
+        per = sorted(row.waiters.items(), key=lambda item: (-item[1], item[0]))
+        waiting = f"{row.waiting} ({', '.join(f'{n} {who}' for who, n in per)})" if per else "0"
         table.append([
             name, row.kind, holder, _seconds(max(held) if held else None), waiting,
             _seconds(row.wait_p99), f"{row.grants_per_s:.1f}", str(row.waits),

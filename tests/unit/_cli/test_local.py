@@ -69,3 +69,23 @@ async def test_list_counts_the_tasks_waiting_in_a_process(redis_url: str, prefix
     assert locks.id not in table.out  # never a bare manager id
     (hot,) = json.loads(document.out)
     assert hot["waiting_tasks"] == 5 and hot["waiting_in"] == [{"who": ME, "waiting": 5}]
+
+
+async def test_a_reader_that_goes_away_ends_watch_quietly(redis_url: str, prefix: str) -> None:
+    """``aiolock watch | head -1``: the pipe closes after the first line; the command ends
+    with status 0 and no traceback (it printed one for BrokenPipeError before)."""
+    async with aiolock.LockManager.from_url(redis_url, prefix=prefix, name="local-app") as locks:
+        stop = asyncio.Event()
+        work = asyncio.create_task(_contend(locks, stop))
+        process = await asyncio.create_subprocess_shell(
+            f"{sys.executable} -m aiolock --url {redis_url} --prefix {prefix} watch "
+            "--duration 20 | head -1",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), CHILD_TIMEOUT)
+        finally:
+            stop.set()
+            await work
+    assert len(out.decode().splitlines()) == 1
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err
