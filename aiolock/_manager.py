@@ -185,8 +185,9 @@ class LockManager(ManagerLifecycle, LockFactories):
             :class:`~aiolock.LockLostError` raised, and the lock is released. Each
             factory method's ``max_hold=`` overrides it for one handle.
         top_k: how many of the hottest names (by total wait time) the manager keeps
-            contention statistics for (:attr:`ManagerStatistics.names`; published beside
-            its identity record for ``aiolock top``); 0 keeps none. At most 100.
+            contention statistics for (``statistics().names``, each a
+            :class:`~aiolock.NameStatistics`; published beside its identity record for
+            ``aiolock top``); 0 keeps none. At most 100.
 
     A ``Sentinel.master_for()`` client (or :meth:`from_sentinel`) makes the manager
     follow failovers: see ``docs/sentinel.md``.
