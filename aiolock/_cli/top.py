@@ -170,7 +170,7 @@ def _holders(infos: list[LockInfo], kind: str) -> list[dict[str, Any]]:
     return [
         {
             "who": (
-                "(no record)"
+                f"(no record, manager {(holder.manager or '?')[:8]})"
                 if holder.host is None
                 else f"{holder.name or '?'}@{holder.host} pid {holder.pid}"
             ),

@@ -296,7 +296,10 @@ async def test_a_killed_processs_record_is_gone_within_a_lease(
         (holder,) = json.loads(dead.out)["objects"][0]["holders"]
         assert holder["manager"] == manager_id
         assert (holder["host"], holder["pid"], holder["name"]) == (None, None, None)
-        assert "(no record)" in (await run_cli(redis_url, prefix, "show", "held")).out
+        assert (
+            f"(no record, manager {manager_id[:8]})"
+            in (await run_cli(redis_url, prefix, "show", "held")).out
+        )
     finally:
         if child.poll() is None:
             os.kill(child.pid, signal.SIGKILL)
