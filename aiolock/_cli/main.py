@@ -187,9 +187,9 @@ async def _command(target: Target, args: argparse.Namespace) -> int:
             print(line, file=sys.stderr if args.json else sys.stdout)
         return code
     if args.command == "show":
-        return _print_show(
-            args.name, await describe_name(target, args.prefix, args.name), args.json
-        )
+        infos = await describe_name(target, args.prefix, args.name)
+        waiting = await waiting_by_name(target, args.prefix)
+        return _print_show(args.name, infos, waiting, args.json)
     if args.command == "force-release":
         return await _force_release(target, args)
     if args.command == "top":
@@ -278,14 +278,7 @@ def _print_list(
     """*waiting*: the tasks waiting in each process (the managers' contention summaries),
     which a plain lock's waiters, waiting in their processes, show nowhere in Redis."""
     if as_json:
-        found = []
-        for info in infos:
-            data = info.to_dict()
-            per = waiting.get((info.kind, info.name), {})
-            data["waiting_tasks"] = sum(per.values())
-            data["waiting_in"] = [{"who": who, "waiting": n} for who, n in per.items()]
-            found.append(data)
-        print(json.dumps(found, indent=2))
+        print(json.dumps([_with_waiting(info, waiting) for info in infos], indent=2))
         return 0
     if not infos:
         print("no locks")
@@ -309,9 +302,25 @@ def _print_list(
     return 0
 
 
-def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
+def _with_waiting(info: LockInfo, waiting: dict[tuple[str, str], dict[str, int]]) -> dict[str, Any]:
+    """*info* as JSON, with the tasks waiting for it in each process (``waiting_tasks``,
+    ``waiting_in``: the managers' contention summaries)."""
+    data = info.to_dict()
+    per = waiting.get((info.kind, info.name), {})
+    data["waiting_tasks"] = sum(per.values())
+    data["waiting_in"] = [{"who": who, "waiting": n} for who, n in per.items()]
+    return data
+
+
+def _print_show(
+    name: str,
+    infos: list[LockInfo],
+    waiting: dict[tuple[str, str], dict[str, int]],
+    as_json: bool,
+) -> int:
     if as_json:
-        print(json.dumps({"name": name, "objects": [info.to_dict() for info in infos]}, indent=2))
+        objects = [_with_waiting(info, waiting) for info in infos]
+        print(json.dumps({"name": name, "objects": objects}, indent=2))
         return 0 if infos else 1
     if not infos:
         print(f"no lock object named {name!r}")
@@ -339,6 +348,10 @@ def _print_show(name: str, infos: list[LockInfo], as_json: bool) -> int:
         print(f"  waiters:    {info.waiters}")
         for waiter in info.waiting_who or tuple(Who(text) for text in info.waiting):
             print(f"    {waiter.field}: {_who_text(waiter)}")
+        per = waiting.get((info.kind, info.name), {})
+        print(f"  waiting:    {sum(per.values())} tasks in processes")
+        for process, count in sorted(per.items(), key=lambda item: (-item[1], item[0])):
+            print(f"    {process}: {count}")
     return 0
 
 

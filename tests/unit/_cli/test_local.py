@@ -89,3 +89,28 @@ async def test_a_reader_that_goes_away_ends_watch_quietly(redis_url: str, prefix
             await work
     assert len(out.decode().splitlines()) == 1
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+async def test_show_gives_the_waiters_per_process(redis_url: str, prefix: str) -> None:
+    """Issue 38 item 4: ``show NAME`` names the processes whose tasks wait, and how many."""
+    async with (
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, name="local-app") as locks,
+        aiolock.LockManager.from_url(redis_url, prefix=prefix, name="other-app") as others,
+    ):
+        held = locks.lock("hot")
+        await held.acquire()
+        waiters = [asyncio.create_task(locks.lock("hot").acquire()) for _ in range(3)]
+        waiters += [asyncio.create_task(others.lock("hot").acquire()) for _ in range(2)]
+        await asyncio.sleep(1.5)  # each summary is rewritten within a second of a change
+        text = await run_cli(redis_url, prefix, "show", "hot")
+        document = await run_cli(redis_url, prefix, "show", "hot", "--json")
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        await held.release()
+    other = f"other-app@{socket.gethostname()} pid {os.getpid()}"
+    assert "  waiting:    5 tasks in processes" in text.out, text.out
+    assert f"    {ME}: 3" in text.out and f"    {other}: 2" in text.out
+    (hot,) = json.loads(document.out)["objects"]
+    assert hot["waiting_tasks"] == 5
+    assert sorted((w["who"], w["waiting"]) for w in hot["waiting_in"]) == [(ME, 3), (other, 2)]
