@@ -502,7 +502,11 @@ class Acquiring(Releasing):
         if time.monotonic() >= hold.valid_until:
             self._lost_at_birth(hold)
         self.acquired[hold.kind.name] += 1
-        self.contention.acquired(hold.resource, hold.kind.name, hold.keys.name)
+        contention = self.contention  # (Contention.acquired, inline but for a new entry)
+        if (entry := contention.entries.get(hold.resource)) is not None:
+            entry.acquisitions += 1
+        elif len(contention.entries) < contention.top_k:
+            contention.acquired(hold.resource, hold.kind.name, hold.keys.name)
         stale = self.registry.add(hold)
         if granted and stale is not None:
             # Before the new holder's body starts: two tasks of one manager are never

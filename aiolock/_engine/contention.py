@@ -63,6 +63,7 @@ __all__ = [
     "TOP_NAME",
     "TOP_PERIOD",
     "Contention",
+    "Entry",
     "NameStatistics",
     "check_top_k",
     "keep_published",
@@ -149,7 +150,10 @@ class NameStatistics:
     tracked_for: float
 
 
-class _Entry:
+class Entry:
+    """One tracked name's figures (the fast path updates ``acquisitions`` and ``holds``
+    in place: see :meth:`Contention.acquired`)."""
+
     __slots__ = (
         "acquisitions",
         "error",
@@ -192,11 +196,12 @@ class Contention:
     ``resource`` (one per kind and name); callers pass the kind and name along for the
     rare event that adds an entry."""
 
-    __slots__ = ("_entries", "top_k", "waiting")
+    __slots__ = ("entries", "top_k", "waiting")
 
     def __init__(self, top_k: int) -> None:
         self.top_k = top_k
-        self._entries: dict[str, _Entry] = {}
+        #: resource -> its entry. The fast path reads it inline (see :meth:`acquired`)
+        self.entries: dict[str, Entry] = {}
         #: the engine's waits in progress, per resource: [tasks, the sum of their start
         #: times (monotonic), kind, name]; a resource goes when its last wait ends. Its
         #: waits count at once, in or out of the table: a name whose holder hangs shows
@@ -204,30 +209,34 @@ class Contention:
         self.waiting: dict[str, list[Any]] = {}
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
-    def _entry(self, resource: str, kind: str, name: str) -> _Entry | None:
+    def _entry(self, resource: str, kind: str, name: str) -> Entry | None:
         """The entry of *resource*, added if the table has room."""
-        entry = self._entries.get(resource)
-        if entry is None and len(self._entries) < self.top_k:
-            entry = self._entries[resource] = _Entry(kind, name, 0.0)
+        entry = self.entries.get(resource)
+        if entry is None and len(self.entries) < self.top_k:
+            entry = self.entries[resource] = Entry(kind, name, 0.0)
         return entry
 
     def acquired(self, resource: str, kind: str, name: str) -> None:
-        entry = self._entries.get(resource)
+        """A new hold of *resource*. The fast path does this inline: an entry found is
+        counted there, and only a name that may take a free place calls this (a call is
+        a Python function entered, which an uncontended cycle has a budget of)."""
+        entry = self.entries.get(resource)
         if entry is None:
-            if len(self._entries) >= self.top_k:
+            if len(self.entries) >= self.top_k:
                 return  # a name that did not wait evicts nobody
-            entry = self._entries[resource] = _Entry(kind, name, 0.0)
+            entry = self.entries[resource] = Entry(kind, name, 0.0)
         entry.acquisitions += 1
 
     def handed_over(self, resource: str) -> None:
-        entry = self._entries.get(resource)
+        entry = self.entries.get(resource)
         if entry is not None:
             entry.handovers += 1
 
     def held(self, resource: str, seconds: float) -> None:
-        entry = self._entries.get(resource)
+        """A hold of *resource* ended after *seconds* (inline in HoldRegistry.remove)."""
+        entry = self.entries.get(resource)
         if entry is not None:
             entry.holds.append(seconds)
 
@@ -273,7 +282,7 @@ class Contention:
 
     def waited(self, resource: str, kind: str, name: str, seconds: float) -> None:
         """An acquire of *resource* found it held and waited *seconds* (granted or not)."""
-        entries = self._entries
+        entries = self.entries
         entry = entries.get(resource)
         if entry is None:
             if not self.top_k:
@@ -284,7 +293,7 @@ class Contention:
                 # inherits its total (the most by which the newcomer's may overstate).
                 least = min(entries, key=lambda r: entries[r].wait_seconds)
                 base = entries.pop(least).wait_seconds
-            entry = entries[resource] = _Entry(kind, name, base)
+            entry = entries[resource] = Entry(kind, name, base)
         entry.waits += 1
         entry.wait_seconds += seconds
         entry.waits_taken.append(seconds)
@@ -296,18 +305,18 @@ class Contention:
             return ()
         now = time.monotonic()
         waiting = self.waiting
-        rows = [_row(e, waiting.get(resource), now) for resource, e in self._entries.items()]
+        rows = [_row(e, waiting.get(resource), now) for resource, e in self.entries.items()]
         rows += [
-            _row(_Entry(kind, name, 0.0), waits, now)
+            _row(Entry(kind, name, 0.0), waits, now)
             for resource, waits in waiting.items()
-            if resource not in self._entries
+            if resource not in self.entries
             for kind, name in [(waits[2], waits[3])]
         ]
         rows.sort(key=lambda r: (-(r.wait_seconds + r.waiting_seconds), -r.acquisitions, r.name))
         return tuple(rows[: self.top_k])
 
 
-def _row(e: _Entry, waits: list[Any] | None, now: float) -> NameStatistics:
+def _row(e: Entry, waits: list[Any] | None, now: float) -> NameStatistics:
     count, began = (0, 0.0) if waits is None else (waits[0], waits[1])
     return NameStatistics(
         kind=e.kind,

@@ -148,7 +148,9 @@ class HoldRegistry:
             if hold.limit is not None:
                 hold.limit.cancel()
                 hold.limit = None
-            self._contention.held(hold.resource, time.monotonic() - hold.granted_at)
+            # (Contention.held, inline: no function entered on an uncontended cycle)
+            if (entry := self._contention.entries.get(hold.resource)) is not None:
+                entry.holds.append(time.monotonic() - hold.granted_at)
             if hold.heeded:
                 hold.heeded = False
                 if self.on_unheld is not None:
