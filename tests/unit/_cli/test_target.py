@@ -264,3 +264,32 @@ async def test_show_names_the_listening_managers_on_the_names_node(
     (who,) = lock["listening"]
     assert who["manager"] == locks.id and who["name"] == "cluster-cli-test"
     assert lock["listeners"] == 1  # PUBSUB SHARDNUMSUB on the name's primary
+
+
+async def test_top_on_a_cluster_reads_the_summaries_of_every_primary(
+    cluster: LocalCluster, prefix: str
+) -> None:
+    """Two managers whose summaries live on whichever primary their ids hash to, waiting
+    for names on every primary: ``top`` finds them all, holders named."""
+    names = names_by_primary(cluster, "hot-")
+    async with (
+        aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix, name="a") as one,
+        aiolock.LockManager.from_url(cluster.url, cluster=True, prefix=prefix, name="b") as two,
+    ):
+        held = [one.lock(name) for name in names.values()]
+        for lock in held:
+            await lock.acquire()
+        waiting = [asyncio.create_task(two.lock(name).acquire()) for name in names.values()]
+        await asyncio.sleep(1.5)  # each summary is written within a second of a change
+        result = await run_cli(node_url(next(iter(names))), prefix, "top", "--json", "--once")
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        for lock in held:
+            await lock.release()
+    assert result.code == 0, result.err
+    rows = {row["name"]: row for row in json.loads(result.out)["names"]}
+    assert set(rows) == set(names.values())
+    for row in rows.values():
+        assert row["waiting"] == 1 and [w["who"].split("@")[0] for w in row["waiters"]] == ["b"]
+        assert [h["who"].split("@")[0] for h in row["holders"]] == ["a"]
