@@ -46,6 +46,7 @@ from aiolock._redis.sentinel import check_sentinels, sentinel_client
 if TYPE_CHECKING:
     from aiolock._engine.engine import Engine
     from aiolock._engine.kind import LockKind
+    from aiolock._engine.lifecycle import Life
     from aiolock._redis.cluster import ClusterClient
 
 __all__ = ["MANAGER_OPTIONS", "LockFactories", "client_from_sentinel", "client_from_url"]
@@ -72,7 +73,7 @@ class LockFactories:
 
     if TYPE_CHECKING:  # the manager's, handed to the handles (see _guard.ManagerLike)
         _engine: Engine | None
-        _state: str
+        _state: Life
 
         @property
         def is_open(self) -> bool: ...

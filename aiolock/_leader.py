@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from aiolock._engine.guard import ManagerLike
+from aiolock._engine.lifecycle import Life
 from aiolock._errors import LockLostError, ManagerNotOpenError
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class _Manager(ManagerLike, Protocol):
     """What an election needs of the manager that made it (no import of the manager,
     which imports this module)."""
 
-    _state: str
+    _state: Life
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,6 @@ class LeaderElection:
                         self._lost,
                     )
             except ManagerNotOpenError:
-                if self._manager._state in ("new", "failed"):
+                if self._manager._state in (Life.NEW, Life.FAILED):
                     raise  # never opened, or broken: not a stop the caller asked for
                 return

@@ -29,7 +29,7 @@ from aiolock._engine.contention import (
 )
 from aiolock._engine.engine import Engine
 from aiolock._engine.hub import WaiterHub
-from aiolock._engine.lifecycle import ManagerLifecycle
+from aiolock._engine.lifecycle import Life, ManagerLifecycle
 from aiolock._engine.runtime import Runtime, task_in
 from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
@@ -523,7 +523,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         handlers: aiohttp's ``on_shutdown`` (:func:`aiolock.contrib.aiohttp.lock_manager_ctx`
         does it). Idempotent; a no-op unless the manager is open.
         """
-        if self._state == "open" and self._engine is not None:
+        if self._state is Life.OPEN and self._engine is not None:
             self._engine.hub.close()
 
     async def aclose(self) -> None:
@@ -561,7 +561,7 @@ class LockManager(ManagerLifecycle, LockFactories):
     # -- used by the handles -----------------------------------------------------------
 
     def _open_engine(self) -> Engine:
-        if self._state != "open":  # (checked here first: one call fewer per operation)
+        if self._state is not Life.OPEN:  # (checked first: it is on every operation's path)
             self._check_open()
         assert self._engine is not None  # made when opening
         return self._engine

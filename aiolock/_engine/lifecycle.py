@@ -1,10 +1,10 @@
 """The lifecycle shared by LockManager and RedlockManager: open once, supervise, close once.
 
 A manager is ``new`` until it opens, ``open`` until closing starts, then ``closing`` and
-``closed``; ``failed`` if its background tasks crashed while it was open. Opening starts
-one supervisor task that owns a task group with the manager's background tasks; closing
-drains what the manager holds (bounded in time, shielded from cancellation), stops the
-supervisor and closes the connections.
+``closed``; ``failed`` if its background tasks crashed while it was open (:class:`Life`).
+Opening starts one supervisor task that owns a task group with the manager's background
+tasks; closing drains what the manager holds (bounded in time, shielded from
+cancellation), stops the supervisor and closes the connections.
 
 :class:`ManagerLifecycle` is a base class, not a composed object: the handles, the
 recipes and the tests read the lifecycle through the manager itself (``manager.is_open``,
@@ -17,6 +17,7 @@ forwarding properties and no back-reference from a lifecycle object to its manag
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from types import TracebackType
 from typing import ClassVar, TypeVar
@@ -27,11 +28,32 @@ from anyio.abc import TaskGroup
 from aiolock._engine.cleanup import finish_despite_cancel
 from aiolock._errors import ManagerNotOpenError
 
-__all__ = ["ManagerLifecycle"]
+__all__ = ["Life", "ManagerLifecycle"]
 
 logger = logging.getLogger("aiolock")
 
 _M = TypeVar("_M", bound="ManagerLifecycle")
+
+
+class Life(str, enum.Enum):
+    """Where a manager is in its life. A ``str`` enum whose text is its value, so that
+    messages read "this LockManager is closed"; it moves only forward:
+
+    ``NEW`` -> ``OPEN`` (opened) -> ``CLOSING`` -> ``CLOSED``, with ``OPEN`` ->
+    ``FAILED`` (its background tasks crashed) -> ``CLOSING`` on the way.
+    """
+
+    NEW = "new"
+    OPEN = "open"
+    FAILED = "failed"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class ManagerLifecycle:
@@ -57,28 +79,27 @@ class ManagerLifecycle:
     _TASK_NAME: ClassVar[str]
 
     def __init__(self) -> None:
-        #: "new", "open", "failed", "closing" or "closed"
-        self._state = "new"
+        self._state = Life.NEW
         self._stop = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
 
     @property
     def is_open(self) -> bool:
         """True from the end of opening until closing starts."""
-        return self._state == "open"
+        return self._state is Life.OPEN
 
     async def open(self: _M) -> _M:
         """Open the manager without ``async with``; pair it with :meth:`aclose`."""
         return await self.__aenter__()
 
     async def __aenter__(self: _M) -> _M:
-        if self._state != "new":
+        if self._state is not Life.NEW:
             raise ManagerNotOpenError(
                 f"this {self._WHAT} is {self._state}; a manager can be opened once"
                 f"{self._OPENS_ONCE_HINT}"
             )
         await self._before_open()
-        if self._state != "new":  # opened by another task meanwhile
+        if self._state is not Life.NEW:  # opened by another task meanwhile
             raise ManagerNotOpenError(f"this {self._WHAT} is {self._state}; it opens once")
         self._opening()
         # The background tasks run in a task group owned by a supervisor task, not by
@@ -88,7 +109,7 @@ class ManagerLifecycle:
         self._stop = asyncio.Event()
         self._supervisor = asyncio.create_task(self._supervise(), name=self._TASK_NAME)
         self._supervisor.add_done_callback(self._supervisor_done)
-        self._state = "open"
+        self._state = Life.OPEN
         return self
 
     async def __aexit__(
@@ -107,17 +128,17 @@ class ManagerLifecycle:
         """Close once (later calls return at once); the error of the background tasks if
         they had failed, for the manager to report or not."""
         supervisor = self._supervisor
-        if self._state not in ("open", "failed") or supervisor is None:
+        if self._state not in (Life.OPEN, Life.FAILED) or supervisor is None:
             return None
-        failed = self._state == "failed"
-        self._state = "closing"
+        failed = self._state is Life.FAILED
+        self._state = Life.CLOSING
         try:
             # In a task of its own, which a cancelled caller waits for: an anyio shield
             # alone lets a plain task.cancel() (asyncio.wait_for's timeout) cut the drain
             # short, and the background tasks then ran on in a "closed" manager.
             await finish_despite_cancel(lambda: self._shut_down(supervisor))
         finally:
-            self._state = "closed"
+            self._state = Life.CLOSED
             await self._after_close()
         if failed and not supervisor.cancelled():
             return supervisor.exception()
@@ -140,17 +161,17 @@ class ManagerLifecycle:
             tg.cancel_scope.cancel()
 
     def _supervisor_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None or self._state != "open":
+        if task.cancelled() or task.exception() is None or self._state is not Life.OPEN:
             return
         logger.error(self._FAILED_LOG, exc_info=task.exception())
-        self._state = "failed"
+        self._state = Life.FAILED
         self._failed()
 
     def _check_open(self) -> None:
         """Raise :class:`ManagerNotOpenError` unless the manager is open, saying why."""
-        if self._state == "open":
+        if self._state is Life.OPEN:
             return
-        if self._state == "new":
+        if self._state is Life.NEW:
             raise ManagerNotOpenError(
                 f"the {self._WHAT} is not open: {self._HOW_TO_OPEN} before acquiring locks"
             )

@@ -19,7 +19,7 @@ from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine.lifecycle import ManagerLifecycle
+from aiolock._engine.lifecycle import Life, ManagerLifecycle
 from aiolock._errors import LockConnectionError, ManagerNotOpenError
 
 
@@ -299,3 +299,12 @@ async def test_a_lock_manager_goes_through_the_same_states(redis: Redis, prefix:
         await manager.lock("x").acquire()
     with pytest.raises(ManagerNotOpenError, match="opened once; create a new LockManager"):
         await manager.open()
+
+
+def test_a_managers_life_is_an_enum_that_reads_as_its_word() -> None:
+    """Issue 39: the life is an enum (no misspelt state string can pass unnoticed), whose
+    text in messages and reprs is the word it replaced."""
+    assert [life.value for life in Life] == ["new", "open", "failed", "closing", "closed"]
+    assert str(Life.CLOSED) == "closed" and f"is {Life.OPEN}" == "is open"
+    assert f"{Life.NEW:>5}" == "  new"
+    assert Life.OPEN == "open"  # the tests' and the recipes' comparisons still hold
