@@ -307,4 +307,5 @@ def test_a_managers_life_is_an_enum_that_reads_as_its_word() -> None:
     assert [life.value for life in Life] == ["new", "open", "failed", "closing", "closed"]
     assert str(Life.CLOSED) == "closed" and f"is {Life.OPEN}" == "is open"
     assert f"{Life.NEW:>5}" == "  new"
-    assert Life.OPEN == "open"  # the tests' and the recipes' comparisons still hold
+    word: str = "open"
+    assert Life.OPEN == word  # the tests' and the recipes' comparisons still hold
