@@ -20,29 +20,22 @@ from aiolock._engine.cleanup import finish_despite_cancel, send_or
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
 from aiolock._engine.release import Releasing
 from aiolock._engine.state import ORPHAN
-from aiolock._engine.turns import STARVE_AFTER, end_turn, still_starving
+from aiolock._engine.turns import still_starving
+from aiolock._engine.wait import Wait
 from aiolock._engine.waiter import Waiter
 from aiolock._errors import (
     LockConnectionError,
     LockError,
     LockLostError,
-    LockPermissionError,
     ReplicaAckError,
 )
 from aiolock._keys import LockKeys, ms
 from aiolock._observe import failure_reason
-from aiolock._redis.reach import QUIET_LIMIT
 from aiolock._redis.replicas import ReplicaPolicy, acknowledged, effective_policy
 
 __all__ = ["Acquiring"]
 
 logger = logging.getLogger("aiolock")
-
-#: Seconds the head of a queue waits for its subscription to be confirmed before it
-#: retries anyway (the pub/sub connection may be down; it then falls back to TTL waits).
-READY_WAIT = 1.0
-#: Backoff between attempts of a waiter whose attempts fail on a connection error.
-MIN_BACKOFF, MAX_BACKOFF = 0.05, 2.0
 
 
 class Acquiring(Releasing):
@@ -171,190 +164,32 @@ class Acquiring(Releasing):
         first: Busy | BaseException | None = None,
         undo: Attempt | None = None,
     ) -> Hold:
-        """Wait for *keys* in the local queue, attempting whenever it is this task's turn.
+        """Wait for *keys* in the local queue, attempting whenever it is this task's turn
+        (:class:`~aiolock._engine.wait.Wait`).
 
         The fast path (:mod:`aiolock._engine.fast`) continues here when its one attempt
         did not grant the lock: its *waiter* (already the head of its queue), the
         *first* outcome (Busy, or the exception the attempt raised) in place of the
         first attempt, and the *undo* of that attempt if it failed in flight, which is
-        sent here exactly as :meth:`_attempt` sends it, before the failure is handled.
+        sent first, exactly as :meth:`_attempt` sends it, before the failure is handled.
         """
         hub = self.hub
-        channel = keys.channel
         # A waiter that registers in Redis keeps one field for its whole wait: it names
         # its registration, and (queued kinds) a release message wakes it by that name.
         # (The fast path takes no kind with claims, so a waiter it hands over has none.)
         field = f"{owner}:{self.rt.next_id()}" if kind.claims else None
         if waiter is None:
             waiter = hub.join(
-                channel, owner, lease, field, queued=kind.queued, anonymous=kind.anonymous_messages
-            )
+                keys.channel, owner, lease, field,
+                queued=kind.queued, anonymous=kind.anonymous_messages,
+            )  # fmt: skip
             waiter.acknowledged = effective_policy(self.rt.replicas) is not None
         if kind.turns and self.starved:
             still_starving(self.starved, waiter.queue)
-        acquired = claimed = False
-        # (contention: whether it waits, behind a holder or other waiters, and since when)
-        busy = isinstance(first, Busy) or not waiter.is_head
-        entered = self.contention.wait_began(kind, keys)
-        try:
-            if undo is not None:
-                await self._undo(kind, undo, deadline)  # it may have run: as _attempt does
-            if first is not None and not isinstance(first, (Busy, LockConnectionError)):
-                raise first  # cancelled (or an error) in the fast path's attempt
-            should_try = waiter.is_head  # the head tries at once; the rest wait their turn
-            ttl: float | None = None
-            #: hub.losses when an attempt, sent with the subscription confirmed, found the
-            #: lock busy (None otherwise): then a wait that ends unwoken probes instead
-            quiet: int | None = None
-            woken = True
-            #: the lease's end (monotonic) while a READY_WAIT timer stands in for it
-            ready_until: float | None = None
-            backoff = MIN_BACKOFF
-            failure: LockConnectionError | None = None
-            while True:
-                if waiter.handed is not None:  # a local releaser handed the lock over
-                    acquired = True
-                    return self._adopt(waiter.handed)
-                if hub.closed:
-                    raise self.manager_closed()
-                if hub.failure is not None:
-                    raise LockPermissionError(hub.failure)
-                if should_try:
-                    # (The fast path's attempt was sent before its queue existed, so
-                    # with no subscription confirmed: no quiet wait follows it.)
-                    losses = hub.losses if first is None and hub.confirmed(channel) else None
-                    # others' turn first: try when it ends (the fast path's outcome is in),
-                    # unless this manager starves for a lock with turns (its turn may be
-                    # now; a kind without turns keeps yielding: other clients rely on it)
-                    starving = kind.turns and waiter.queue.busy >= STARVE_AFTER
-                    ttl = hub.yielding(channel) if first is None and not starving else 0.0
-                    if ttl > 0:
-                        waiter.queue.answered = time.monotonic()  # others were heard waiting
-                    elif (
-                        not woken
-                        and losses is not None
-                        and losses == quiet
-                        and (probed := await self._still_held(kind, keys))
-                    ):
-                        ttl = probed  # renewed by a live holder: no attempt needed
-                    else:
-                        quiet = ready_until = None
-                        try:
-                            if first is None:
-                                if starving and not waiter.queue.asked:
-                                    # from this attempt on (see aiolock._engine.turns)
-                                    waiter.queue.asked = True
-                                    self._claims.add(kind, keys, self.rt.manager_id)
-                                outcome = await self._attempt(
-                                    kind, keys, owner, lease, permits=permits, field=field,
-                                    until=deadline, turn=waiter.queue.asked,
-                                )  # fmt: skip
-                            else:  # the fast path's attempt, already made
-                                made, first = first, None
-                                if not isinstance(made, Busy):
-                                    raise made  # a LockConnectionError, undone above
-                                outcome = made
-                        except LockConnectionError as exc:
-                            # Ride it out until this waiter's own deadline.
-                            self.connection_errors += 1
-                            failure, ttl = exc, backoff
-                            backoff = min(backoff * 2, MAX_BACKOFF)
-                            if field is not None:
-                                # The undo of that attempt may still be retried in the
-                                # background, and it withdraws whatever its field holds
-                                # when it lands, a later grant included: go on under a
-                                # new field (that undo withdrew the old one's place anyway).
-                                if claimed:
-                                    claimed = False
-                                    self._claims.discard(kind, keys, field)
-                                field = hub.rename(waiter, f"{owner}:{self.rt.next_id()}")
-                        else:
-                            if isinstance(outcome, Hold):
-                                acquired = True
-                                return outcome
-                            failure, backoff, busy = None, MIN_BACKOFF, True
-                            quiet = losses
-                            waiter.queue.answered = time.monotonic()
-                            waiter.queue.busy += 1
-                            ttl = outcome.ttl if outcome.ttl > 0 else self.rt.lease
-                            if field is not None and not claimed:
-                                claimed = True
-                                self._claims.add(kind, keys, field)
-                            hub.listen(waiter)
-                            if kind.registers_listeners:
-                                self._listeners.listening(kind, keys)
-                            if (
-                                not hub.confirmed(channel)
-                                and (not kind.queued or hub.first(waiter))
-                                and ttl > READY_WAIT
-                            ):
-                                # The confirmation wakes it. (A queued kind's later
-                                # waiters cannot be granted before the first: the hub
-                                # wakes each when it becomes the first, see _hub.)
-                                ready_until = time.monotonic() + ttl
-                                ttl = READY_WAIT
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    failure = failure or self.reach.failure
-                    assert deadline is not None  # (as remaining is)
-                    assert timeout is not None
-                    if failure is None and waiter.queue.answered < deadline - min(
-                        timeout, QUIET_LIMIT
-                    ):
-                        # No attempt for this lock was answered lately: a slow server, one
-                        # that refuses connections while redis-py retries inside them, or
-                        # one that stopped after it found the lock held.
-                        failure = await self.reach.probe()
-                    if failure is not None:  # an outage, whichever attempt saw it last
-                        what = f"{kind.name} {keys.name!r}"
-                        raise self.reach.unreachable_error(what, timeout, failure) from failure
-                    self.timed_out(kind, keys)
-                    if not waiter.queue.answered:  # nobody was seen holding it
-                        raise self.reach.unanswered_error(f"{kind.name} {keys.name!r}", timeout)
-                    raise kind.timeout_error(keys, timeout, permits)
-                hub.pause(waiter)
-                woken = await waiter.wait(
-                    _shortest(remaining, ttl) if waiter.is_head else remaining
-                )
-                if woken or not waiter.is_head or waiter.handed is not None:
-                    should_try = woken
-                elif (
-                    ready_until is not None
-                    and hub.subscribing(channel)
-                    and (left := ready_until - time.monotonic()) > 0
-                ):
-                    # Not confirmed within READY_WAIT, but SUBSCRIBE is out on the current
-                    # connection: its confirmation wakes this head, or the connection's
-                    # loss does (hub.on_lost). A retry now would find what the one after
-                    # the confirmation finds; at 50,000 new waiters, whose confirmations
-                    # take seconds to arrive, it was one more attempt per waiter (issue 24).
-                    should_try, ttl = False, left
-                else:  # the head's timer ran out: it tries too, but in a turn
-                    should_try, woken = await self._in_turn(waiter, deadline)
-        finally:
-            self.contention.wait_ended(kind, keys, entered, busy, waiter.handed is not None)
-            # A shared grant lets the next waiter try at once, as a failed one does.
-            hub.leave(waiter, acquired=acquired and not kind.shared)
-            if not waiter.queue.waiters:
-                end_turn(self._claims, self.cleanup, self.starved, self.rt.manager_id,
-                         kind, keys, waiter.queue, acquired)  # fmt: skip
-            if field is not None:
-                if claimed:
-                    self._claims.discard(kind, keys, field)
-                if not acquired:
-                    # Withdraw the registration now (and pass on a grant that came too
-                    # late), rather than when it expires.
-                    await self._undo(
-                        kind,
-                        self._new_attempt(keys, owner, field, lease, permits, kind=kind),
-                        deadline,
-                    )
-            if not acquired and waiter.handed is not None:
-                # The lock was handed over just as this task gave up: pass it on, without
-                # ever registering it under this task.
-                orphan, waiter.handed = waiter.handed, None
-                orphan.owner = ORPHAN
-                await self.release_quietly(orphan, pass_on=True)
+        wait = Wait(
+            self, kind, keys, owner, lease, deadline, timeout, permits, waiter, field, first
+        )
+        return await wait.run(undo)
 
     async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]:
         """A head whose timer ran out waits for a turn (:meth:`WaiterHub.take_turn`):
@@ -580,11 +415,3 @@ def _acknowledged_attempt(
 
 def _granted(outcome: Granted | Busy) -> bool:
     return isinstance(outcome, Granted)
-
-
-def _shortest(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)

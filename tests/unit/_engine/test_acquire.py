@@ -20,8 +20,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine.acquire import READY_WAIT
 from aiolock._engine.kind import Attempt, Busy, Granted, LockKind
+from aiolock._engine.wait import READY_WAIT
 from aiolock._keys import LockKeys
 
 # 1 s: a holder's renewal a few tenths of a second late on a loaded machine must not let

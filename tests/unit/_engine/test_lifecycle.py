@@ -308,4 +308,4 @@ def test_a_managers_life_is_an_enum_that_reads_as_its_word() -> None:
     assert str(Life.CLOSED) == "closed" and f"is {Life.OPEN}" == "is open"
     assert f"{Life.NEW:>5}" == "  new"
     word: str = "open"
-    assert Life.OPEN == word  # the tests' and the recipes' comparisons still hold
+    assert word == Life.OPEN  # the tests' and the recipes' comparisons still hold

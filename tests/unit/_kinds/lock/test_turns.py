@@ -16,8 +16,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine import acquire as acquire_module
 from aiolock._engine import turns as turns_module
+from aiolock._engine import wait as wait_module
 from aiolock._kinds.lock.kind import ACQUIRE, KEEP_TURN, RELEASE
 from aiolock._redis.client import Client
 from tests._support.helpers import eventually, hold_once
@@ -139,7 +139,7 @@ async def test_a_waiter_that_gives_up_gives_its_turn_up(
 ) -> None:
     """Through managers: a starving waiter that times out leaves no turn behind to keep
     the free lock from others until it lapses."""
-    monkeypatch.setattr(acquire_module, "STARVE_AFTER", 1)  # ask after one busy attempt
+    monkeypatch.setattr(wait_module, "STARVE_AFTER", 1)  # ask after one busy attempt
     lock = Lock(redis, prefix)
     async with (
         aiolock.LockManager(redis, prefix=prefix) as holder,
@@ -177,7 +177,7 @@ async def test_a_manager_served_at_once_forgets_it_starved(
     wait of its is served without finding the lock busy, it forgets, and its acquisitions
     take the fast path again (else one episode of contention would slow every later
     acquisition of the name for as long as they come more than once a second)."""
-    monkeypatch.setattr(acquire_module, "STARVE_AFTER", 1)
+    monkeypatch.setattr(wait_module, "STARVE_AFTER", 1)
     monkeypatch.setattr(turns_module, "STARVE_AFTER", 1)
     async with (
         aiolock.LockManager(redis, prefix=prefix) as holder,
