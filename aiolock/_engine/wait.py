@@ -23,7 +23,7 @@ undo are the engine's (:mod:`aiolock._engine.acquire`).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiolock._engine.kind import Attempt, Busy, Hold, LockKind
 from aiolock._engine.state import ORPHAN
@@ -34,15 +34,78 @@ from aiolock._keys import LockKeys
 from aiolock._redis.reach import QUIET_LIMIT
 
 if TYPE_CHECKING:
-    from aiolock._engine.acquire import Acquiring
+    from aiolock._engine.claims import WaiterClaims
+    from aiolock._engine.cleanup import Cleanup
+    from aiolock._engine.contention import Contention
+    from aiolock._engine.hub import WaiterHub
+    from aiolock._engine.listeners import ListenerRegistrations
+    from aiolock._engine.runtime import Runtime
+    from aiolock._errors import ManagerNotOpenError
+    from aiolock._redis.reach import Reachability
 
-__all__ = ["MAX_BACKOFF", "MIN_BACKOFF", "READY_WAIT", "Wait"]
+__all__ = ["MAX_BACKOFF", "MIN_BACKOFF", "READY_WAIT", "Wait", "WaitEngine"]
 
 #: Seconds the head of a queue waits for its subscription to be confirmed before it
 #: retries anyway (the pub/sub connection may be down; it then falls back to TTL waits).
 READY_WAIT = 1.0
 #: Backoff between attempts of a waiter whose attempts fail on a connection error.
 MIN_BACKOFF, MAX_BACKOFF = 0.05, 2.0
+
+
+class WaitEngine(Protocol):
+    """What a wait uses of its engine (:class:`~aiolock._engine.acquire.Acquiring`): its
+    parts, and the attempt, probe, turn and undo steps it shares with the other paths."""
+
+    hub: WaiterHub
+    rt: Runtime
+    reach: Reachability
+    cleanup: Cleanup
+    contention: Contention
+    starved: dict[str, float]
+    connection_errors: int
+    _claims: WaiterClaims
+    _listeners: ListenerRegistrations
+
+    def manager_closed(self) -> ManagerNotOpenError: ...
+
+    def timed_out(self, kind: LockKind, keys: LockKeys) -> None: ...
+
+    def _adopt(self, hold: Hold, granted: bool = False) -> Hold: ...
+
+    async def _attempt(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        hold: Hold | None = None,
+        *,
+        permits: int = 1,
+        field: str | None = None,
+        claim: bool = True,
+        until: float | None = None,
+        turn: bool = False,
+    ) -> Hold | Busy: ...
+
+    async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None: ...
+
+    async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]: ...
+
+    def _new_attempt(
+        self,
+        keys: LockKeys,
+        owner: str,
+        field: str | None,
+        lease: float | None,
+        permits: int,
+        hold: Hold | None = None,
+        *,
+        kind: LockKind | None = None,
+    ) -> Attempt: ...
+
+    async def _undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None: ...
+
+    async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None: ...
 
 
 class Wait:
@@ -75,7 +138,7 @@ class Wait:
 
     def __init__(
         self,
-        engine: Acquiring,
+        engine: WaitEngine,
         kind: LockKind,
         keys: LockKeys,
         owner: str,
