@@ -16,9 +16,20 @@ body, a dependency with ``yield``), so two hazards shape it:
   as ``asyncio.timeout`` does), and the exit recognises its own cancellation by a flag
   and, on Python >= 3.11, by the task's cancellation count.
 * The exit may run in another task: asyncio finalises an abandoned generator in a task
-  of its own, and ``aclose()`` may be awaited anywhere. The block belongs to the frame
-  that entered it (the generator's), so the exit finds it by that frame and releases
-  its holds whichever task runs it; it never touches another task's cancellation state.
+  of its own, and ``aclose()`` may be awaited anywhere. So a block belongs not to a task
+  but to what runs its ``async with`` statement (see :func:`owner_of`): the innermost
+  async generator running the code that entered it, else the task. The exit finds the
+  block by the same rule, and releases its holds whichever task runs it; it never
+  touches another task's cancellation state.
+
+How an exit is matched to its entry: by owner, innermost first. Within one owner the
+``async with`` blocks of one handle end in the reverse order of their entries, whatever
+wraps them (a user's context manager, ``contextlib.AsyncExitStack``, an
+``asynccontextmanager``, a decorator, to any depth): statements nest, an exit stack
+unwinds last in first out, and the coroutines between a statement and its owner are
+each awaited by one awaiter, so the owner found at the exit is the one found at the
+entry. Only two owners' blocks interleave, a generator's and its consumer's (or two
+generators'), and they are told apart by owner. No frame is searched to a fixed depth.
 """
 
 from __future__ import annotations
@@ -35,14 +46,21 @@ if TYPE_CHECKING:
     from aiolock._engine.engine import Engine
     from aiolock._engine.kind import Hold
 
-__all__ = ["Block", "Blocks", "BodyGuard", "ManagerLike", "forget_lost", "take_back"]
+__all__ = [
+    "Block",
+    "Blocks",
+    "BodyGuard",
+    "ManagerLike",
+    "forget_lost",
+    "owner_of",
+    "take_back",
+    "unmatched_exit",
+]
 
 logger = logging.getLogger("aiolock")
 
-#: How many frames above ``__aexit__``'s caller are searched for the frame that entered
-#: a block (a helper may call ``__aenter__`` and ``__aexit__`` from different frames of
-#: its own, like the FastAPI dependency's exit function).
-_FRAME_DEPTH = 4
+#: The ``co_flags`` bit of an async generator's code (``inspect.CO_ASYNC_GENERATOR``).
+_ASYNC_GENERATOR = 0x200
 
 #: Seconds between the cancellations a loss sends while its block stays open (see
 #: Block._send): short, so that a body whose library swallowed one goes on for no more
@@ -68,14 +86,31 @@ H = TypeVar("H")
 
 
 class Block(Generic[H]):
-    """One ``async with`` block in progress: its holds, the task and frame that entered it."""
+    """One ``async with`` block in progress: its holds, the task and frame that entered it,
+    and its owner (see :func:`owner_of`)."""
 
-    __slots__ = ("_resend", "cancelling", "closed", "frame", "holds", "requested", "sent", "task")
+    __slots__ = (
+        "_resend",
+        "cancelling",
+        "closed",
+        "frame",
+        "holds",
+        "owner",
+        "requested",
+        "sent",
+        "task",
+    )
 
-    def __init__(self, holds: tuple[H, ...], task: asyncio.Task[Any], frame: FrameType) -> None:
+    def __init__(
+        self, holds: tuple[H, ...], task: asyncio.Task[Any], frame: FrameType, owner: object
+    ) -> None:
         self.holds = holds
         self.task = task
+        #: the frame that called ``__aenter__`` (the 'async with' statement's, unless
+        #: something wraps the handle)
         self.frame: FrameType | None = frame
+        #: the task, or the frame of the async generator, whose blocks this one nests in
+        self.owner: object = owner
         #: the task's cancellation count at entry (Python >= 3.11): an exit that finds
         #: it higher after taking back its own cancellations was cancelled from outside too
         self.cancelling = _cancelling(task)
@@ -111,7 +146,7 @@ class Block(Generic[H]):
     def close(self) -> None:
         """The exit has taken the block: stop sending."""
         self.closed = True
-        self.frame = None  # no reference cycle through the generator's frame
+        self.frame = self.owner = None  # no reference cycle through the generator's frame
         if self._resend is not None:
             self._resend.cancel()
             self._resend = None
@@ -122,59 +157,75 @@ class Block(Generic[H]):
         return f"aiolock: a lock of the 'async with' block {id(self):#x} was lost"
 
 
+def owner_of(frame: FrameType | None, task: asyncio.Task[Any] | None) -> object:
+    """What runs the ``async with`` whose ``__aenter__`` or ``__aexit__`` *frame* called:
+    the frame of the innermost async generator among *frame* and the frames awaiting it,
+    else *task* (the current one).
+
+    Between *frame* and that generator (or the task's coroutine) each frame is a
+    coroutine awaited by the next, and a coroutine is awaited by one awaiter all its
+    life: so an entry and its exit, however deeply wrapped, find the same owner. The
+    walk stops at the task's own coroutine: above it are the event loop's frames, or,
+    for a task started eagerly, the frames of whoever created it.
+    """
+    root = None if task is None else getattr(task.get_coro(), "cr_frame", None)
+    while frame is not None:
+        if frame.f_code.co_flags & _ASYNC_GENERATOR:
+            return frame
+        if frame is root:
+            break
+        frame = frame.f_back
+    return task
+
+
 class Blocks(Generic[H]):
-    """The open ``async with`` blocks of one handle, per task that entered them (one
-    handle may be entered by many tasks, and nested in one task)."""
+    """The open ``async with`` blocks of one handle, per owner (see :func:`owner_of`):
+    one handle may be entered by many tasks and generators, and nested in each."""
 
     __slots__ = ("_entered",)
 
     def __init__(self) -> None:
-        # Per task that entered, its open blocks, innermost last.
-        self._entered: dict[asyncio.Task[Any], list[Block[H]]] = {}
+        # Per owner (a task, or an async generator's frame), its open blocks, innermost last.
+        self._entered: dict[object, list[Block[H]]] = {}
 
-    def open(self, holds: tuple[H, ...], frame: FrameType) -> Block[H]:
-        """A block of the current task, entered by *frame* (the ``async with``'s)."""
+    def open(self, holds: tuple[H, ...], caller: FrameType) -> Block[H]:
+        """A block of the current task, whose ``__aenter__`` *caller* called."""
         task = asyncio.current_task()
         assert task is not None  # the acquire that made the holds checked
-        block = Block(holds, task, frame)
-        self._entered.setdefault(task, []).append(block)
+        block = Block(holds, task, caller, owner_of(caller, task))
+        self._entered.setdefault(block.owner, []).append(block)
         return block
 
     def take(self, caller: FrameType) -> Block[H] | None:
-        """Remove and return the block the exiting code (*caller*) entered.
-
-        Found by frame first: the exit of a generator finalised by asyncio (or closed
-        with ``aclose()``) runs in another task, and one task may interleave the blocks
-        of several generators. Else the current task's innermost block.
+        """Remove and return the block that the ``__aexit__`` *caller* called leaves: the
+        innermost open block of the caller's owner (one entered by *caller* itself, if
+        any: a plain ``async with``). None if that owner has none and the handle has
+        more than one open block.
         """
         task = asyncio.current_task()
-        stack = self._entered.get(task) if task is not None else None
-        if stack and stack[-1].frame is caller:  # the common case: a plain 'async with'
-            return self._pop(stack[-1].task, len(stack) - 1)
-        frames: list[FrameType] = []
-        frame: FrameType | None = caller
-        while frame is not None and len(frames) < _FRAME_DEPTH:
-            frames.append(frame)
-            frame = frame.f_back
-        owners = [task] if task in self._entered else []
-        owners += [other for other in self._entered if other is not task]
-        for owner in owners:
-            blocks = self._entered[owner]
+        if not caller.f_code.co_flags & _ASYNC_GENERATOR:
+            stack = self._entered.get(task)
+            if stack and stack[-1].frame is caller:  # the common case: a plain 'async with'
+                return self._pop(task, len(stack) - 1)
+            owner = owner_of(caller, task)
+        else:
+            owner = caller  # directly in an async generator (an asynccontextmanager's too)
+        blocks = self._entered.get(owner)
+        if blocks:
             for index in range(len(blocks) - 1, -1, -1):
-                if any(blocks[index].frame is frame for frame in frames):
+                if blocks[index].frame is caller:
                     return self._pop(owner, index)
-        if task is not None and task in self._entered:
-            return self._pop(task, len(self._entered[task]) - 1)
-        # Entered and exited by unrelated frames in different tasks (a helper that
-        # acquires in an endpoint and releases in a response): only the sole open block
+            return self._pop(owner, len(blocks) - 1)
+        # Entered and exited by unrelated code in different tasks (a helper that acquires
+        # in an endpoint and releases in a response run apart): only the sole open block
         # of this handle can be meant; with several, guessing could release another's.
         if len(self._entered) == 1:
-            ((owner, blocks),) = self._entered.items()
+            ((only, blocks),) = self._entered.items()
             if len(blocks) == 1:
-                return self._pop(owner, 0)
+                return self._pop(only, 0)
         return None
 
-    def _pop(self, owner: asyncio.Task[Any], index: int) -> Block[H]:
+    def _pop(self, owner: object, index: int) -> Block[H]:
         stack = self._entered[owner]
         block = stack.pop(index)
         block.close()
@@ -197,8 +248,8 @@ class BodyGuard:
 
     def enter(self, engine: Engine, *holds: Hold) -> bool:
         """Open a block guarding *holds*, which the current task has just acquired; call
-        it from the handle's ``__aenter__`` itself, whose caller's frame (the ``async
-        with`` statement's) the block is recorded under.
+        it from the handle's ``__aenter__`` itself, whose caller (the ``async with``
+        statement, or what wraps the handle) gives the block's owner.
 
         False, opening nothing, if one of them is lost already (its lease ended while
         the acquire waited, or before its reply arrived): a block opened now would never
@@ -238,14 +289,12 @@ class BodyGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Leave a block (the one entered by the calling frame, else the current task's
-        innermost, else its only open block); *engine* is None once the manager closed."""
+        """Leave a block: the innermost of the caller's owner (see :meth:`Blocks.take`);
+        call it from the handle's ``__aexit__`` itself. *engine* is None once the
+        manager closed."""
         block = self._blocks.take(sys._getframe(2))
         if block is None:
-            raise RuntimeError(
-                f"{handle!r} was exited by a frame and a task that did not enter it: call "
-                "__aenter__ and __aexit__ from the same function (an 'async with' does)"
-            )
+            raise unmatched_exit(handle)
         holds = block.holds
         for hold in holds:
             if block in hold.scopes:
@@ -282,6 +331,15 @@ class BodyGuard:
         # released because the task ended with the block still open.
         live = [h for h in holds if not h.lost and engine.registry.holds(h)]
         await _release_all(engine, live, quiet=bool(lost))
+
+
+def unmatched_exit(handle: object) -> RuntimeError:
+    """The error of an ``__aexit__`` that :meth:`Blocks.take` found no block for."""
+    return RuntimeError(
+        f"{handle!r} was exited by a task (or async generator) that has no 'async with' "
+        "block of it open, while several are open elsewhere: call __aenter__ and "
+        "__aexit__ from the same task, or the same async generator (an 'async with' does)"
+    )
 
 
 def _cancelling(task: asyncio.Task[Any]) -> int:

@@ -172,8 +172,8 @@ class Handle(Generic[K, E]):
         """What ``async with handle as x`` binds to x, once *holds* are guarded."""
         raise NotImplementedError
 
-    # __aenter__ and __aexit__ call the guard directly: it records the block under its
-    # caller's caller, the frame of the 'async with' (see aiolock._engine.guard).
+    # __aenter__ and __aexit__ call the guard directly: it finds the block's owner from
+    # its caller's caller, the 'async with' or what wraps the handle (aiolock._engine.guard).
     async def __aenter__(self) -> E:
         got = await self._acquire_block()
         holds = got if isinstance(got, list) else (got,)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from aiolock._engine.guard import Blocks, take_back
+from aiolock._engine.guard import Blocks, take_back, unmatched_exit
 from aiolock._engine.handle import _DEFAULT, resolve
 from aiolock._errors import LockError, LockLostError, LockTimeoutError
 
@@ -320,7 +320,7 @@ class RedlockLock:
     async def __aenter__(self) -> RedlockLock:
         hold = await self._acquire(_DEFAULT, _DEFAULT)
         # A block, not a cancel scope, so that it may be held across a yield (see
-        # aiolock._engine.guard): recorded under the frame of the 'async with'.
+        # aiolock._engine.guard): its owner is what runs the caller, the 'async with'.
         hold.scopes.append(self._blocks.open((hold,), sys._getframe(1)))
         return self
 
@@ -332,10 +332,7 @@ class RedlockLock:
     ) -> None:
         block = self._blocks.take(sys._getframe(1))
         if block is None:
-            raise RuntimeError(
-                f"{self!r} was exited by a frame and a task that did not enter it: call "
-                "__aenter__ and __aexit__ from the same function (an 'async with' does)"
-            )
+            raise unmatched_exit(self)
         (hold,) = block.holds
         if block in hold.scopes:
             hold.scopes.remove(block)

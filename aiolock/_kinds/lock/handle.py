@@ -333,7 +333,7 @@ class Adopted:
         engine = lock._manager._open_engine()
         hold = lock._current_hold()
         assert hold is not None  # adopt() registered it for this task
-        # (enter() records the block under its caller's caller: this method's caller)
+        # (enter() finds the block's owner from its caller's caller: this method's caller)
         if not lock._guard.enter(engine, hold):
             await lock._guard.refuse(engine, hold)
         return lock

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
-from tests._support.helpers import lock_held
+from tests._support.helpers import PATIENCE, lock_held, within
 
 #: Long enough that an expiry can never be what frees a lock in these tests.
 LEASE = 30.0
@@ -195,8 +195,8 @@ async def test_a_cancellation_from_outside_goes_on_after_a_loss(
 async def test_one_handle_in_generators_of_two_tasks_each_closed_elsewhere(
     redis: Redis, prefix: str
 ) -> None:
-    """A shared handle entered by two tasks' generators: each block is found by the frame
-    that entered it, so closing one (from a third task) releases that one's permit only."""
+    """A shared handle entered by two tasks' generators: each block belongs to its
+    generator, so closing one (from a third task) releases that one's permit only."""
     errors = loop_errors()
     async with aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as locks:
         slots = locks.semaphore("slots", 2)
@@ -283,3 +283,318 @@ async def test_a_redlock_held_in_a_generator_is_released_when_finalised(
         for client in clients:
             await client.aclose()
     assert errors == []
+
+
+# -- wrappings: an exit is matched to its entry by owner, to any depth (issue 39, item 4) --
+#
+# Each wrapping below gives a handle's ``async with`` through code of its own. The block's
+# owner is the task, or the async generator, that runs the ``async with`` (not the frame
+# that called __aenter__, which a wrapper's is): a loss cancels that block's body, and its
+# exit (wherever it runs) raises LockLostError for it and releases its holds alone.
+
+
+class Delegate:
+    """A user's context manager whose __aenter__ and __aexit__ delegate to another's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner  # a handle, or another wrapping of one
+
+    async def __aenter__(self) -> Any:
+        return await self.inner.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self.inner.__aexit__(*exc)  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def held(handle: Any) -> AsyncGenerator[Any, None]:
+    """A user's ``asynccontextmanager`` around the handle's ``async with``."""
+    async with handle as entered:
+        yield entered
+
+
+class Stacked:
+    """The handle entered into a ``contextlib.AsyncExitStack``, left when the stack closes."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> Any:
+        return await self.stack.enter_async_context(self.inner)
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self.stack.__aexit__(*exc)
+
+
+def nested(wrap: Any, depth: int) -> Any:
+    return lambda handle: handle if depth == 0 else wrap(nested(wrap, depth - 1)(handle))
+
+
+#: name -> the wrapping of a handle (depth 6: more frames than the old search's 4)
+WRAPPINGS = {
+    "plain": lambda handle: handle,
+    "delegate": Delegate,
+    "delegate-6": nested(Delegate, 6),
+    "asynccontextmanager": held,
+    "asynccontextmanager-6": nested(held, 6),
+    "exit-stack": Stacked,
+    "exit-stack-6": nested(Stacked, 6),
+}
+wrappings = pytest.mark.parametrize("wrap", list(WRAPPINGS.values()), ids=list(WRAPPINGS))
+
+
+async def lose(redis: Redis, prefix: str, name: str) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix) as other:  # another client's
+        assert await other.lock(name).force_release()
+
+
+@wrappings
+async def test_a_loss_cancels_a_wrapped_body_and_its_exit_raises(
+    redis: Redis, prefix: str, wrap: Any
+) -> None:
+    async with aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as locks:
+        lock = locks.lock("wrapped")
+        entered = asyncio.Event()
+        after: list[str] = []
+
+        async def body() -> None:
+            async with wrap(lock):
+                entered.set()
+                await asyncio.sleep(PATIENCE)
+                after.append("the body ran on")
+            after.append("the code after the block ran")
+
+        task = asyncio.create_task(body())
+        await within(entered.wait(), what="the body")
+        await lose(redis, prefix, "wrapped")
+        with pytest.raises(aiolock.LockLostError, match="lost inside 'async with'"):
+            await within(task, what="the body to be cancelled")
+        assert after == []
+        assert locks.statistics().held == 0
+        async with lock:  # nothing of the lost block is left on the handle
+            assert await lock.owned()
+        await asyncio.sleep(0)
+        assert cancelling() == 0  # nor on this task
+
+
+@wrappings
+async def test_a_wrapped_block_inside_another_of_the_same_handle_leaves_its_own(
+    locks: aiolock.LockManager, wrap: Any
+) -> None:
+    """A semaphore's blocks hold a permit each. The inner block, wrapped, releases its own
+    permit at its exit; the outer one keeps its own, and its loss (a fixed lease ends)
+    still cancels the outer body. (The frame search found the outer block's frame above
+    a shallow wrapper's exit, and released the outer permit there: the outer body then
+    ran on unguarded.)"""
+    slots = locks.semaphore("nest", 2, lease=1.5)
+    after: list[str] = []
+    with pytest.raises(aiolock.LockLostError, match="lost inside 'async with'"):
+        async with slots as outer:
+            async with wrap(slots) as inner:
+                assert await slots.holders() == 2
+            assert outer.held
+            assert not inner.held
+            assert await slots.holders() == 1
+            await asyncio.sleep(PATIENCE)
+            after.append("the outer body ran on after its permit was lost")
+    assert after == []
+    assert locks.statistics().held == 0
+    await asyncio.sleep(0)
+    assert cancelling() == 0
+
+
+@wrappings
+async def test_wrapped_blocks_in_generators_of_two_tasks_each_closed_elsewhere(
+    redis: Redis, prefix: str, wrap: Any
+) -> None:
+    """One semaphore handle, entered through a wrapping in the generators of two tasks;
+    one is closed by a third task: that generator's block is the one that ends (the frame
+    search found none for a wrapped exit there, and raised RuntimeError)."""
+    errors = loop_errors()
+    async with aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as locks:
+        slots = locks.semaphore("slots", 2)
+
+        async def permits(tag: str) -> AsyncGenerator[aiolock.Permit, None]:
+            async with wrap(slots) as permit:
+                yield permit
+                yield permit
+
+        first, second = permits("a"), permits("b")
+        entered = asyncio.Event()
+        keep = asyncio.Event()
+        got: dict[str, aiolock.Permit] = {}
+
+        async def consume(tag: str, generator: AsyncGenerator[aiolock.Permit, None]) -> None:
+            got[tag] = await generator.__anext__()
+            if generator is second:
+                entered.set()
+            await keep.wait()  # alive, its generator suspended inside the block
+
+        tasks = [asyncio.create_task(consume(*pair)) for pair in (("a", first), ("b", second))]
+        await within(entered.wait(), what="both generators")
+        await until_holders(slots, 2)
+        await asyncio.create_task(first.aclose())  # closed by a third task
+        assert not got["a"].held
+        assert got["b"].held
+        assert await slots.holders() == 1
+        assert await second.__anext__() is got["b"]  # the other block goes on
+        await second.aclose()
+        assert await slots.holders() == 0
+        keep.set()
+        await asyncio.gather(*tasks)
+        assert locks.statistics().released_on_task_exit == 0
+    assert errors == []
+
+
+async def exit_through(depth: int, handle: Any, *exc: Any) -> None:
+    """``handle.__aexit__`` called *depth* coroutines below the caller (a helper's own)."""
+    if depth == 0:
+        await handle.__aexit__(*exc)
+    else:
+        await exit_through(depth - 1, handle, *exc)
+
+
+@pytest.mark.parametrize("depth", [1, 6])
+async def test_a_helper_that_exits_deeper_than_it_entered(
+    redis: Redis, prefix: str, depth: int
+) -> None:
+    """Like the FastAPI dependency: a generator calls ``__aenter__`` itself, and
+    ``__aexit__`` through helpers of its own; closed by another task while a second
+    task's generator holds the same handle. The old search looked 4 frames up."""
+    errors = loop_errors()
+    async with aiolock.LockManager(redis, prefix=prefix, lease=LEASE) as locks:
+        slots = locks.semaphore("helper", 2)
+
+        async def permits() -> AsyncGenerator[aiolock.Permit, None]:
+            permit = await slots.__aenter__()
+            try:
+                yield permit
+                yield permit
+            except BaseException as exc:
+                await exit_through(depth, slots, type(exc), exc, exc.__traceback__)
+                raise
+            await exit_through(depth, slots, None, None, None)
+
+        first, second = permits(), permits()
+        keep = asyncio.Event()
+        got: list[aiolock.Permit] = []
+
+        async def consume(generator: AsyncGenerator[aiolock.Permit, None]) -> None:
+            got.append(await generator.__anext__())
+            await keep.wait()  # alive, its generator suspended inside the block
+
+        tasks = [asyncio.create_task(consume(g)) for g in (first, second)]
+        await until_holders(slots, 2)
+        await asyncio.create_task(first.aclose())  # closed by a third task
+        assert await slots.holders() == 1
+        assert not got[0].held
+        assert got[1].held
+        await second.aclose()
+        keep.set()
+        await asyncio.gather(*tasks)
+        assert locks.statistics().released_on_task_exit == 0
+        assert await slots.holders() == 0
+    assert errors == []
+
+
+async def test_an_exit_stack_with_two_locks_and_a_reentry(
+    locks: aiolock.LockManager, redis: Redis, prefix: str
+) -> None:
+    """One stack: lock a, lock b, a again. Losing a cancels the body; the stack unwinds
+    (a's re-entry, then b released, then a) and a's outermost exit raises the loss."""
+    a, b = locks.lock("a"), locks.lock("b")
+    after: list[str] = []
+    with pytest.raises(aiolock.LockLostError, match="lock 'a' was lost inside"):
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(a)
+            await stack.enter_async_context(b)
+            await stack.enter_async_context(a)
+            assert await a.hold_count() == 2
+            await lose(redis, prefix, "a")
+            await asyncio.sleep(PATIENCE)
+            after.append("the body ran on after its lock was lost")
+    assert after == []
+    assert not await b.locked()
+    assert not await a.locked()
+    assert locks.statistics().held == 0
+    await asyncio.sleep(0)
+    assert cancelling() == 0
+
+
+async def test_a_nested_reentry_reports_the_loss_at_the_outer_block(
+    locks: aiolock.LockManager, redis: Redis, prefix: str
+) -> None:
+    lock = locks.lock("nested")
+    after: list[str] = []
+    with pytest.raises(aiolock.LockLostError, match="lost inside 'async with'"):
+        async with lock:
+            async with Delegate(lock):
+                async with lock:
+                    assert await lock.hold_count() == 3
+                    await lose(redis, prefix, "nested")
+                    await asyncio.sleep(PATIENCE)
+                after.append("after the innermost block")
+            after.append("after the middle block")
+    assert after == []
+    assert locks.statistics().held == 0
+    async with lock:  # every block of the task was taken off the handle
+        assert await lock.hold_count() == 1
+
+
+async def test_the_locked_decorator_cancels_its_function_on_a_loss(
+    locks: aiolock.LockManager, redis: Redis, prefix: str
+) -> None:
+    entered = asyncio.Event()
+    after: list[str] = []
+
+    @locks.locked("job:{n}")
+    async def job(n: int) -> None:
+        entered.set()
+        await asyncio.sleep(PATIENCE)
+        after.append("the function ran on after its lock was lost")
+
+    task = asyncio.ensure_future(job(1))
+    await within(entered.wait(), what="the function")
+    await lose(redis, prefix, "job:1")
+    with pytest.raises(aiolock.LockLostError, match="lost inside 'async with'"):
+        await within(task, what="the function to be cancelled")
+    assert after == []
+    assert locks.statistics().held == 0
+
+
+async def test_one_handle_in_two_tasks_a_loss_ends_both_bodies_each_at_its_exit(
+    locks: aiolock.LockManager,
+) -> None:
+    """One semaphore handle, two tasks in their bodies, each through a different wrapping;
+    the first to enter leaves first (not the reverse of the entries across tasks). Then a
+    loss of both (fixed leases end): each task's body is cancelled and raises at its own
+    exit, and the task that holds nothing (this one) is not touched."""
+    slots = locks.semaphore("shared", 2, lease=1.5)
+    entered = [asyncio.Event(), asyncio.Event()]
+    leave = asyncio.Event()
+
+    async def user(i: int, wrap: Any) -> str:
+        async with wrap(slots) as permit:
+            entered[i].set()
+            await leave.wait()
+            assert permit.held
+        async with wrap(slots):
+            entered[i].set()
+            await asyncio.sleep(PATIENCE)
+            return "the body ran on"
+        return "the code after the block ran"
+
+    first = asyncio.create_task(user(0, Delegate))
+    await within(entered[0].wait(), what="the first")
+    second = asyncio.create_task(user(1, held))
+    await within(entered[1].wait(), what="the second")
+    for event in entered:
+        event.clear()
+    leave.set()
+    for task in (first, second):
+        with pytest.raises(aiolock.LockLostError, match="lost inside 'async with'"):
+            await within(task, what="the bodies to be cancelled")
+    assert locks.statistics().held == 0
+    await asyncio.sleep(0.05)
+    assert cancelling() == 0
