@@ -62,7 +62,7 @@ class Acquiring(Releasing):
         """A new hold of *kind* on *keys* for *owner* (or its hold, re-entered): awaitable.
 
         This and :meth:`_acquire_new` only choose the coroutine that does the work and hand
-        it back, so an acquisition awaits through two coroutine layers fewer (each costs
+        it back, so an acquisition awaits through no coroutine layer of theirs (each costs
         about a microsecond, and the hot path is mostly such layers).
         """
         if kind.reentrant:
@@ -327,7 +327,7 @@ class Acquiring(Releasing):
                     # connection: its confirmation wakes this head, or the connection's
                     # loss does (hub.on_lost). A retry now would find what the one after
                     # the confirmation finds; at 50,000 new waiters, whose confirmations
-                    # take seconds to arrive, it was one more attempt per waiter (issue 24).
+                    # take seconds to arrive, trying would be one more attempt per waiter.
                     should_try, ttl = False, left
                 else:  # the head's timer ran out: it tries too, but in a turn
                     should_try, woken = await self._in_turn(waiter, deadline)
@@ -382,7 +382,7 @@ class Acquiring(Releasing):
     async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
         """Seconds the lock has left if it is still held, probed without an attempt.
 
-        The safety net of a quiet wait (issue 24). A head whose attempt found the lock busy
+        The safety net of a quiet wait. A head whose attempt found the lock busy
         sleeps until a release message wakes it, or until the holder's lease would end.
         While its subscription was confirmed before that attempt and the pub/sub
         connection was not lost since (``hub.losses`` unchanged), no release was missed:
@@ -567,8 +567,7 @@ def _acknowledged_attempt(
 
     Apart from :meth:`Acquiring._attempt` so that its closure does not give every
     attempt's frame cells for *kind* and *attempt*: two more objects for the cyclic GC
-    per attempt in flight, which a release of N locks puts N of in flight at once
-    (issue 24).
+    per attempt in flight, which a release of N locks puts N of in flight at once.
     """
     return acknowledged(
         lambda: kind.attempt(attempt),
