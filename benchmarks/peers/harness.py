@@ -2,14 +2,14 @@
 
 Starts a private redis-server on a free loopback port (:class:`aiolock.testing.RedisServer`),
 runs every selected workload for every selected library in a fresh worker process
-(``python -m benchmarks.worker``), flushing the server between runs, and writes
+(``python -m benchmarks.peers.worker``), flushing the server between runs, and writes
 ``RESULTS.md``, ``results.json`` and PNG plots to ``--out`` (default
 ``benchmarks/results``). ``--baseline REV`` (default: main before issue 21; ``none`` to
 skip) adds ``aiolock-pre21``, that revision's ``aiolock/`` run by the same adapter, to W1,
 W2 and W2mp. Repeats are interleaved across libraries; when W0 and W1 both run, W0's
 floor repeats are interleaved with W1's (round k: floor, then each library), so that the
 W1-vs-floor targets are judged on the median of the per-round ratios
-(:mod:`benchmarks.paired`). Exits 1 if an aiolock, baseline or floor run failed (peers'
+(:mod:`benchmarks.common.paired`). Exits 1 if an aiolock, baseline or floor run failed (peers'
 failures are recorded as results), 2 on bad arguments.
 """
 
@@ -31,10 +31,11 @@ from typing import Any
 import redis
 
 from aiolock.testing import RedisServer, find_redis_server
-from benchmarks import report
-from benchmarks.adapters import ADAPTERS, BASELINE
-from benchmarks.baseline import Baseline, extracted, refusal
-from benchmarks.config import (
+from benchmarks.common.metrics import ADMIN_NAME
+from benchmarks.peers import report
+from benchmarks.peers.adapters import ADAPTERS, BASELINE
+from benchmarks.peers.baseline import Baseline, extracted, refusal
+from benchmarks.peers.config import (
     BASELINE_REV,
     BASELINE_WORKLOADS,
     FLOOR,
@@ -44,10 +45,9 @@ from benchmarks.config import (
     RUN_TIMEOUT,
     WORKLOADS,
 )
-from benchmarks.metrics import ADMIN_NAME
-from benchmarks.worker import RESULT_PREFIX
+from benchmarks.peers.worker import RESULT_PREFIX
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The metric that picks the median repeat of each workload.
 KEY_METRIC = {
     "w0": "cycles_per_s",
@@ -111,7 +111,7 @@ def run_worker(
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.worker",
+        "benchmarks.peers.worker",
         lib,
         workload,
         "--url",
@@ -166,7 +166,7 @@ def combine(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         chosen = ok[0]
     values = [float(r["metrics"][key]) for r in valued]
     # the same values in repeat order (None: a failed repeat), for ratios taken round by
-    # round against another subject of the same rounds (benchmarks.paired)
+    # round against another subject of the same rounds (benchmarks.common.paired)
     by_repeat = [
         float(r["metrics"][key])
         if r.get("ok") and isinstance(r["metrics"].get(key), (int, float))
@@ -256,7 +256,7 @@ def schedule(selected: list[str]) -> list[list[str]]:
 
     W0's floor runs beside W1 when both are selected (round k: floor, library A, B, ...),
     so every W1 repeat has a floor repeat taken in the same minute of the machine's load
-    and the W1-vs-floor targets can be judged round by round (issue 21); every other
+    and the W1-vs-floor targets can be judged round by round; every other
     workload, and W0 or W1 alone, runs by itself.
     """
     if "w0" in selected and "w1" in selected:
