@@ -281,7 +281,7 @@ class LockManager(ManagerLifecycle, LockFactories):
         #: the event loop the manager was opened in, whose tasks use its locks: asking
         #: it for the current task skips asyncio's search for the running loop, which on
         #: Python 3.10 and 3.11 makes a getpid() system call (a third of a microsecond
-        #: and more: issue 21); None until opened
+        #: and more); None until opened
         self._loop: asyncio.AbstractEventLoop | None = None
         self._engine: Engine | None = None
         self._observers = ObserverSet()
@@ -561,7 +561,7 @@ class LockManager(ManagerLifecycle, LockFactories):
     # -- used by the handles -----------------------------------------------------------
 
     def _open_engine(self) -> Engine:
-        if self._state is not Life.OPEN:  # (checked first: it is on every operation's path)
+        if self._state is not Life.OPEN:  # (checked here first: every operation passes here)
             self._check_open()
         assert self._engine is not None  # made when opening
         return self._engine

@@ -55,7 +55,7 @@ class Acquiring(Releasing):
         """A new hold of *kind* on *keys* for *owner* (or its hold, re-entered): awaitable.
 
         This and :meth:`_acquire_new` only choose the coroutine that does the work and hand
-        it back, so an acquisition awaits through two coroutine layers fewer (each costs
+        it back, so an acquisition awaits through no coroutine layer of theirs (each costs
         about a microsecond, and the hot path is mostly such layers).
         """
         if kind.reentrant:
@@ -217,7 +217,7 @@ class Acquiring(Releasing):
     async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
         """Seconds the lock has left if it is still held, probed without an attempt.
 
-        The safety net of a quiet wait (issue 24). A head whose attempt found the lock busy
+        The safety net of a quiet wait. A head whose attempt found the lock busy
         sleeps until a release message wakes it, or until the holder's lease would end.
         While its subscription was confirmed before that attempt and the pub/sub
         connection was not lost since (``hub.losses`` unchanged), no release was missed:
@@ -402,8 +402,7 @@ def _acknowledged_attempt(
 
     Apart from :meth:`Acquiring._attempt` so that its closure does not give every
     attempt's frame cells for *kind* and *attempt*: two more objects for the cyclic GC
-    per attempt in flight, which a release of N locks puts N of in flight at once
-    (issue 24).
+    per attempt in flight, which a release of N locks puts N of in flight at once.
     """
     return acknowledged(
         lambda: kind.attempt(attempt),

@@ -4,7 +4,7 @@ Most acquisitions find their lock free and nobody of this manager waiting for it
 most releases have nobody to hand the lock to. For those, the engine's general
 machinery (the local queue's loop, the attempt and its bookkeeping, the release's
 hand-over reservation and its closures) costs more Python than the work itself: about
-a dozen coroutine layers and 130 calls per cycle (issue 21). The fast path does the
+a dozen coroutine layers and 130 calls per cycle. The fast path does the
 same work, with the same kind calls through the seam, in one layer of its own:
 
 * **Acquire**: the task joins its lock's local queue as the engine's waiters do (so the
@@ -20,7 +20,7 @@ same work, with the same kind calls through the seam, in one layer of its own:
   when somebody needs them while the attempt is in flight, or when the wait goes on;
   an attempt that nobody needed to see only drops its entry. Making and dropping them
   unseen was most of what the LockManager spent per cycle beyond twice the minimal
-  client's (issue 21).
+  client's.
 * **Release**: a final release (count 1) with nobody of this manager waiting for the
   lock (so nothing to hand over) sends the kind's release and applies its outcome; a
   release cancelled or cut off in flight is settled by the engine's own handling
@@ -35,7 +35,7 @@ stopped acquiring, a nested release. The counters :attr:`FastPath.fast_acquired`
 :attr:`FastPath.fast_released` say how often it ran (the tests check which path each
 case took).
 
-A Redis Cluster takes the fast path too (issue 21): nothing of the engine's path differs
+A Redis Cluster takes the fast path too: nothing of the engine's path differs
 there. Its client (:mod:`aiolock._redis.cluster`) follows MOVED and ASK and retries
 TRYAGAIN inside the kind's call, so a redirected attempt or release is the same call
 with the same outcome; one whose redirects surface as an error (past their bound, or a
@@ -144,7 +144,7 @@ class FastPath(Acquiring):
         lease_s = rt.lease if lease is None else lease
         number = next(rt.ids)  # (rt.next_id(), without a call of its own)
         # The void marker's id is unique across clients (see Acquiring._new_attempt); its
-        # key is keys.void(id), spelled out here: one call fewer per acquisition.
+        # key is keys.void(id), spelled out here: it is on every acquisition's path.
         attempt = new_tuple(Attempt, (
             keys, owner, kind.hold_field(owner, number), 0, lease_s,
             f"{keys.void_prefix}{rt.manager_id}:{number}", permits, timeout != 0, 0,
@@ -220,7 +220,7 @@ class FastPath(Acquiring):
         Without a bound, N tasks that ask for N locks at once (a burst, a start-up) put N
         attempts in the client's pipeline queue, where they waited long enough for
         CPython's cyclic GC to move them to its oldest generation, whose full collections
-        walk every waiter (issue 24: 50,000 queued at 50,000 new waiters). A lone
+        walk every waiter (50,000 queued at 50,000 new waiters). A lone
         acquisition never waits here: a turn is free while fewer than WAKES are taken.
         Without one (the hub closed, a hand-over came, or the deadline passed in line),
         the engine's wait goes on with this waiter, its place in line included.

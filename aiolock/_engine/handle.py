@@ -134,8 +134,7 @@ class Handle(Generic[K, E]):
     @property
     def _guard(self) -> BodyGuard:
         """The handle's body guard, made when a block first enters: a handle whose task
-        still waits carries none, two objects fewer per waiter for the cyclic GC to walk
-        (issue 24)."""
+        still waits carries none, two objects fewer per waiter for the cyclic GC to walk."""
         guard = self._body_guard
         if guard is None:
             guard = self._body_guard = BodyGuard()

@@ -43,7 +43,7 @@ tells the hub what it hears: release messages, confirmed subscriptions, and lost
 If a connection drops, every head of its channels is woken (a release may have been
 missed), the subscriptions are re-established, and each confirmation wakes its head again.
 
-The fast path's first attempt (:mod:`aiolock._engine.fast`) joins *lazily* (issue 21):
+The fast path's first attempt (:mod:`aiolock._engine.fast`) joins *lazily*:
 while its lock has no queue, :meth:`WaiterHub.enter` records an entry
 (:data:`~aiolock._engine.waiter.FastEntry`) and a turn, no queue nor waiter. The entry
 stands for a queue of that one waiter: :meth:`~WaiterHub.idle` is false for its lock,
@@ -74,7 +74,7 @@ class WaiterHub(SubscriptionEvents):
     #: The most waiters woken at once (until each sleeps again or leaves). A release of N
     #: locks woke N heads, whose attempts waited for a pipeline slot behind each other so
     #: long that CPython's GC moved them to its oldest generation, whose full collections
-    #: walk every waiter: 4-5 per release of 20,000 (issue 24). 4x the pipelines' default.
+    #: walk every waiter: 4-5 per release of 20,000. 4x the pipelines' default.
     WAKES = 192
 
     def __init__(self, source: Source, manager_id: str) -> None:
@@ -96,7 +96,7 @@ class WaiterHub(SubscriptionEvents):
         self._streaks: dict[str, int] = {}
         self._messages = 0
         #: what statistics() reports, kept as the queues change so that asking costs
-        #: O(1), not a walk over every waited-on name (issue 24)
+        #: O(1), not a walk over every waited-on name
         self._waiting = 0
         self._busy = 0  # queues with a waiter
         self._confirmed = 0  # queues whose subscription is confirmed
@@ -429,7 +429,7 @@ class WaiterHub(SubscriptionEvents):
         a turn the same way (:mod:`aiolock._engine.fast`). N heads waiting on N locks
         taken at the same moment have their timers run out together; each used to talk
         to Redis at once, and their N commands waited in the client's pipeline queue long
-        enough for CPython's GC to move them to its oldest generation (issue 24). In a
+        enough for CPython's GC to move them to its oldest generation. In a
         turn, they go at most WAKES at a time, in the order their timers ran out; a wake
         that arrives meanwhile is taken by that same turn. A waiter whose wake already
         waits in line keeps its place.

@@ -209,7 +209,7 @@ class Attempt(NamedTuple):
 
 #: Makes a named tuple from a tuple of its fields: ``new_tuple(Granted, (token, 1))`` is
 #: ``Granted(token, 1)`` without the named tuple's constructor, a Python function (the
-#: hot path makes one outcome and one attempt per acquisition; issue 21).
+#: hot path makes one outcome and one attempt per acquisition).
 new_tuple = tuple.__new__
 
 
@@ -443,7 +443,7 @@ class LockKind(Protocol):
         if it may be free (or the kind cannot tell without an attempt).
 
         Only a kind whose every way of freeing publishes on its channel, except its
-        lease ending, may answer (see the engine's quiet waits, issue 24)."""
+        lease ending, may answer (see the engine's quiet waits)."""
         ...
 
 
@@ -479,7 +479,7 @@ class KindBase:
     turns = False
     #: 350 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.75 ms of Redis
     #: time per call (2.0-2.2 us per hold in the scale benchmark; 500 took 1.0-1.5 ms on
-    #: a loaded server: benchmarks/NOTES.md, issue 24), and 10,000 holds renewed every
+    #: a loaded server: benchmarks/NOTES.md), and 10,000 holds renewed every
     #: lease / 3 in 29 calls a round, 87 a lease period: W5's limit is 100 round trips per
     #: period, which 300 (34 calls, 102) missed. Kinds with more work per hold set a
     #: smaller batch.

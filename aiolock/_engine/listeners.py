@@ -22,7 +22,7 @@ to :data:`LISTEN_BATCH` locks per script call (on Redis Cluster each batch of on
 since a script may only touch keys of one slot there): its cost grows with the batches,
 not the locks. Writing one lock per call, 50,000 waited-on names took ~30 s a round at
 ~1.7k calls/s, three times the ``TTL``: registrations lapsed and ``aiolock show`` lost
-this manager's waiters (issue 24).
+this manager's waiters.
 
 Kinds opt in with ``registers_listeners`` (the plain lock). A failed write is logged once
 (until a pass succeeds) and retried at the next round: the registration is for people,

@@ -127,7 +127,7 @@ class HoldRegistry:
 
     def remove(self, hold: Hold, settled: bool | None = None) -> None:
         """Forget *hold*; then, given *settled*, :meth:`unpark` it too (a final release's
-        outcome: both at once, one call fewer on every release; issue 21)."""
+        outcome: both at once: every release comes here)."""
         number = id(hold)
         if self._holds.pop(number, None) is not None:
             owner = hold.owner

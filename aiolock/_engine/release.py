@@ -183,8 +183,7 @@ class Releasing(EngineState):
         channel = hold.keys.channel
         if handoff is None:
             # hand_over_freely is about the successor only (LockKind.release): without one
-            # the hub's streak is not asked for, one call fewer on every fast release
-            # (issue 21)
+            # the hub's streak is not asked for: every fast release comes here
             return hold.kind.release(hold, 1, release_id, None, False, self.hub.listening(channel))
         return hold.kind.release(
             hold,

@@ -28,7 +28,7 @@ __all__ = ["TOMBSTONE_TTL", "Runtime", "RuntimeClient", "task_in"]
 #: a Python function that returns ``_current_tasks.get(loop)`` (the dict asyncio's tasks
 #: update as they run): that lookup, called directly, costs about 1,000 instructions
 #: fewer, three times per uncontended cycle (the owner asked for twice, the fast path's
-#: entry once: issue 21). From 3.12 ``current_task`` is the C function, used as it is.
+#: entry once). From 3.12 ``current_task`` is the C function, used as it is.
 task_in: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
 if sys.version_info >= (3, 12):
     task_in = asyncio.current_task

@@ -327,8 +327,8 @@ class Wait:
             # Not confirmed within READY_WAIT, but SUBSCRIBE is out on the current
             # connection: its confirmation wakes this head, or the connection's loss does
             # (hub.on_lost). A retry now would find what the one after the confirmation
-            # finds; at 50,000 new waiters, whose confirmations take seconds to arrive, it
-            # was one more attempt per waiter.
+            # finds; at 50,000 new waiters, whose confirmations take seconds to arrive,
+            # trying would be one more attempt per waiter.
             self.should_try, self.ttl = False, left
         else:  # the head's timer ran out: it tries too, but in a turn
             self.should_try, self.woken = await engine._in_turn(waiter, self.deadline)

@@ -3,8 +3,8 @@
 :class:`Waiter` is one task waiting for one lock (its sleep, its wake, a hand-over made
 to it); :class:`ChannelQueue` is the local waiters of one lock and the state of its
 subscription. Both are kept as small as they can be (``__slots__``, a list per queue):
-at 50,000 waited-on names the per-waiter objects are most of the client's memory
-(issue 24). A :data:`FastEntry` stands for both while nobody needs them (issue 21).
+at 50,000 waited-on names the per-waiter objects are most of the client's memory.
+A :data:`FastEntry` stands for both while nobody needs them.
 :class:`HubStatistics` is the hub's snapshot of them all. The
 rules by which they are woken and served are the hub's (:mod:`aiolock._engine.hub`);
 nothing here awaits anything but the waiter's own sleep.
@@ -164,7 +164,7 @@ class ChannelQueue:
         #: messages do not say who released (a foreign wire format): see _dispatch
         self.anonymous = anonymous
         #: a list, not a deque: most queues hold one waiter, and an empty deque with its
-        #: first block takes about 600 B against a list's 88 (issue 24: per-name memory
+        #: first block takes about 600 B against a list's 88 (per-name memory
         #: at 50,000 waited-on names); the head's removal moves the rest, a few
         #: microseconds even for thousands of waiters on one name
         self.waiters: list[Waiter] = []

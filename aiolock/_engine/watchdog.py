@@ -15,9 +15,9 @@ still: code that blocked it, or a process stopped by SIGSTOP or a debugger).
 
 A batch is as large as its kind's :attr:`~aiolock._engine.kind.LockKind.renew_batch`: each kind
 names the number of holds whose renewal stays under a millisecond of Redis time (a
-script blocks the server while it runs), measured per kind (``benchmarks/NOTES.md``,
-issue 24). The batches of a round renew distinct holds, so their order does not matter:
-up to :data:`RENEW_IN_FLIGHT` are in flight at once instead of one after another.
+script blocks the server while it runs), measured per kind (``benchmarks/NOTES.md``).
+The batches of a round renew distinct holds, so their order does not matter: up to
+:data:`RENEW_IN_FLIGHT` are in flight at once instead of one after another.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ class Client(Pipelining):
         """One try of a round trip on one connection (a kept one if *kept* allows)."""
         idle = self._idle
         if kept and idle and not self._follows_primary and _usable(idle[-1]):
-            conn = idle.pop()  # (_checkout's common case, without its coroutine; issue 21)
+            conn = idle.pop()  # (_checkout's common case, without its coroutine)
         else:
             conn = await self._checkout(deadline, kept=kept)
         reusable = False

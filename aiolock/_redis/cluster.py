@@ -237,7 +237,7 @@ class ClusterClient:
         self, script: Script, keys: Sequence[str], args: Sequence[Arg]
     ) -> Coroutine[Any, Any, Any]:
         """EVALSHA the sharded variant of *script* on the primary owning *keys*' slot
-        (awaitable; a plain function, one coroutine layer fewer per call)."""
+        (awaitable; a plain function: no coroutine layer of its own on every call)."""
         return self._run(script, keys, args, False)
 
     def run_in_order(
@@ -505,7 +505,7 @@ class ClusterClient:
         The manager's ``max_in_flight`` is its total, as on one server: with 3 per
         primary, the commands of 64 tasks went out in three times as many round trips
         of a third the size, and the client's CPU per command (a round trip costs a
-        write, reads and event-loop turns) was what bounded W2 (issue 21: ~47 against
+        write, reads and event-loop turns) was what bounded W2 (~47 against
         ~62 us of client CPU per cycle with one per primary of three).
         """
         primaries = len(self.redis.get_primaries()) or 1

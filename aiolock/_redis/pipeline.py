@@ -48,7 +48,7 @@ class _Request(NamedTuple):
 
     A named tuple made by ``_new_tuple`` (``tuple.__new__``, no Python constructor): one
     is made per queued command, nearly every command under load, and a batch's commands
-    and scripts are picked out of them by C-level getters (issue 21)."""
+    and scripts are picked out of them by C-level getters."""
 
     command: tuple[Arg, ...]
     script: Script | None
@@ -96,14 +96,14 @@ class Pipelining:
         self._flushes: set[asyncio.Task[None]] = set()
         #: the event loop the commands come from, found at the first queued command and
         #: forgotten when the client closes: finding the running loop makes a getpid()
-        #: system call on Python 3.10 and 3.11, once per queued command before (issue 21)
+        #: system call on Python 3.10 and 3.11, too dear once per queued command
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Awaitable[Any]:
         """EVALSHA *script*, loading it first if the server does not know it (awaitable).
 
-        A plain function that returns what does the work (see :meth:`_execute`): one
-        coroutine layer fewer on every script call, the hot path's main cost being such
+        A plain function that returns what does the work (see :meth:`_execute`): no
+        coroutine layer of its own on a script call, the hot path's main cost being such
         layers.
         """
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -111,8 +111,8 @@ class Pipelining:
         if ack is not None:  # replicas=: WAIT must follow on the same connection
             return self._acknowledged(command, script, script.what, keys[0] if keys else None, ack)
         key = keys[0] if keys else None
-        # _execute and _enqueue, spelled out: two calls fewer on every script call under
-        # load, when nearly every one is queued (issue 21)
+        # _execute and _enqueue, spelled out: every script call under load, when nearly
+        # every one is queued, comes through here
         queue = self._queue
         if self._in_flight < self.max_in_flight and not queue:
             return self._send(command, script, script.what, key)
@@ -207,7 +207,7 @@ class Pipelining:
     ) -> Awaitable[Any]:
         """*command*'s reply (awaitable): queued at once if every slot is busy, and then
         the caller awaits the request's future itself, without a coroutine of ours in
-        between (under load nearly every command is queued: issue 21); else a coroutine
+        between (under load nearly every command is queued); else a coroutine
         that sends it on a free slot when it runs."""
         if self._in_flight >= self.max_in_flight or self._queue:
             # If the caller is cancelled before the flush, the future is cancelled too

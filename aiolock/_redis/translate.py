@@ -121,7 +121,7 @@ def is_permanent(exc: BaseException) -> bool:
 
 def key_type_error(key: str, kind: object) -> LockKeyTypeError:
     text = as_text(kind)
-    # a string is the lock's own type (issue 21): then it holds a value aiolock did not write
+    # a string is the lock's own type: then it holds a value aiolock did not write
     what = "a string that is not an aiolock lock" if text == "string" else f"a {text}"
     return LockKeyTypeError(
         f"Redis key {key!r} holds {what}, not a structure of this aiolock lock, so it "

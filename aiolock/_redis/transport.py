@@ -107,7 +107,7 @@ async def exchange(conn: AbstractConnection, parser: Any, packed: bytes, count: 
     gets, append = reader.gets, replies.append
     while len(replies) < count:
         reply = gets()
-        if type(reply) in _PLAIN:  # the common replies, none of the cases below (issue 21)
+        if type(reply) in _PLAIN:  # the common replies, none of the cases below
             append(reply)
         elif reply is NOT_ENOUGH_DATA:
             try:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks import renew_floor
-from benchmarks.adapters import BASELINE
-from benchmarks.config import BASELINE_REV
+from benchmarks.peers.adapters import BASELINE
+from benchmarks.peers.config import BASELINE_REV
+from benchmarks.scripts import renewal
 from tests._support.paths import REPO_ROOT
 
 
@@ -104,10 +104,10 @@ def test_quick_benchmark_run_writes_its_reports(tmp_path: Path) -> None:
 
 
 def test_paired_ratios_match_rounds_by_position() -> None:
-    """benchmarks.paired: round k against round k, a round without both figures left out
+    """benchmarks.common.paired: round k against round k, a round without both figures left out
     (not paired with another round's), the median of those ratios; and the ratio of the
     two medians, which pairs whatever rounds happen to be in the middle."""
-    from benchmarks.paired import median_ratio, per_round, ratio_of_medians, times
+    from benchmarks.common.paired import median_ratio, per_round, ratio_of_medians, times
 
     assert per_round([2.0, None, 3.0, 4.0], [1.0, 2.0, 0.0, 2.0]) == [2.0, 2.0]
     assert per_round([1.0, 2.0, 3.0], [1.0, 4.0]) == [1.0, 0.5]
@@ -137,7 +137,7 @@ def test_w1_vs_floor_rows_are_judged_round_by_round() -> None:
     0.96x of it in each; the ratio of the medians (W1's middle round over the floor's,
     other rounds) reads 0.84x. The rows are judged on the per-round median when the floor
     ran interleaved with W1, and on the ratio of medians (as before) when it did not."""
-    from benchmarks import report
+    from benchmarks.peers import report
 
     floor, w1 = [4800.0, 4400.0, 3600.0], [4600.0, 3700.0, 3500.0]
     rows = report.targets(_w1_summary(w1, floor, interleaved=True))
@@ -178,7 +178,7 @@ def test_w0_runs_round_by_round_beside_w1(monkeypatch: pytest.MonkeyPatch) -> No
     values in repeat order (a failed repeat as None). Alone, each runs as before."""
     import argparse
 
-    from benchmarks import __main__ as harness
+    from benchmarks.peers import harness
 
     order: list[tuple[str, str, int]] = []
 
@@ -219,8 +219,8 @@ def test_baseline_result_from_another_aiolock_is_refused(tmp_path: Path) -> None
     """Issue 21: a baseline worker that imported any aiolock but the extracted copy (this
     checkout's, here: the directory given holds no package) is a failed run, not a row."""
     from aiolock.testing import RedisServer
-    from benchmarks.__main__ import run_worker
-    from benchmarks.baseline import Baseline
+    from benchmarks.peers.baseline import Baseline
+    from benchmarks.peers.harness import run_worker
 
     fake = Baseline("HEAD", "0" * 40, tmp_path)
     with RedisServer() as server:
@@ -233,7 +233,7 @@ def test_baseline_result_from_another_aiolock_is_refused(tmp_path: Path) -> None
 def test_baseline_is_extracted_once_and_removed(tmp_path: Path) -> None:
     """``extracted`` gives the revision's own package in a directory it removes at the end,
     and a reason, not an error, for a revision git does not have."""
-    from benchmarks.baseline import Baseline, extracted, refusal
+    from benchmarks.peers.baseline import Baseline, extracted, refusal
 
     if not _has_commit(BASELINE_REV):
         pytest.skip("not a git checkout with the baseline revision")
@@ -260,10 +260,10 @@ async def test_c3_counts_only_its_own_names(monkeypatch: pytest.MonkeyPatch) -> 
     import secrets
 
     from aiolock.testing import RedisServer
-    from benchmarks.adapters import AiolockAdapter
-    from benchmarks.config import LEASE, PROFILES
-    from benchmarks.metrics import Admin
-    from benchmarks.workloads import C3_REUSED_TAG, C3_TAG, c3_memory_left
+    from benchmarks.common.metrics import Admin
+    from benchmarks.peers.adapters import AiolockAdapter
+    from benchmarks.peers.config import LEASE, PROFILES
+    from benchmarks.peers.workloads import C3_REUSED_TAG, C3_TAG, c3_memory_left
 
     for tag in (C3_TAG, C3_REUSED_TAG):
         assert set(tag) - set("0123456789abcdef:"), f"{tag!r} can be spelled by a hex id"
@@ -284,11 +284,11 @@ async def test_c3_counts_only_its_own_names(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_scale_benchmark_quick_run_reports_every_phase(tmp_path: Path) -> None:
-    """Issue 24: ``python -m benchmarks.scale --quick`` measures waiters, holds and
+    """Issue 24: ``python -m benchmarks.scale.sizes --quick`` measures waiters, holds and
     redis-py's waiters at two small sizes and writes its section with the targets (the
     structure only: timings on a shared machine say nothing here)."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scale", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.scale.sizes", "--quick", "--out", str(tmp_path)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -307,7 +307,7 @@ def test_scale_benchmark_quick_run_reports_every_phase(tmp_path: Path) -> None:
             assert kind["redis_us_per_call"] > 0
         assert holds["full_round_ok"] and holds["round_trips_per_period"] >= 3
         floor = holds["renew_floor"]
-        assert floor["holds"] == row["n"] and set(floor["rows"]) == set(renew_floor.SCRIPTS)
+        assert floor["holds"] == row["n"] and set(floor["rows"]) == set(renewal.SCRIPTS)
         assert floor["rows"]["lock"]["vs_lock"] == 1.0
         assert all(f["redis_us_per_hold"] > 0 for f in floor["rows"].values())
         assert row["peer_redis_py"]["all_held_s"] > 0

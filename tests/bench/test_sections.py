@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.sections import MARKERS, kept_sections, write_section
+from benchmarks.common.sections import MARKERS, kept_sections, write_section
 from tests._support.paths import REPO_ROOT
 
 
@@ -34,41 +34,42 @@ def test_the_committed_results_keep_every_marked_section() -> None:
         assert kept.count(start) == 1 and kept.count(end) == 1, start
 
 
-def test_script_floor_runs_every_pair_and_writes_its_section(tmp_path: Path) -> None:
+def test_script_cycle_time_runs_every_pair_and_writes_its_section(tmp_path: Path) -> None:
     """A short run of the script-floor benchmark: every pair acquires and releases each
     cycle (the benchmark raises otherwise), and the ratios are against redis-py's row;
     the family's rows, the pipelined rows (every reply checked) and issue 21's target
     rows are there (structure only: a run this short says nothing about the figures)."""
-    from benchmarks import script_family, script_floor
+    from benchmarks.scripts import cycle_time, pairs
+    from benchmarks.scripts import family as family_rows
 
     argv = ["--cycles", "20", "--repeats", "1", "--pipe-cycles", "20", "--out", str(tmp_path)]
-    assert script_floor.main(argv) == 0
+    assert cycle_time.main(argv) == 0
     result = json.loads((tmp_path / "script_floor.json").read_text())
     rows = {row["pair"]: row for row in result["rows"]}
-    assert list(rows) == [pair.name for pair in script_floor.pairs()]
+    assert list(rows) == [pair.name for pair in pairs.pairs()]
     assert rows["redis-py's Lock"]["vs_redis_py"] == 1.0
     assert all(row["server_us_per_cycle"] > 0 for row in rows.values())
     family = {row["kind"]: row for row in result["family"]}
-    assert list(family) == list(script_family.KINDS)
-    assert family[script_family.LOCK]["vs_lock"] == 1.0
+    assert list(family) == list(family_rows.KINDS)
+    assert family[family_rows.LOCK]["vs_lock"] == 1.0
     # the client sent the acquire and the release, nothing else (a renewal could add one)
     assert all(2 <= row["script_calls_per_cycle"] < 2.5 for row in family.values())
     # what the scripts ran, by name (Redis counts each redis.call under its own name)
     assert all(row["redis_calls_per_cycle"] > 0 for row in family.values())
-    assert "evalsha" not in family[script_family.LOCK]["redis_calls_by_name"]
+    assert "evalsha" not in family[family_rows.LOCK]["redis_calls_by_name"]
     piped = {row["pair"]: row for row in result["pipelined"]}
-    assert list(piped) == list(script_floor.PIPED)
+    assert list(piped) == list(pairs.PIPED)
     assert all(row["error_replies"] == row["wrong_replies"] == 0 for row in piped.values())
-    assert piped[script_floor.AIOLOCK_V0]["vs_frozen"] == 1.0
-    assert piped[script_floor.AIOLOCK_V0]["vs_frozen_paired"] == 1.0
+    assert piped[pairs.AIOLOCK_V0]["vs_frozen"] == 1.0
+    assert piped[pairs.AIOLOCK_V0]["vs_frozen_paired"] == 1.0
     assert all(len(row["cycles_per_s_by_round"]) == 1 for row in piped.values())
     # the pipelined target: one round, so its per-round median is the medians' ratio
-    shipped = piped[script_floor.AIOLOCK]
+    shipped = piped[pairs.AIOLOCK]
     pipe_target = result["targets"][2]
     assert pipe_target["per_round"] == [shipped["vs_frozen_paired"]] == [shipped["vs_frozen"]]
     assert pipe_target["measured"] == pipe_target["ratio_of_medians"] == shipped["vs_frozen"]
     targets = [row["target"] for row in result["targets"]]
-    assert len(targets) == 3 + len(script_family.KINDS) - 1
+    assert len(targets) == 3 + len(family_rows.KINDS) - 1
     assert all(row["met"] in (True, False) for row in result["targets"])
     text = (tmp_path / "RESULTS.md").read_text()
     assert MARKERS["script-floor"][0] in text
@@ -77,15 +78,16 @@ def test_script_floor_runs_every_pair_and_writes_its_section(tmp_path: Path) -> 
     assert all(target in text for target in targets)
 
 
-def test_script_floor_targets_say_not_met_failed_and_see_notes() -> None:
+def test_script_cycle_time_targets_say_not_met_failed_and_see_notes() -> None:
     """The target rows: a ratio over its limit is not met (a family kind's points to
     NOTES.md), and a pipelined run with bad replies fails its row instead of judging it."""
-    from benchmarks import script_floor as sf
+    from benchmarks.scripts import cycle_time as sf
+    from benchmarks.scripts import pairs
 
     rows = [
-        {"pair": sf.REDIS_PY, "server_us_per_cycle": 5.0},
-        {"pair": sf.AIOLOCK_V0, "server_us_per_cycle": 50.0},
-        {"pair": sf.AIOLOCK, "server_us_per_cycle": 30.0},
+        {"pair": pairs.REDIS_PY, "server_us_per_cycle": 5.0},
+        {"pair": pairs.AIOLOCK_V0, "server_us_per_cycle": 50.0},
+        {"pair": pairs.AIOLOCK, "server_us_per_cycle": 30.0},
     ]
     family = [
         {"kind": "lock", "vs_lock": 1.0},
@@ -97,8 +99,8 @@ def test_script_floor_targets_say_not_met_failed_and_see_notes() -> None:
     # pair's first, the per-round ratios are 1.60x, 1.58x, 1.25x.
     frozen_rounds, shipped_rounds = [80.0, 60.0, 100.0], [128.0, 95.0, 125.0]
     piped = [
-        {"pair": sf.AIOLOCK_V0, "vs_frozen": 1.0, "cycles_per_s_by_round": frozen_rounds},
-        {"pair": sf.AIOLOCK, "vs_frozen": 125.0 / 80.0, "cycles_per_s_by_round": shipped_rounds},
+        {"pair": pairs.AIOLOCK_V0, "vs_frozen": 1.0, "cycles_per_s_by_round": frozen_rounds},
+        {"pair": pairs.AIOLOCK, "vs_frozen": 125.0 / 80.0, "cycles_per_s_by_round": shipped_rounds},
     ]
     for one in piped:
         one.update(error_replies=0, wrong_replies=0)
@@ -132,8 +134,8 @@ def test_script_floor_targets_say_not_met_failed_and_see_notes() -> None:
 def test_a_pipelined_run_counts_error_and_wrong_replies() -> None:
     """Every pipelined reply is checked: an error reply and a release that did not
     release are each counted, and the row names the first."""
-    from benchmarks import script_pipe
-    from benchmarks.script_floor import Pair
+    from benchmarks.scripts import pipelined
+    from benchmarks.scripts.pairs import Pair
 
     def release_input(i: int) -> tuple[list[str], list[str]]:
         return ["sp:{lock}"], [str(i)]
@@ -148,22 +150,22 @@ def test_a_pipelined_run_counts_error_and_wrong_replies() -> None:
         lambda i: (["sp:{lock}"], [str(i)]),
         release_input,
     )
-    row = script_pipe.measure(pair, 5)
+    row = pipelined.measure(pair, 5)
     assert (row["error_replies"], row["wrong_replies"]) == (1, 1)
     assert row["first_bad"].startswith("cycle 0: ERR boom")
 
 
-def test_client_floor_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
+def test_client_layers_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
     """A short run of the client-floor benchmark: every client completes its cycles (each
     checks that its acquire was granted and its release released), ratios against the
     minimal client and redis-py's Lock."""
-    from benchmarks import client_floor
+    from benchmarks.client import layers
 
     argv = ["--seconds", "0.2", "--repeats", "1", "--tasks", "4", "--out", str(tmp_path)]
-    assert client_floor.main(argv) == 0
+    assert layers.main(argv) == 0
     result = json.loads((tmp_path / "client_floor.json").read_text())
     rows = {row["client"]: row for row in result["rows"]}
-    assert list(rows) == list(client_floor.ROWS)
+    assert list(rows) == list(layers.ROWS)
     assert rows["minimal batching client"]["cpu_vs_minimal"] == 1.0
     assert rows["redis-py's Lock"]["rate_vs_redis_py"] == 1.0
     assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
@@ -176,30 +178,30 @@ def test_client_floor_runs_every_client_and_writes_its_section(tmp_path: Path) -
     assert target["measured"] == manager["cpu_vs_minimal_paired"] == manager["cpu_vs_minimal"]
     assert target["per_round"] == [target["measured"]] and len(manager["cpu_by_round"]) == 1
     assert target["ratio_of_medians"] == manager["cpu_vs_minimal"]
-    assert f"| {client_floor.TARGET} |" in text
+    assert f"| {layers.TARGET} |" in text
 
 
-def test_client_floor_target_is_judged_on_the_per_round_ratios() -> None:
+def test_client_layers_target_is_judged_on_the_per_round_ratios() -> None:
     """Target 2: the minimal client's CPU per cycle swung between rounds (18-22 us) and
     the LockManager's with it; the ratio of medians (41 / 20 us: other rounds) reads
     2.05x, the per-round ratios 1.89x, 1.95x, 2.05x. The target is judged on their
     median and the render shows both."""
-    from benchmarks import client_floor
+    from benchmarks.client import layers
 
     minimal, manager = [18.0, 22.0, 20.0], [34.0, 43.0, 41.0]
-    samples = {name: [(1000.0, 10.0)] * 3 for name in client_floor.ROWS}
-    samples[client_floor.ROWS[0]] = [(1000.0, cpu) for cpu in minimal]
-    samples[client_floor.MANAGER] = [(500.0, cpu) for cpu in manager]
-    result = client_floor.summarize(samples, 64, 2.0, 3)
+    samples = {name: [(1000.0, 10.0)] * 3 for name in layers.ROWS}
+    samples[layers.ROWS[0]] = [(1000.0, cpu) for cpu in minimal]
+    samples[layers.MANAGER] = [(500.0, cpu) for cpu in manager]
+    result = layers.summarize(samples, 64, 2.0, 3)
     (target,) = result["targets"]
     assert target["per_round"] == [34.0 / 18.0, 43.0 / 22.0, 41.0 / 20.0]
     assert target["measured"] == 43.0 / 22.0 and target["met"] is True
     assert target["ratio_of_medians"] == 41.0 / 20.0
     rows = {row["client"]: row for row in result["rows"]}
-    assert rows[client_floor.MANAGER]["cpu_vs_minimal_paired"] == 43.0 / 22.0
-    assert rows[client_floor.MANAGER]["cpu_by_round"] == manager
-    text = client_floor.render(result)
-    assert f"| {client_floor.TARGET} | 1.95x (1.89x, 1.95x, 2.05x) | 2.05x | met |" in text
+    assert rows[layers.MANAGER]["cpu_vs_minimal_paired"] == 43.0 / 22.0
+    assert rows[layers.MANAGER]["cpu_by_round"] == manager
+    text = layers.render(result)
+    assert f"| {layers.TARGET} | 1.95x (1.89x, 1.95x, 2.05x) | 2.05x | met |" in text
 
 
 def test_the_benchmarks_count_aiolocks_own_writes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +209,7 @@ def test_the_benchmarks_count_aiolocks_own_writes(monkeypatch: pytest.MonkeyPatc
     that write where it lives, or every aiolock row would count nothing (a module move
     once made the patch skip silently)."""
     from aiolock._redis import transport
-    from benchmarks import metrics
+    from benchmarks.common import metrics
 
     monkeypatch.setattr(transport, "write", transport.write)  # restored after the test
     monkeypatch.setattr(transport, "_bench_patched", False, raising=False)
@@ -218,32 +220,32 @@ def test_the_benchmarks_count_aiolocks_own_writes(monkeypatch: pytest.MonkeyPatc
 
 
 def test_client_instructions_children_run_each_client() -> None:
-    """The measured child of ``benchmarks.client_instructions`` (run here without
+    """The measured child of ``benchmarks.client.instructions`` (run here without
     valgrind): each client makes the given number of cycles, spread over the tasks, each
     checked granted and released; bad cycle counts are refused before valgrind runs."""
     from aiolock.testing import RedisServer
-    from benchmarks import client_instructions
+    from benchmarks.client import instructions
 
     with RedisServer() as server:
-        for client in client_instructions.CLIENTS:
+        for client in instructions.CLIENTS:
             argv = ["--child", client, "--port", str(server.port), "--tasks", "4"]
-            assert client_instructions.main([*argv, "--cycles", "8"]) == 0
+            assert instructions.main([*argv, "--cycles", "8"]) == 0
     for cycles in ("1920", "5760,1920", "100,200"):
         with pytest.raises(SystemExit):
-            client_instructions.main(["--cycles", cycles])
+            instructions.main(["--cycles", cycles])
 
 
-def test_w1_gap_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
+def test_client_sequential_runs_every_client_and_writes_its_section(tmp_path: Path) -> None:
     """A short run of the W1-gap benchmark: every client completes its cycles (the
     replay and the LockManager check each grant and release), the floor's row is 1.0x
     itself (structure only: a run this short says nothing about the figures)."""
-    from benchmarks import w1_gap
+    from benchmarks.client import sequential
 
-    assert w1_gap.main(["--cycles", "30", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    assert sequential.main(["--cycles", "30", "--repeats", "1", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "w1_gap.json").read_text())
     rows = {row["client"]: row for row in result["rows"]}
-    assert list(rows) == list(w1_gap.ROWS)
-    assert rows[w1_gap.FLOOR]["vs_floor_paired"] == 1.0
+    assert list(rows) == list(sequential.ROWS)
+    assert rows[sequential.FLOOR]["vs_floor_paired"] == 1.0
     assert all(row["cycles_per_s"] > 0 and row["cpu_us_per_cycle"] > 0 for row in rows.values())
     # (Redis's time per cycle is a figure, not compared here: under CI's load one
     # preempted command made 30 cycles of `return 1` read 231 us each.)
@@ -251,24 +253,24 @@ def test_w1_gap_runs_every_client_and_writes_its_section(tmp_path: Path) -> None
     assert [len(row["per_round"]) for row in result["comparisons"]] == [1, 1, 1]
     text = (tmp_path / "RESULTS.md").read_text()
     assert MARKERS["w1-gap"][0] in text
-    assert all(f"| {name} |" in text for name in w1_gap.ROWS)
+    assert all(f"| {name} |" in text for name in sequential.ROWS)
 
 
-def test_w1_gap_ratios_are_per_round() -> None:
+def test_client_sequential_ratios_are_per_round() -> None:
     """x floor is the median of each round's ratio, not the ratio of the medians: round
     2's floor was slow, and its replay with it."""
-    from benchmarks import w1_gap
+    from benchmarks.client import sequential
 
     floor, replay = [1000.0, 500.0, 900.0], [900.0, 450.0, 720.0]
-    samples = {name: [(800.0, 10.0, 5.0)] * 3 for name in w1_gap.ROWS}
-    samples[w1_gap.FLOOR] = [(rate, 10.0, 2.0) for rate in floor]
-    samples[w1_gap.REPLAY] = [(rate, 10.0, 20.0) for rate in replay]
-    result = w1_gap.summarize(samples, 100, 3)
+    samples = {name: [(800.0, 10.0, 5.0)] * 3 for name in sequential.ROWS}
+    samples[sequential.FLOOR] = [(rate, 10.0, 2.0) for rate in floor]
+    samples[sequential.REPLAY] = [(rate, 10.0, 20.0) for rate in replay]
+    result = sequential.summarize(samples, 100, 3)
     rows = {row["client"]: row for row in result["rows"]}
-    assert rows[w1_gap.REPLAY]["vs_floor_per_round"] == [0.9, 0.9, 0.8]
-    assert rows[w1_gap.REPLAY]["vs_floor_paired"] == 0.9
-    assert rows[w1_gap.REPLAY]["vs_floor"] == 720.0 / 900.0
-    assert rows[w1_gap.REPLAY]["server_us_per_cycle"] == 20.0
+    assert rows[sequential.REPLAY]["vs_floor_per_round"] == [0.9, 0.9, 0.8]
+    assert rows[sequential.REPLAY]["vs_floor_paired"] == 0.9
+    assert rows[sequential.REPLAY]["vs_floor"] == 720.0 / 900.0
+    assert rows[sequential.REPLAY]["server_us_per_cycle"] == 20.0
     # the LockManager (800 every round) beside the floor's client sending the same scripts
     assert result["comparisons"][2]["per_round"] == [800.0 / 900.0, 800.0 / 450.0, 800.0 / 720.0]
-    assert "0.90x (0.90x, 0.90x, 0.80x)" in w1_gap.render(result)
+    assert "0.90x (0.90x, 0.90x, 0.80x)" in sequential.render(result)

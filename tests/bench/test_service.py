@@ -13,7 +13,7 @@ from tests._support.paths import REPO_ROOT
 def test_a_small_service_benchmark_run_reports_both_libraries(tmp_path: Path) -> None:
     (tmp_path / "RESULTS.md").write_text("# Other results\n\nkept as they are\n")
     command = [
-        sys.executable, "-m", "benchmarks.service_bench", "--requests", "40",
+        sys.executable, "-m", "benchmarks.peers.service", "--requests", "40",
         "--concurrency", "8", "--ids", "2", "--repeats", "1", "--out", str(tmp_path),
     ]  # fmt: skip
     result = subprocess.run(

@@ -45,7 +45,7 @@ class Lock(Handle[LockKeys, "Lock"]):
     __slots__ = ("_resource",)
 
     #: Whether this class acquires by Lock's own :meth:`_acquire`, so that acquire() and
-    #: try_acquire() may do its work inline (issue 21). A subclass that overrides
+    #: try_acquire() may do its work inline. A subclass that overrides
     #: _acquire (the read-write lock's sides refuse an upgrade and take a downgrade
     #: there) is False, and goes through its override: set by __init_subclass__, so a
     #: new override cannot be skipped by mistake.
@@ -64,7 +64,7 @@ class Lock(Handle[LockKeys, "Lock"]):
         lease: float | None,
     ) -> None:
         # Handle.__init__'s fields, set here: a handle is made per lock(name) call, nearly
-        # always one per acquisition, and super().__init__ was one more call (issue 21).
+        # always one per acquisition, so super().__init__ would be one more call on that path.
         # (timeout and lease may come by position: keywords made a dict per handle.)
         self._manager = manager
         self._kind = kind
@@ -119,7 +119,7 @@ class Lock(Handle[LockKeys, "Lock"]):
         if not self._plain:  # a side of a read-write lock: its _acquire checks more
             await self._acquire(timeout, lease)
             return
-        # (self._acquire and resolve(), spelled out: two calls fewer per acquisition; issue 21)
+        # (self._acquire and resolve(), spelled out: this is every acquisition's path)
         wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
         fixed = self._lease if lease is _DEFAULT else None if lease is None else check_lease(lease)
         await self._take(self._keys, wait, fixed)
@@ -133,7 +133,7 @@ class Lock(Handle[LockKeys, "Lock"]):
             if not self._plain:  # a side of a read-write lock: its _acquire checks more
                 await self._acquire(timeout, lease)
                 return True
-            # (self._acquire and resolve(), spelled out: two calls fewer; issue 21)
+            # (self._acquire and resolve(), spelled out: this is every acquisition's path)
             wait = self._timeout if timeout is _DEFAULT else check_timeout(timeout)
             fixed = (
                 self._lease if lease is _DEFAULT else None if lease is None else check_lease(lease)

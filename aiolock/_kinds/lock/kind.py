@@ -1,7 +1,7 @@
 """The reentrant lock kind: the whole state of a name in one string, one owner at a time.
 
 The lock's structure ``P:lock:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is
-one string (issue 21; ``state.lua`` has the layout): while held, the owner field
+one string (``state.lua`` has the layout): while held, the owner field
 ``<manager id>:<task serial>:<acquisition number>`` (unique per acquisition, so a late or
 resent command about an earlier hold can never touch a later one), the hold count, the
 fencing token, the epoch and the waiter flag, with the lease as its expiry; while free,
@@ -89,10 +89,10 @@ class ReentrantLockKind(KindBase):
             else str(max(int(runtime.fence_ms), runtime.tombstone_ms))
         )
         #: how this manager's owner fields begin: the scripts read a manager id argument left
-        #: out as the field's part before its first ':' (issue 21: one argument less each)
+        #: out as the field's part before its first ':' (one argument less each)
         self._own = f"{runtime.manager_id}:"
         #: the last lease an attempt sent and its ms (the manager's, nearly always): ms()
-        #: is a Python call, made per attempt before (issue 21)
+        #: is a Python call, not worth making per attempt
         self._lease_ms = (runtime.lease, ms(runtime.lease))
 
     async def attempt(self, attempt: Attempt) -> Granted | Busy:
@@ -104,7 +104,7 @@ class ReentrantLockKind(KindBase):
         args: tuple[str | int, ...] = (field, lease_ms)
         # ARGV[3..4] (the hold count before, the manager id) only when the script cannot
         # take them as 0 and the field's beginning: every argument costs the server a Lua
-        # string (issue 21)
+        # string
         if attempt.turn:
             args += (attempt.before, self._rt.manager_id, attempt.turn)
         elif attempt.before or not field.startswith(self._own):
@@ -198,12 +198,12 @@ class ReentrantLockKind(KindBase):
         keys = hold.keys
         field, token = hold.field, hold.token
         # ARGV[1]: how the held state begins (field, one hold, token), so that the script's
-        # common path compares it as sent instead of building it (issue 21)
+        # common path compares it as sent instead of building it
         args: tuple[str | int, ...] = (f"{field}|1|{token}|", token)
         # ARGV[3..9] only when they say something (the script reads them missing as
         # DEFAULT_KEEP_MS, 1, the field's beginning, '', '0', '0', '0'): every argument costs
         # the server a Lua string, and a final release with nobody to hand over to sends 2,
-        # or 3 with a fence_ttl other than the default (issue 21)
+        # or 3 with a fence_ttl other than the default
         keep = self._keep_ms
         if successor is not None:
             args += (keep, count, self._rt.manager_id, successor.field, ms(successor.lease),

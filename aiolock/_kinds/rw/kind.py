@@ -89,7 +89,7 @@ class _SideKind(KindBase):
     renew_script = RENEW
     #: ZSCORE, ZADD and two PEXPIREs per hold of its own structure: about 3x a lock's
     #: Redis time per hold, so 100 a call stay under a millisecond on a loaded server
-    #: (150 took 0.8-1.1 ms there, 120 0.9-1.1 ms: benchmarks/NOTES.md, issue 24)
+    #: (150 took 0.8-1.1 ms there, 120 0.9-1.1 ms: benchmarks/NOTES.md)
     renew_batch = 100
     #: 'r' or 'w': the side the acquire script is asked for
     _side = ""

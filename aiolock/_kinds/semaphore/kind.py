@@ -123,8 +123,7 @@ class SemaphoreKind(KindBase):
     extend_by_script = EXTEND_BY
     #: ZSCORE, ZADD and three PEXPIREs (holders, expiries, limit) per permit of its own
     #: semaphore: about 3x a lock's Redis time per hold, so 100 a call stay under a
-    #: millisecond on a loaded server (150 took 1.0-1.6 ms there: benchmarks/NOTES.md,
-    #: issue 24)
+    #: millisecond on a loaded server (150 took 1.0-1.6 ms there: benchmarks/NOTES.md)
     renew_batch = 100
     shared = True
     claims = True

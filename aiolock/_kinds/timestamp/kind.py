@@ -62,7 +62,7 @@ class TimestampLockKind(StringKindBase):
     renew_script = RENEW
     #: two GETs and two writes per hold (the lock's value and its holder record): about
     #: 3x a lock's Redis time per hold, so 100 a call stay under a millisecond on a
-    #: loaded server (benchmarks/NOTES.md, issue 24)
+    #: loaded server (benchmarks/NOTES.md)
     renew_batch = 100
     fencing_unavailable = (
         "locks of the 'timestamp' wire format have no fencing token: the legacy "

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.adapters import ADAPTERS, BASELINE, PEERS
-from benchmarks.config import FLOOR, WORKLOADS
-from benchmarks.paired import per_round
-from benchmarks.sections import kept_sections
+from benchmarks.common.paired import per_round
+from benchmarks.common.sections import kept_sections
+from benchmarks.peers.adapters import ADAPTERS, BASELINE, PEERS
+from benchmarks.peers.config import FLOOR, WORKLOADS
 
 Summary = dict[str, dict[str, Any]]
 AIOLOCK = "aiolock"
@@ -500,7 +500,7 @@ def targets(summary: Summary) -> list[Target]:
 
     if "w1" in summary:
         out.append(vs_floor(summary, "W1", 0.9, ">= 0.9x W0 floor cycles/s"))
-        # Issue 7 raised the bar: the lock at least as fast as the bare two-EVALSHA floor.
+        # The lock at least as fast as the bare two-EVALSHA floor.
         out.append(vs_floor(summary, "W1 (issue 7)", 1.0, ">= 1.0x W0 floor cycles/s"))
         out += issue21_w1(summary)
     if "w2" in summary:
@@ -840,7 +840,7 @@ METHOD = """\
 
 * One private `redis-server` on a free loopback port (`aiolock.testing.RedisServer`),
   no persistence; `FLUSHALL` before every run. Every (library, workload) pair runs in a
-  fresh `python -m benchmarks.worker` process; `w2mp` and `w3mp` start 4 more worker
+  fresh `python -m benchmarks.peers.worker` process; `w2mp` and `w3mp` start 4 more worker
   processes. The baseline (`aiolock-pre21`, `--baseline REV`) is that revision's
   `aiolock/` package, extracted once per run with `git archive`, found first on the
   workers' `sys.path`; a result whose processes imported another `aiolock` is refused.
@@ -912,7 +912,7 @@ def markdown(
         *(f"| {t.workload} | {t.text} | {t.measured} | **{t.status}** |" for t in goals),
         "",
     ]
-    notes = Path(__file__).with_name("NOTES.md")
+    notes = Path(__file__).resolve().parent.parent / "NOTES.md"
     if notes.exists():  # hand-written analysis of the targets, measured separately
         lines += [notes.read_text("utf-8").strip(), ""]
     if meta["profile"] == "quick":

@@ -5,7 +5,7 @@ acquires and releases one lock ``--cycles`` times without WAIT, then with ``repl
 alternating for ``--rounds`` rounds in the same run (absolute figures drift on a shared
 machine; the difference within a round is the figure to read).
 
-    python -m benchmarks.replica_wait --cycles 2000 --rounds 3
+    python -m benchmarks.topologies.replica_wait --cycles 2000 --rounds 3
 """
 
 from __future__ import annotations

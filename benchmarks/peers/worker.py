@@ -1,4 +1,4 @@
-"""One measurement in a fresh process: ``python -m benchmarks.worker LIB WORKLOAD ...``.
+"""One measurement in a fresh process: ``python -m benchmarks.peers.worker LIB WORKLOAD ...``.
 
 Prints one line ``BENCH-RESULT <json>`` on stdout (anything else a library prints is
 ignored by the orchestrator). ``w3mp`` (and ``c2``, the same run measured for Redis CPU)
@@ -22,10 +22,11 @@ import traceback
 from collections.abc import AsyncIterator
 from typing import Any
 
-from benchmarks import metrics, workloads
-from benchmarks.adapters import ADAPTERS, LockAdapter
-from benchmarks.config import ACQUIRE_TIMEOUT, FLOOR, LEASE
-from benchmarks.metrics import COUNTS, Admin, ClientCounts
+from benchmarks.common import metrics
+from benchmarks.common.metrics import COUNTS, Admin, ClientCounts
+from benchmarks.peers import workloads
+from benchmarks.peers.adapters import ADAPTERS, LockAdapter
+from benchmarks.peers.config import ACQUIRE_TIMEOUT, FLOOR, LEASE
 
 RESULT_PREFIX = "BENCH-RESULT "
 PART_LINE_LIMIT = 256 * 1024 * 1024
@@ -133,7 +134,7 @@ async def started_parts(
                 await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "benchmarks.worker",
+                    "benchmarks.peers.worker",
                     lib,
                     mode,
                     "--url",
@@ -351,7 +352,7 @@ PARTS = {"w2part": run_w2part, "w3part": run_w3part}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.worker")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.worker")
     parser.add_argument("lib", choices=[FLOOR, *ADAPTERS])
     parser.add_argument("workload")
     parser.add_argument("--url", required=True)

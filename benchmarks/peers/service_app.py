@@ -1,4 +1,4 @@
-"""The FastAPI service the service benchmark serves: ``uvicorn benchmarks.service_app:app``.
+"""The FastAPI service the service benchmark serves: ``uvicorn benchmarks.peers.service_app:app``.
 
 Environment: ``SERVICE_LOCK`` (``aiolock`` or ``redis-py``) picks the lock, ``REDIS_URL``
 the server. ``POST /orders/{order_id}/pay`` holds lock ``order:{order_id}`` around a short

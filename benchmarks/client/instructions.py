@@ -1,12 +1,12 @@
 """W2's client work per cycle in instructions (callgrind), which a loaded machine cannot move.
 
-``python -m benchmarks.client_instructions [--cycles A,B] [--tasks N] [--clients ...] [--keep DIR]``
+``python -m benchmarks.client.instructions [--cycles A,B] [--tasks N] [--clients ...] [--keep DIR]``
 
-:mod:`benchmarks.client_floor` times the client process's CPU per W2 cycle, and on a busy
-machine its ratios spread further than the changes they are meant to show (issue 21,
-target 2: the LockManager's 1.62x-2.58x the minimal batching client's in one afternoon).
-This counts instead. For each client (the rows of :mod:`benchmarks.client_floor`, built by
-its :func:`~benchmarks.client_floor.client_cycle`, so the same code runs) and each cycle
+:mod:`benchmarks.client.layers` times the client process's CPU per W2 cycle, and on a busy
+machine its ratios spread further than the changes they are meant to show (target 2's
+ratio: the LockManager's 1.62x-2.58x the minimal batching client's in one afternoon).
+This counts instead. For each client (the rows of :mod:`benchmarks.client.layers`, built by
+its :func:`~benchmarks.client.layers.client_cycle`, so the same code runs) and each cycle
 count, one child process runs exactly that many cycles (``--tasks`` tasks on distinct
 names, the same number each, after one warm-up cycle per task) under
 ``valgrind --tool=callgrind``. The ``redis-server`` (:class:`aiolock.testing.RedisServer`,
@@ -35,10 +35,10 @@ import tempfile
 from pathlib import Path
 
 from aiolock.testing import RedisServer
-from benchmarks.client_floor import MANAGER, MANAGER_NO_STATS, ROWS, client_cycle
+from benchmarks.client.layers import MANAGER, MANAGER_NO_STATS, ROWS, client_cycle
 
-#: short names on the command line for the rows of benchmarks.client_floor, and the
-#: LockManager without per-name statistics (issue 38)
+#: short names on the command line for the rows of benchmarks.client.layers, and the
+#: LockManager without per-name statistics
 CLIENTS = {
     **dict(zip(("minimal", "client", "manager", "redis-py"), ROWS, strict=True)),
     "manager-nostats": MANAGER_NO_STATS,
@@ -63,7 +63,7 @@ def _count(client: str, port: int, tasks: int, cycles: int, out: Path) -> int:
     """The instructions callgrind counts in one child that runs *cycles* cycles."""
     command = [
         "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no",
-        sys.executable, "-m", "benchmarks.client_instructions", "--child", client,
+        sys.executable, "-m", "benchmarks.client.instructions", "--child", client,
         "--port", str(port), "--tasks", str(tasks), "--cycles", str(cycles),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "0"}

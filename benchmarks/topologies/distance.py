@@ -1,14 +1,14 @@
 """Waits under contention, by distance from Redis: the plain lock beside the fair lock.
 
-Issue 36 item 1: processes at 0, 5, 15 and 30 ms of extra round trip (a latency proxy
+Processes at 0, 5, 15 and 30 ms of extra round trip (a latency proxy
 each; loopback otherwise), three tasks each, all on one name, holds of 5-30 ms, for the
 same seconds per kind. Every process logs what each of its tasks asked for and got; the
 parent reads only those logs and reports, per kind and per process, the grants and the
 wait's p50, p99 and maximum, and the plain lock's waits as multiples of the fair lock's
 (the FIFO queue every waiter of every process joins in Redis).
 
-    python -m benchmarks.starvation                 # 20 s per kind, writes a table
-    python -m benchmarks.starvation --seconds 5     # a quick look
+    python -m benchmarks.topologies.distance                 # 20 s per kind, writes a table
+    python -m benchmarks.topologies.distance --seconds 5     # a quick look
 
 The proxy is the test suite's (tests/_support/proxy.py), run from a checkout.
 """
@@ -90,8 +90,9 @@ async def _run_kind(kind: str, seconds: float, seed: int, tmp: Path) -> list[dic
         for i, proxy in enumerate(proxies):
             out = tmp / f"{kind}-{i}.json"
             outs.append(out)
-            command = [sys.executable, "-m", "benchmarks.starvation", "--worker", proxy.url,
-                       kind, prefix, str(seconds), str(seed * 100 + i), str(out)]  # fmt: skip
+            command = [sys.executable, "-m", "benchmarks.topologies.distance", "--worker",
+                       proxy.url, kind, prefix, str(seconds), str(seed * 100 + i),
+                       str(out)]  # fmt: skip
             procs.append(await asyncio.create_subprocess_exec(*command, env=env))
         for proc in procs:
             await asyncio.wait_for(proc.wait(), seconds + 120)
@@ -145,7 +146,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.starvation")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.topologies.distance")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write rows as JSON here")

@@ -1,9 +1,9 @@
-"""Cycles one Redis core serves when fully pipelined: part of ``benchmarks.script_floor``.
+"""Cycles one Redis core serves when fully pipelined: part of ``benchmarks.scripts.cycle_time``.
 
 Issue 21's target 1 asks for the shipped lock scripts to serve >= 1.5x the cycles per
 second of the lock's scripts before issue 21 when one connection sends nothing but
 cycles, fully pipelined. For each pair measured here (redis-py's Lock, the frozen pre-21
-pair, the shipped pair, as :func:`benchmarks.script_floor.pairs` defines them) one
+pair, the shipped pair, as :func:`benchmarks.scripts.pairs.pairs` defines them) one
 measurement:
 
 * starts a fresh private ``redis-server`` (:class:`aiolock.testing.RedisServer`, free
@@ -13,14 +13,14 @@ measurement:
   same per-cycle arguments as the sequential rows (a unique owner field and void or
   tombstone key per cycle): a batch is one write of the previous batch's releases and
   this batch's acquires, encoded as RESP bytes, and every reply is read before the next
-  (the shipped release names the token its acquire answered, and since issue 36 that
-  token is the server's clock, which no client can predict: one name fully pipelined,
-  as before issue 36, is no longer possible); the time is the sum of the batches' wall
-  clock, from the first byte written to the last reply read, and the server's CPU
-  (``INFO cpu`` ``used_cpu_user + used_cpu_sys``) over the whole run;
+  (the shipped release names the token its acquire answered, and that token is the
+  server's clock, which no client can predict: one name cannot be fully pipelined); the
+  time is the sum of the batches' wall clock, from the first byte written to the last
+  reply read, and the server's CPU (``INFO cpu`` ``used_cpu_user + used_cpu_sys``) over
+  the whole run;
 * checks every reply is what a successful cycle answers: an acquire that was granted, a
   release that released. An error reply or any other reply is counted; a row with any
-  is failed (the report says so and ``python -m benchmarks.script_floor`` exits 1).
+  is failed (the report says so and ``python -m benchmarks.scripts.cycle_time`` exits 1).
 
 The frozen pair leaves a tombstone key per release (kept 10 s), so the keyspace grows by
 a key per cycle during its run (the shipped pair's does not): compare runs made with the
@@ -28,8 +28,8 @@ same number of cycles.
 
 Pairs are interleaved over the repeats (round k: every pair once); each figure is the
 median, and each row keeps its cycles/s per round (``cycles_per_s_by_round``) so that
-:mod:`benchmarks.script_floor` can judge the target on the median of the per-round ratios
-(shipped / frozen in the same round, :mod:`benchmarks.paired`) beside the ratio of the
+:mod:`benchmarks.scripts.cycle_time` can judge the target on the median of the per-round ratios
+(shipped / frozen in the same round, :mod:`benchmarks.common.paired`) beside the ratio of the
 medians. The client is one Python process that only feeds bytes to a parser, on the same
 machine: on 2 cores it shares them with the server, so the server CPU per cycle is shown
 beside the wall clock.
@@ -41,15 +41,13 @@ import asyncio
 import statistics
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hiredis
 import redis
 
 from aiolock.testing import RedisServer
-
-if TYPE_CHECKING:
-    from benchmarks.script_floor import Pair
+from benchmarks.scripts.pairs import Pair
 
 __all__ = ["BATCH", "encode", "measure", "run"]
 

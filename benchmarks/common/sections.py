@@ -1,7 +1,7 @@
 """Sections of ``RESULTS.md`` that benchmarks other than the main harness write.
 
 Each such benchmark owns the text between its two markers; the main harness
-(:mod:`benchmarks.report`) rewrites the rest of the file and keeps every marked section,
+(:mod:`benchmarks.peers.report`) rewrites the rest of the file and keeps every marked section,
 so one file holds all the figures without any tool erasing another's.
 """
 

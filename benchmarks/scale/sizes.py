@@ -1,19 +1,19 @@
 """Scale: per-waiter and per-hold costs at 1k, 5k, 20k and 50k (issue 24).
 
-``python -m benchmarks.scale [--sizes 1000,5000,20000,50000] [--quick] [--no-peers]
+``python -m benchmarks.scale.sizes [--sizes 1000,5000,20000,50000] [--quick] [--no-peers]
 [--budget S] [--out DIR]``
 
 One private ``redis-server`` (:class:`aiolock.testing.RedisServer`, free loopback port,
 stopped by pid) serves every phase; the server is flushed between sizes. For each size N:
 
-* **waiters**: a holder process (``python -m benchmarks.scale --holder ...``) holds N
+* **waiters**: a holder process (``python -m benchmarks.scale.sizes --holder ...``) holds N
   locks (one per name, lease ``--lease``, renewed), and this process starts one waiter
   task per name (``async with manager.lock(name)``). Setup CPU per waiter is this
   process's ``time.process_time`` from starting the tasks until the hub counts N waiters
   and N confirmed subscriptions; memory per waiter the RSS growth over the same span.
   Then, over two lease periods (the holder renewing), the waiters' probes per second,
   counted by script in this process (attempts: the lock's acquire script; looks: its
-  probe script, a PTTL before issue 21), apart from the listener registrations that
+  probe script), apart from the listener registrations that
   ``aiolock show`` reads (counted by themselves). Then the holder releases
   all N at once; CPU per wake is this process's CPU from that order until every waiter
   has held and released, divided by N; release-all is the wall time until every waiter
@@ -23,7 +23,7 @@ stopped by pid) serves every phase; the server is flushed between sizes. For eac
   interferes. Each kind's holds are renewed in a round of their own
   (``Watchdog.run_round``, what the watchdog runs each period), 3 times; Redis time per
   renewal call and per hold from ``INFO commandstats`` (``CONFIG RESETSTAT`` before each).
-  Beside them, the renewal floor (:mod:`benchmarks.renew_floor`): the least a permit's
+  Beside them, the renewal floor (:mod:`benchmarks.scripts.renewal`): the least a permit's
   renewal in the semaphore's layout can cost, against the lock's renewal, on keys of its
   own (up to 300 holds a call). Then a full round of all 3N holds: its wall time and round
   trips (one round per period).
@@ -56,8 +56,9 @@ import redis.asyncio
 
 from aiolock import LockManager
 from aiolock.testing import RedisServer
-from benchmarks import metrics, renew_floor
-from benchmarks.sections import write_section
+from benchmarks.common import metrics
+from benchmarks.common.sections import write_section
+from benchmarks.scripts import renewal
 
 Result = dict[str, Any]
 PREFIX = "scale"
@@ -68,7 +69,7 @@ QUICK_SIZES = (100, 300)
 LANES = 500
 HOLDS_LEASE = 600.0
 RENEW_ROUNDS = 3
-#: holds in each call of the renewal floor's scripts (benchmarks/renew_floor.py)
+#: holds in each call of the renewal floor's scripts (benchmarks/scripts/renewal.py)
 FLOOR_HOLDS = 300
 #: calls of each floor script, interleaved (each takes about a millisecond; the median of
 #: more of them steadies a figure that a shared machine's noise moves)
@@ -182,7 +183,8 @@ class Holder:
     @classmethod
     async def start(cls, lib: str, url: str, n: int, lease: float, limit: float) -> Holder:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.scale", "--holder", lib, url, str(n), str(lease),
+            sys.executable, "-m", "benchmarks.scale.sizes", "--holder", lib, url, str(n),
+            str(lease),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         holder = cls(proc)
@@ -238,7 +240,7 @@ class ScriptCounts:
     """Counts this process's script calls by script name, at the client's one entry point
     for scripts (INFO commandstats counts every EVALSHA alike: attempts, probes and
     listener registrations could not be told apart there), and the keys they name (a
-    listener registration call carries a batch of locks since issue 24)."""
+    listener registration call carries a batch of locks)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
@@ -483,8 +485,8 @@ async def holds(url: str, admin: redis.asyncio.Redis, n: int) -> Result:
                 "redis_us_per_hold": statistics.median(per_hold),
                 "round_wall_s": statistics.median(walls),
             }
-        # the least this layout's permit renewal can cost, on the same server (issue 24)
-        floor = await renew_floor.measure(admin, min(n, FLOOR_HOLDS), FLOOR_ROUNDS, PREFIX)
+        # the least this layout's permit renewal can cost, on the same server
+        floor = await renewal.measure(admin, min(n, FLOOR_HOLDS), FLOOR_ROUNDS, PREFIX)
         trips0, t = engine.watchdog.round_trips, time.monotonic()
         ok = await engine.watchdog.renew_all()
         full_wall = time.monotonic() - t
@@ -606,7 +608,7 @@ def render(result: Result) -> str:
     lines = [
         "### Scale: per-waiter and per-hold costs (issue 24)",
         "",
-        f"`python -m benchmarks.scale --sizes {','.join(str(n) for n in result['sizes'])}` "
+        f"`python -m benchmarks.scale.sizes --sizes {','.join(str(n) for n in result['sizes'])}` "
         f"({result['seconds']:.0f} s; one run, 2-core machine shared with other work). "
         f"Holder's lease in the waiters phase {result['lease_s']:g} s. See the module "
         "docstring for what each figure is.",

@@ -1,6 +1,6 @@
 """Where W1's time goes beside the W0 floor: one task, one client at a time, side by side.
 
-``python -m benchmarks.w1_gap [--cycles N] [--repeats R] [--out DIR]``
+``python -m benchmarks.client.sequential [--cycles N] [--repeats R] [--out DIR]``
 
 Issue 21's target 3 asks W1 (one task looping acquire+release on one name) for >= 0.95x
 the W0 floor, redis-py's asyncio client sending two ``EVALSHA`` of ``return 1`` per
@@ -11,12 +11,12 @@ stopped by pid) serves, interleaved over ``--repeats`` rounds of ``--cycles`` cy
 each, every client in a fresh event loop with fresh connections:
 
 * **W0 floor**: ``redis.asyncio.Redis()``, two ``EVALSHA`` of ``return 1`` (W0 itself);
-* **minimal client, return 1**: :class:`benchmarks.client_floor.MinimalClient` (one
+* **minimal client, return 1**: :class:`benchmarks.client.layers.MinimalClient` (one
   asyncio stream, a hiredis reader, nothing else) sending the same two commands;
 * **the floor's client, aiolock's scripts** and **minimal client, aiolock's scripts**:
   each of those two clients sending aiolock's own ``lock/acquire`` and ``lock/release``
   with the keys and arguments the engine sends
-  (:class:`benchmarks.client_floor.ScriptCycles`, which checks each grant and release);
+  (:class:`benchmarks.client.layers.ScriptCycles`, which checks each grant and release);
   the minimal client's gap to itself with ``return 1`` is what the scripts cost a
   sequential cycle, the client held fixed and lean;
 * **aiolock's LockManager**: ``manager.lock(name).try_acquire(timeout=5)`` and
@@ -27,7 +27,7 @@ Each row gives cycles per second, the client process's CPU per cycle
 (``time.process_time``) and Redis's time inside commands per cycle (``INFO
 commandstats``, reset before each measurement), medians over the rounds, and its
 cycles/s over the floor's as the median of the per-round ratios
-(:mod:`benchmarks.paired`) with the ratio of medians beside it, and three comparisons
+(:mod:`benchmarks.common.paired`) with the ratio of medians beside it, and three comparisons
 per round (:func:`summarize`): the scripts' cost to the minimal client, the engine's
 beside the minimal client with the same scripts, and the engine's beside the floor's
 client with the same scripts. Writes
@@ -56,9 +56,9 @@ from aiolock._kinds.lock.kind import ACQUIRE, RELEASE
 from aiolock._redis.client import Arg
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
-from benchmarks.client_floor import MANAGER, Cycle, MinimalClient, ScriptCycles, client_cycle
-from benchmarks.paired import median_ratio, per_round, ratio_of_medians, times
-from benchmarks.sections import write_section
+from benchmarks.client.layers import MANAGER, Cycle, MinimalClient, ScriptCycles, client_cycle
+from benchmarks.common.paired import median_ratio, per_round, ratio_of_medians, times
+from benchmarks.common.sections import write_section
 
 FLOOR = "W0 floor: redis.asyncio, two EVALSHA of `return 1`"
 MINIMAL_FLOOR = "minimal client, two EVALSHA of `return 1`"
@@ -244,7 +244,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "### W1 beside the floor: what the scripts cost a sequential cycle",
         "",
-        f"`python -m benchmarks.w1_gap`: one task, {result['cycles']:,} cycles per "
+        f"`python -m benchmarks.client.sequential`: one task, {result['cycles']:,} cycles per "
         f"measurement, {result['repeats']} interleaved rounds, medians. Client CPU: the "
         "client process's `time.process_time` per cycle; server: Redis's time inside "
         "commands per cycle (`INFO commandstats`). x floor: the median of the per-round "

@@ -1,6 +1,6 @@
 """Redlock benchmark: aiolock's Redlock against pottery's AIORedlock, over 3 and 5 masters.
 
-``python -m benchmarks.redlock_bench [--cycles N] [--seconds S] [--repeats R]
+``python -m benchmarks.topologies.redlock [--cycles N] [--seconds S] [--repeats R]
 [--paused-cycles N] [--out DIR]``
 
 Starts 5 throwaway ``redis-server`` processes (:class:`aiolock.testing.RedisServer`, free
@@ -50,7 +50,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.testing import RedisServer
-from benchmarks.sections import write_section
+from benchmarks.common.sections import write_section
 
 LEASE = 30.0
 TASKS_PER_CLIENT = 4
@@ -300,7 +300,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         "## Redlock: aiolock vs pottery's AIORedlock, 3 and 5 masters",
         "",
-        f"`python -m benchmarks.redlock_bench --cycles {doc['cycles']} --seconds "
+        f"`python -m benchmarks.topologies.redlock --cycles {doc['cycles']} --seconds "
         f"{doc['seconds']} --repeats {doc['repeats']} --paused-cycles "
         f"{doc.get('paused_cycles', 200)}`; {doc['when']}; Python "
         f"{doc['python']}, redis-py {doc['redis_py']}, pottery {doc['pottery']}, "
@@ -326,7 +326,7 @@ def markdown(doc: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Method: `benchmarks/redlock_bench.py` (module docstring). The contended run counts "
+        "Method: `benchmarks/topologies/redlock.py` (module docstring). The contended run counts "
         "critical-section overlaps in the process as a sanity check "
         f"(total overlaps seen: {sum(r['overlaps'] for r in doc['rows'])}). "
         '"failed rounds" are aiolock rounds that did not win a majority (split votes '

@@ -44,12 +44,12 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
         "w3mp": {"procs": 4, "tasks": 4, "seconds": 0.6},
         "w4": {"waiters": 500, "hold": 1.0, "settle": 0.2, "serve_timeout": 3.0},
         # a 6 s lease: taking the locks must finish within 0.9 lease. A loaded CI machine
-        # (several suites at once) took 3.2 s for 1,000 (issue 25), a fresh-clone run at
-        # load average 6 on 2 cores 6.0 s (stop 32): 300 keep the quick run's check of
+        # (several suites at once) took 3.2 s for 1,000, a fresh-clone run at
+        # load average 6 on 2 cores 6.0 s: 300 keep the quick run's check of
         # the harness 3x inside that, with the same window of one lease
         "w5": {"locks": 300, "lease": 6.0, "periods": 1.0, "acquire_seconds": 20.0},
         # enough cycles that the server's CPU time (INFO cpu, sampled by the kernel's
-        # ticks) moves even on a loaded machine: 300 read 0.0 once (issue 25)
+        # ticks) moves even on a loaded machine: 300 read 0.0 once
         "c1": {"cycles": 2000, "seconds": 1.0},
         "c2": {"procs": 4, "tasks": 4, "seconds": 0.5, "idle": 0.2},
         "c3": {"names": 200, "reused_names": 20, "reuses": 10, "seconds": 5.0, "settle": 0.2},

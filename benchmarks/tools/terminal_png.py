@@ -1,6 +1,6 @@
 """A terminal screenshot for the docs, drawn from a command's real output.
 
-``python -m benchmarks.terminal_png OUTPUT.txt IMAGE.png [--command TEXT]``
+``python -m benchmarks.tools.terminal_png OUTPUT.txt IMAGE.png [--command TEXT]``
 
 Draws the text as a terminal would show it (a light monospace font on a dark window, the
 command line first), with matplotlib (the ``bench`` extra). docs/cli.md's picture of

@@ -1,4 +1,4 @@
-"""Script time per uncontended cycle of the lock family: part of ``benchmarks.script_floor``.
+"""Script time per uncontended cycle of the lock family: part of ``benchmarks.scripts.cycle_time``.
 
 Issue 21's target 6 asks for the fair lock, the read-write lock and the semaphore to cost
 Redis at most 1.5x the lock's script time per uncontended cycle (or for NOTES.md to say

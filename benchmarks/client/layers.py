@@ -1,6 +1,6 @@
 """Where W2's client CPU goes: the same 64-task workload through one layer more at a time.
 
-``python -m benchmarks.client_floor [--seconds S] [--repeats R] [--tasks N] [--out DIR]``
+``python -m benchmarks.client.layers [--seconds S] [--repeats R] [--tasks N] [--out DIR]``
 
 Issue 7 asks for W2 (64 tasks looping acquire+release on distinct names) at 3x the best
 Python peer. W2 is bound by the client process's CPU, not by Redis or round trips, so this
@@ -27,7 +27,7 @@ Every client is made by ``Redis()`` defaults where it uses redis-py. Each row gi
 per second and the client process's CPU per cycle (``time.process_time``), medians over the
 repeats, its CPU over the minimal client's both as the ratio of the two medians and as the
 median of the per-round ratios (round k's CPU per cycle over the minimal client's in round
-k, :mod:`benchmarks.paired`), and issue 21's target 2 as a row: the LockManager's client
+k, :mod:`benchmarks.common.paired`), and issue 21's target 2 as a row: the LockManager's client
 CPU per cycle <= 2.0x the minimal batching client's (met / not met), judged on the median
 of the per-round ratios, the rounds' clients having run within seconds of each other
 (the minimal client's own spread from round to round once decided the ratio of medians:
@@ -60,14 +60,14 @@ from aiolock._kinds.lock.kind import ACQUIRE, DEFAULT_KEEP_MS, RELEASE
 from aiolock._redis.client import Arg, Client, _pack
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
-from benchmarks.paired import median_ratio, per_round, ratio_of_medians, times
-from benchmarks.sections import write_section
+from benchmarks.common.paired import median_ratio, per_round, ratio_of_medians, times
+from benchmarks.common.sections import write_section
 
 PREFIX = "clientfloor"
 LEASE_MS = 30_000
 MANAGER_ID = "0123456789abcdef0123456789abcdef"
 MANAGER = "aiolock's LockManager"
-#: the same without per-name contention statistics (issue 38: their cost on W2)
+#: the same without per-name contention statistics (what they cost W2)
 MANAGER_NO_STATS = "aiolock's LockManager, top_k=0"
 ROWS = ("minimal batching client", "aiolock's Client", MANAGER, "redis-py's Lock")
 #: issue 21's target 2 (its client-CPU half; W2 cycles/s vs main is the main harness's)
@@ -180,7 +180,7 @@ async def _loop(cycle: Cycle, tasks: int, seconds: float) -> tuple[float, float]
 async def client_cycle(name: str, host: str, port: int) -> AsyncIterator[Cycle]:
     """The cycle of the client *name* (one of :data:`ROWS`), its connections open meanwhile.
 
-    Also :mod:`benchmarks.client_instructions`'s clients, so both measure the same code.
+    Also :mod:`benchmarks.client.instructions`'s clients, so both measure the same code.
     """
     if name == "minimal batching client":
         connections = [await asyncio.open_connection(host, port) for _ in range(3)]
@@ -302,7 +302,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "### Client floor: where W2's client CPU goes",
         "",
-        f"`python -m benchmarks.client_floor`: {result['tasks']} tasks on distinct names, "
+        f"`python -m benchmarks.client.layers`: {result['tasks']} tasks on distinct names, "
         f"{result['seconds']:g} s per measurement, median of {result['repeats']} interleaved "
         "repeats (rounds); client CPU is the client process's `time.process_time` per cycle. "
         "CPU / minimal: each row's median over the minimal client's; per round: the median "

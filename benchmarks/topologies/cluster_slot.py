@@ -1,6 +1,6 @@
 """Keys per slot under a steady lock load on a Redis Cluster, and what they cost a migration.
 
-``python -m benchmarks.cluster_residue [--seconds S]`` starts a throwaway cluster of 3
+``python -m benchmarks.topologies.cluster_slot [--seconds S]`` starts a throwaway cluster of 3
 primaries on loopback ports (:class:`aiolock.testing_cluster.LocalCluster`) and runs, for
 each load below, two managers whose tasks take locks of ONE slot in turn (10 ms holds) for
 ``S`` seconds (default 16). Every 2 s it counts the keys in that slot by kind (the lock

@@ -19,10 +19,10 @@ from typing import Any
 
 import redis.asyncio
 
-from benchmarks import metrics
-from benchmarks.adapters import AcquireTimeout, LockAdapter
-from benchmarks.config import ACQUIRE_TIMEOUT, LEASE
-from benchmarks.metrics import COUNTS, Admin, ClientCounts, ServerSnapshot
+from benchmarks.common import metrics
+from benchmarks.common.metrics import COUNTS, Admin, ClientCounts, ServerSnapshot
+from benchmarks.peers.adapters import AcquireTimeout, LockAdapter
+from benchmarks.peers.config import ACQUIRE_TIMEOUT, LEASE
 
 Result = dict[str, Any]
 #: (worker id, acquire-return time, release-return time) of one acquisition.

@@ -13,7 +13,7 @@ is made with ``Redis()``'s defaults (``socket_timeout=5``), as users make them. 
 Variants run in turns (``--rounds``), so a noisy neighbour on the shared cores hits them
 alike; each turn lasts ``--seconds``. The default (2 rounds x 2.5 s) is ~5 s per variant.
 
-    PYTHONPATH=$PWD python benchmarks/transport_bench.py [--seconds 2.5] [--rounds 2]
+    python -m benchmarks.client.transport [--seconds 2.5] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from aiolock.testing import RedisServer
 TASKS = 64
 ACQUIRE_TIMEOUT = 20.0
 LEASE = 30.0
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def baseline_client(rev: str) -> type[Any]:

@@ -1,6 +1,6 @@
 """What each guarantee of a lock costs Redis: server time per uncontended cycle, one run.
 
-``python -m benchmarks.script_floor [--cycles N] [--repeats R] [--pipe-cycles K]
+``python -m benchmarks.scripts.cycle_time [--cycles N] [--repeats R] [--pipe-cycles K]
 [--out DIR]``
 
 Issue 7 asks for aiolock's Redis script time per uncontended acquire+release cycle to be at
@@ -27,28 +27,28 @@ EVALSHA includes what it runs):
   (``benchmarks/frozen/lock_*_v0.lua``: a hash of hold counts, the fence key kept
   ``fence_ttl``, a tombstone key per release, PUBSUB NUMSUB/PUBLISH on every release);
 * **aiolock's lock**: the shipped ``lock/acquire`` and ``lock/release`` scripts with the
-  arguments the client sends (issue 21: the whole state of a name in one string; acquire
+  arguments the client sends (the whole state of a name in one string; acquire
   MGETs the state and the void marker and SETs it; release GETs and SETs it).
 
 Each row's server us/cycle is the median over the repeats; "/ redis-py" is that divided by
 redis-py's median of the same run. Then, in the same run:
 
-* **the lock family** (:mod:`benchmarks.script_family`): server time per uncontended cycle
+* **the lock family** (:mod:`benchmarks.scripts.family`): server time per uncontended cycle
   of the lock, the fair lock, the read-write lock (a write hold, a read hold) and the
   semaphore (one permit), each driven through real handles of one ``LockManager`` so that
   the scripts get the arguments the client really sends; ratio to the lock's row;
-* **fully pipelined** (:mod:`benchmarks.script_pipe`, skipped with ``--pipe-cycles 0``):
+* **fully pipelined** (:mod:`benchmarks.scripts.pipelined`, skipped with ``--pipe-cycles 0``):
   ``--pipe-cycles`` cycles of redis-py's Lock, the frozen pair and the shipped pair, each
   with its real per-cycle arguments, in batches of 1,000 names written at once on one
-  connection to a fresh server (since issue 36: a release names its acquire's token, the
-  server's clock); cycles per second (first byte to last reply of each batch), the
+  connection to a fresh server (a release names its acquire's token, the server's
+  clock); cycles per second (first byte to last reply of each batch), the
   server's CPU per cycle, and every reply checked (a bad one fails the row and the run);
 * **issue 21's target rows** (targets 1 and 6): the shipped pair's script time <= 0.70x
   the frozen pair's and <= 3.6x redis-py's (ratios of the medians), its pipelined
   cycles/s >= 1.5x the frozen pair's, each family kind within 1.5x of the lock's; target,
   measured, met / not met. The pipelined row is judged on the median over the repeats of
   the per-repeat ratio (shipped cycles/s / frozen cycles/s of the same round, run seconds
-  apart on fresh servers; :mod:`benchmarks.paired`), with the ratio of the medians shown
+  apart on fresh servers; :mod:`benchmarks.common.paired`), with the ratio of the medians shown
   beside it: the two pairs' ranges over the repeats were once wider than the gap between
   two runs' ratios (benchmarks/NOTES.md).
 
@@ -62,146 +62,17 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
-from redis.lock import Lock as RedisPyLock
 
-from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
-from benchmarks import script_family, script_pipe
-from benchmarks.paired import median_ratio, per_round
-from benchmarks.sections import write_section
-
-OWNER = "0123456789abcdef0123456789abcdef:1"
-LEASE_MS = "10000"
-REDIS_PY = "redis-py's Lock"
-AIOLOCK = "aiolock's lock"
-AIOLOCK_V0 = "aiolock's lock before issue 21 (frozen)"
-#: the pairs also run fully pipelined (issue 21's target 1)
-PIPED = (REDIS_PY, AIOLOCK_V0, AIOLOCK)
-_FROZEN = Path(__file__).parent / "frozen"
-
-_SET_NX = "return redis.call('set', KEYS[1], ARGV[1], 'nx', 'px', ARGV[2]) and 1 or 0"
-_VOID = (
-    "if redis.call('exists', KEYS[1], KEYS[2]) == 1 then return 0 end\n"
-    "redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2])\n"
-)
-_GET_DEL = (
-    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end\nredis.call('del', KEYS[1])\n"
-)
-
-
-@dataclass(frozen=True)
-class Pair:
-    """An acquire and a release: each a script source (or None: redis-py's SET NX PX)."""
-
-    name: str
-    acquire: str | None
-    release: str
-    #: cycle number -> (keys, args) of the acquire and of the release
-    acquire_input: Callable[[int], tuple[list[str], list[str]]]
-    release_input: Callable[[int], tuple[list[str], list[str]]]
-    #: whether a release reply says the lock was released (the others answer 1, or 0 when
-    #: the caller did not hold it)
-    released: Callable[[Any], bool] = lambda reply: reply == 1
-    #: what to do with an acquire's reply (the lock keeps the token for its release)
-    acquired: Callable[[int, Any], None] = lambda i, reply: None
-
-
-def _plain(i: int) -> tuple[list[str], list[str]]:
-    return ["sf:{lock}"], [f"{OWNER}:{i}", LEASE_MS]
-
-
-def _marked(suffix: str) -> Callable[[int], tuple[list[str], list[str]]]:
-    def make(i: int) -> tuple[list[str], list[str]]:
-        return ["sf:{lock}", f"sf:{{lock}}:{suffix}:{OWNER}:{i}"], [f"{OWNER}:{i}", LEASE_MS]
-
-    return make
-
-
-def _aiolock_v0_acquire(i: int) -> tuple[list[str], list[str]]:
-    keys = ["sf:{lock}", "sf:{lock}:fence", f"sf:{{lock}}:void:{OWNER}:{i}"]
-    return keys, [f"{OWNER}:{i}", LEASE_MS, "0"]
-
-
-def _aiolock_v0_release(i: int) -> tuple[list[str], list[str]]:
-    keys = ["sf:{lock}", "sf:{lock}:fence", f"sf:{{lock}}:rel:{OWNER}:{i}"]
-    # field, count, message, token, fence_ttl ms, tombstone ms, successor, its lease,
-    # hand over freely, the releasing manager listens (the kind before issue 21)
-    return keys, [f"{OWNER}:{i}", "1", OWNER, "1", "60000", "10000", "", "0", "0", "0"]
-
-
-def _aiolock_acquire(i: int) -> tuple[list[str], list[str]]:
-    keys = ["sf:{lock}", f"sf:{{lock}}:void:{OWNER}:{i}", "sf:{lock}:turns"]
-    # field, lease; a new acquisition under a field that begins with the manager's id, so
-    # not the hold count before nor the manager's id (aiolock._kinds.lock.kind)
-    return keys, [f"{OWNER}:{i}", LEASE_MS]
-
-
-#: the token each cycle's acquire gave: the release names its hold by it
-_TOKENS: dict[int, int] = {}
-
-
-def _aiolock_release(i: int) -> tuple[list[str], list[str]]:
-    # how the held state begins (field, one hold, token), token; a final release under a
-    # field that begins with the manager's id, the free state kept the default 60 s
-    # (fence_ttl's), no successor and nobody listening, so nothing more
-    # (aiolock._kinds.lock.kind)
-    token = str(_TOKENS.pop(i, 0))
-    return ["sf:{lock}"], [f"{OWNER}:{i}|1|{token}|", token]
-
-
-def pairs() -> list[Pair]:
-    fenced = _VOID + "local t = redis.call('time')\nreturn t[1] * 1000000 + t[2]"
-    publish = _GET_DEL + "redis.call('publish', KEYS[1] .. ':released', ARGV[2])\nreturn 1"
-    tombstone = _GET_DEL + (
-        "redis.call('set', KEYS[2], '0', 'px', ARGV[3])\n"
-        "redis.call('publish', KEYS[1] .. ':released', ARGV[2])\nreturn 1"
-    )
-
-    def release_msg(i: int) -> tuple[list[str], list[str]]:
-        return ["sf:{lock}"], [f"{OWNER}:{i}", OWNER]
-
-    def release_tomb(i: int) -> tuple[list[str], list[str]]:
-        return ["sf:{lock}", f"sf:{{lock}}:rel:{OWNER}:{i}"], [f"{OWNER}:{i}", OWNER, "10000"]
-
-    return [
-        Pair(REDIS_PY, None, RedisPyLock.LUA_RELEASE_SCRIPT, _plain, _plain),
-        Pair(
-            "two empty scripts, aiolock's input",
-            "return 1",
-            "return 1",
-            _aiolock_acquire,
-            _aiolock_release,
-        ),
-        Pair("scripted mutual exclusion", _SET_NX, _GET_DEL + "return 1", _plain, _plain),
-        Pair("+ void marker", _VOID + "return 1", _GET_DEL + "return 1", _marked("void"), _plain),
-        Pair("+ fencing token", fenced, _GET_DEL + "return 1", _marked("void"), _plain),
-        Pair("+ pub/sub wake-up", fenced, publish, _marked("void"), release_msg),
-        Pair("+ idempotent release", fenced, tombstone, _marked("void"), release_tomb),
-        Pair(
-            AIOLOCK_V0,
-            (_FROZEN / "lock_acquire_v0.lua").read_text("utf-8"),
-            (_FROZEN / "lock_release_v0.lua").read_text("utf-8"),
-            _aiolock_v0_acquire,
-            _aiolock_v0_release,
-            # the common path answers the listener count (0 here), a refusal a list
-            released=lambda reply: isinstance(reply, int),
-        ),
-        Pair(
-            AIOLOCK,
-            Script("_kinds/lock/acquire").source,
-            Script("_kinds/lock/release").source,
-            _aiolock_acquire,
-            _aiolock_release,
-            released=lambda reply: isinstance(reply, int),
-            acquired=_TOKENS.__setitem__,
-        ),
-    ]
+from benchmarks.common.paired import median_ratio, per_round
+from benchmarks.common.sections import write_section
+from benchmarks.scripts import family as family_rows
+from benchmarks.scripts import pipelined as pipelined_rows
+from benchmarks.scripts.pairs import AIOLOCK, AIOLOCK_V0, PIPED, REDIS_PY, Pair, pairs
 
 
 def _server_us(client: redis.Redis, names: tuple[str, ...]) -> float:
@@ -251,9 +122,9 @@ def run(cycles: int, repeats: int, pipe_cycles: int = 0) -> dict[str, Any]:
                     samples[pair.name].append(measure(client, pair, cycles))
         finally:
             client.close()
-        family = script_family.run(server.url, cycles, repeats)
+        family = family_rows.run(server.url, cycles, repeats)
     piped = [p for p in pairs() if p.name in PIPED]
-    pipelined = script_pipe.run(piped, pipe_cycles, repeats) if pipe_cycles else []
+    pipelined = pipelined_rows.run(piped, pipe_cycles, repeats) if pipe_cycles else []
     medians = {name: statistics.median(v) for name, v in samples.items()}
     reference = medians[REDIS_PY]
     result: dict[str, Any] = {
@@ -338,7 +209,7 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "### Script floor: server time per uncontended cycle, one guarantee at a time",
         "",
-        f"`python -m benchmarks.script_floor`: Redis {result['server']}, "
+        f"`python -m benchmarks.scripts.cycle_time`: Redis {result['server']}, "
         f"{result['cycles']:,} sequential cycles per pair, median of {result['repeats']} "
         "interleaved repeats (INFO commandstats `usec` of EVALSHA, and of SET where the "
         "client sends it).",

@@ -2,11 +2,11 @@
 
 ::
 
-    python -m benchmarks.service_bench [--requests 2000] [--concurrency 200] [--ids 5]
+    python -m benchmarks.peers.service [--requests 2000] [--concurrency 200] [--ids 5]
                                        [--repeats 3] [--out DIR]
 
 Starts its own ``redis-server`` (``aiolock.testing.RedisServer``, a free loopback port),
-then for each repeat and each library, interleaved, serves ``benchmarks.service_app`` with
+then for each repeat and each library, interleaved, serves ``benchmarks.peers.service_app`` with
 ``uvicorn --workers 2`` on a free loopback port, fires ``--requests`` POSTs spread round
 robin over ``--ids`` hot order ids with ``--concurrency`` in flight, and records each
 request's latency and outcome. The app counts critical-section overlaps itself, in Redis
@@ -45,12 +45,11 @@ import httpx
 import redis.asyncio
 
 from aiolock.testing import RedisServer, free_port
+from benchmarks.common.metrics import percentile
+from benchmarks.common.sections import write_section
+from benchmarks.peers.service_app import CHECKER_CONNECTIONS, LIBRARIES, OVERLAPS_KEY
 
-from .metrics import percentile
-from .sections import write_section
-from .service_app import CHECKER_CONNECTIONS, LIBRARIES, OVERLAPS_KEY
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST_TIMEOUT = 30.0  # seconds, per request (connect, write, read, pool)
 START_TIMEOUT = 60.0  # seconds for uvicorn's two workers to answer
 STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL
@@ -70,7 +69,7 @@ def start_uvicorn(library: str, redis_url: str, port: int, logfile: Any) -> subp
     env = {**os.environ, "SERVICE_LOCK": library, "REDIS_URL": redis_url}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [
-        sys.executable, "-m", "uvicorn", "benchmarks.service_app:app",
+        sys.executable, "-m", "uvicorn", "benchmarks.peers.service_app:app",
         "--workers", "2", "--host", "127.0.0.1", "--port", str(port),
         "--no-access-log", "--log-level", "warning",
     ]  # fmt: skip
@@ -345,7 +344,7 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         "## Service benchmark: FastAPI + uvicorn, aiolock vs redis-py",
         "",
-        f"`python -m benchmarks.service_bench --requests {params['requests']} --concurrency "
+        f"`python -m benchmarks.peers.service --requests {params['requests']} --concurrency "
         f"{params['concurrency']} --ids {params['ids']} --repeats {params['repeats']}`, "
         f"run {doc['started']}.",
         "",
@@ -411,7 +410,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"redis-py {machine['redis_py']}.",
         "",
         "Method: one private `redis-server` on a loopback port for the whole run. For each "
-        "repeat and each library in turn, a fresh `uvicorn benchmarks.service_app:app "
+        "repeat and each library in turn, a fresh `uvicorn benchmarks.peers.service_app:app "
         "--workers 2` on a free loopback port; once both workers answer `/health`, "
         f"{WARMUP_REQUESTS} warm-up requests on an order of their own, then the counters are "
         f"reset and {params['concurrency']} `httpx.AsyncClient`s of one keep-alive "
@@ -448,7 +447,7 @@ def _load(values: list[float]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.service_bench", description=__doc__.split("\n")[0]
+        prog="python -m benchmarks.peers.service", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--requests", type=int, default=2000, help="requests per run (2000)")
     parser.add_argument("--concurrency", type=int, default=200, help="requests in flight (200)")

@@ -1,6 +1,6 @@
 """W1/W2/W3 on a Redis Cluster: aiolock against redis-py's ``Lock``, on one cluster, in one run.
 
-``python -m benchmarks.cluster_bench [--quick] [--out DIR]`` starts a throwaway cluster of
+``python -m benchmarks.topologies.cluster [--quick] [--out DIR]`` starts a throwaway cluster of
 3 primaries + 3 replicas on loopback ports (:class:`aiolock.testing_cluster.LocalCluster`),
 runs each workload for each library ``repeats`` times in this process, alternating the
 libraries, and writes ``cluster.json`` and ``cluster.md`` to ``--out`` (default
@@ -36,7 +36,7 @@ from redis.asyncio.cluster import RedisCluster
 
 import aiolock
 from aiolock.testing_cluster import LocalCluster
-from benchmarks.sections import write_section
+from benchmarks.common.sections import write_section
 
 ACQUIRE_TIMEOUT = 20.0
 LEASE = 30.0
@@ -209,7 +209,7 @@ def report(runs: dict[str, Any], meta: dict[str, Any]) -> str:
         f"{meta['load_average_after']} at the end); redis-py {meta['redis_py']}, "
         f"Python {meta['python']}; "
         f"{meta['repeats']} repeats per library, alternating; medians. Made by "
-        "`python -m benchmarks.cluster_bench`"
+        "`python -m benchmarks.topologies.cluster`"
         + (" --quick (not for comparison)." if meta["quick"] else "."),
         "",
         "| metric | aiolock | redis-py | aiolock / redis-py |",
