@@ -57,11 +57,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Attempt",
+    "AttemptReply",
     "Busy",
+    "ChangeReply",
     "Granted",
     "Hold",
     "KindBase",
     "LockKind",
+    "ReleaseReply",
     "ReleaseStatus",
     "Released",
     "Successor",
@@ -244,15 +247,45 @@ class Released(NamedTuple):
     value: int
 
 
-#: Reply codes shared by the acquire scripts of the lock, fair lock and read-write lock:
-#: ``{code, value}``, or (lock and fair lock) a bare token for the common path.
-ACQUIRED, REENTERED, BUSY, VOIDED, BAD_KEY = 1, 2, 0, 3, -1
-#: ... and by their release scripts (``{code, value}``, or a bare listener count).
+class AttemptReply(enum.IntEnum):
+    """The codes of an acquire script's ``{code, value}`` reply, shared by the lock, the
+    fair lock and the read-write lock (the lock and the fair lock answer their common
+    path with a bare token instead). Lua names them in ``aiolock/_kinds/lock/codes.lua``;
+    a test checks that the names and numbers match."""
+
+    ACQUIRED = 1  # value: the new fencing token
+    REENTERED = 2  # value: the new hold count
+    BUSY = 0  # value: the holder's lease left in ms
+    VOIDED = 3  # an undo came first: nothing done
+    BAD_KEY = -1  # value: the type of the key that holds another type
+
+
+class ReleaseReply(enum.IntEnum):
+    """A release script's codes (the same kinds; a bare listener count on the common path)."""
+
+    STILL_HELD = 1  # value: holds left
+    RELEASED = 2  # a resend of a final release: value 0
+    HANDED_OVER = 4  # value: the successor's fencing token
+    NOT_HELD = 0
+    BAD_KEY = -1
+
+
+class ChangeReply(enum.IntEnum):
+    """The codes of the lock's detach, adopt, give back and force release (``codes.lua``)."""
+
+    DONE = 1
+    NOT_DONE = 0
+    VOIDED = 3
+    BAD_KEY = -1
+
+
+#: The codes as plain ints for the decoders below, which run on every attempt and release
+ACQUIRED, REENTERED, BUSY, VOIDED, BAD_KEY = (int(code) for code in AttemptReply)
 _RELEASE_CODES = {
-    1: ReleaseStatus.STILL_HELD,
-    2: ReleaseStatus.RELEASED,
-    4: ReleaseStatus.HANDED_OVER,
-    0: ReleaseStatus.NOT_HELD,
+    int(ReleaseReply.STILL_HELD): ReleaseStatus.STILL_HELD,
+    int(ReleaseReply.RELEASED): ReleaseStatus.RELEASED,
+    int(ReleaseReply.HANDED_OVER): ReleaseStatus.HANDED_OVER,
+    int(ReleaseReply.NOT_HELD): ReleaseStatus.NOT_HELD,
 }
 
 #: Makes the error for a ``{-1, ...}`` reply: a key of the structure holds another type.

@@ -48,6 +48,7 @@ from redis.asyncio import Redis
 
 from aiolock._keys import ESCAPE, hash_tag, identity_key, split_key
 from aiolock._redis.identity import layout_of, manager_of, parse_record
+from aiolock._redis.lock_state import parse_state
 
 __all__ = [
     "KINDS",
@@ -518,26 +519,23 @@ def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) ->
 
 
 def _parse_lock(raw: Any, common: dict[str, Any], now_ms: float) -> LockInfo | None:
-    """A plain lock's state string (``aiolock/_kinds/lock/state.lua``): held,
+    """A plain lock's state string (:mod:`aiolock._redis.lock_state`): held,
     ``<field>|<count>|<token>|<epoch>|<flag>``; free, ``|<epoch>|<last>`` (None: no
     object). A value aiolock did not write (or a key of another type, an error reply) is
     shown without holders, as the other kinds' foreign keys are. *now_ms* is the
     server's ``TIME``, read before the state."""
     if raw is None:  # gone between SCAN and GET
         return None
-    if isinstance(raw, Exception):
+    state = parse_state(raw)  # None for an error reply too
+    if state is None:
         return LockInfo(**common)
-    parts = _text(raw).split("|")
-    if len(parts) == 3 and not parts[0] and parts[1].isdigit() and parts[2].isdigit():
-        return None  # free
-    if len(parts) != 5 or not parts[0] or not all(p.isdigit() for p in parts[1:4]):
-        return LockInfo(**common)
-    token = int(parts[2])
+    if state.free:
+        return None
     holder = Holder(
-        parts[0],
-        int(parts[1]),
-        token=token,
-        held_for=_held_for(token, now_ms),
+        state.field,
+        state.holds,
+        token=state.token,
+        held_for=_held_for(state.token, now_ms),
         lease_left=common["ttl"],
     )
     # no fence: a held state keeps the holder's token, not the one released before it

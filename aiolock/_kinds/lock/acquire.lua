@@ -14,14 +14,14 @@
 -- the server a Lua string, more per call than most of the common path's Lua (issue 21).
 --
 -- Returns, on the common path, the new fencing token alone (an integer: acquired anew),
--- else {code, value}:
---   { 1, token}  acquired anew (a resent attempt); token is the new fencing token
---   { 2, count}  re-entered; count is the new hold count
---   { 0, pttl }  held by another owner; pttl is its remaining lease in ms (-1: none);
+-- else {code, value} (the codes' names in codes.lua):
+--   { 1, token}  ACQUIRED: acquired anew (a resent attempt); token is the new fencing token
+--   { 2, count}  REENTERED: count is the new hold count
+--   { 0, pttl }  BUSY: held by another owner; pttl is its remaining lease in ms (-1: none);
 --                or free but another manager's turn: pttl is that turn's time left
---   { 3, 0    }  voided: an undo reached Redis before this attempt did; nothing done
---   {-1, type }  KEYS[1] holds a value of another Redis type (or a string aiolock did not
---                write: 'string'); nothing done
+--   { 3, 0    }  VOIDED: an undo reached Redis before this attempt did; nothing done
+--   {-1, type }  BAD_KEY: KEYS[1] holds a value of another Redis type (or a string
+--                aiolock did not write: 'string'); nothing done
 --
 -- A resent command (the client retries after a dropped connection) finds the hold
 -- count already at ARGV[3] + 1 and answers as the first run did instead of counting
@@ -33,15 +33,17 @@
 -- an older file) would count on from a token below those clients already saw, and hand
 -- them out again (issue 36).
 --
--- The common paths come first, before the prelude's definitions (Lua 5.1 makes each of
--- its functions anew on every call, and NOT_OURS a table): a grant from no state or from
--- a free one returns without them. Only while some manager has a turn (or this one asks
--- for one) do the turns' definitions come first: a free lock in another manager's turn
--- is busy for everyone else.
+-- The reply codes (codes.lua) come first. The common paths come next, before the state's
+-- functions (state.lua; Lua 5.1 makes each of them anew on every call, and NOT_OURS a
+-- table): a grant from no state or from a free one returns without them, inlining the
+-- little it needs (marked `(state.lua: ...)`). Only while some manager has a turn (or
+-- this one asks for one) do the turns' definitions come first: a free lock in another
+-- manager's turn is busy for everyone else.
+--@include _kinds/lock/codes
 
 local got = redis.call('mget', KEYS[1], KEYS[2], KEYS[3])
 if got[2] then
-  return {3, 0}
+  return {VOIDED, 0}
 end
 local state = got[1]
 -- The waiter flag a grant starts with: '' unless managers had turns. Then the release of
@@ -68,7 +70,7 @@ if got[3] or ARGV[5] then
     end
     turns_store(KEYS[3], live, now)
     if free then
-      return {0, live[1][2] - now}
+      return {BUSY, live[1][2] - now}
     end
   end
 end
@@ -78,24 +80,25 @@ end
 if not state then
   local now = redis.call('time')
   local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local text = string.format('%d', token)  -- format_token
+  local text = string.format('%d', token)  -- (state.lua: format_token, encode_held)
   if not redis.call('set', KEYS[1], ARGV[1] .. '|1|' .. text .. '|' .. text .. '|' .. flag,
       'nx', 'px', ARGV[2]) then
-    return {-1, redis.call('type', KEYS[1]).ok}
+    return {BAD_KEY, redis.call('type', KEYS[1]).ok}
   end
   return token
 end
-if string.byte(state, 1) == 124 then  -- '|<epoch>|<last>': free
+if string.byte(state, 1) == 124 then  -- (state.lua: decode_state) free: '|<epoch>|<last>'
   local bar = string.find(state, '|', 2, true)
   local last = bar and tonumber(string.sub(state, bar + 1))
   if not last then
-    return {-1, 'string'}  -- NOT_OURS
+    return {BAD_KEY, 'string'}  -- NOT_OURS
   end
-  local now = redis.call('time')  -- next_token(last), inlined
+  local now = redis.call('time')  -- (state.lua: next_token)
   local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
   if token <= last then
     token = last + 1
   end
+  -- (state.lua: encode_held, with the epoch's text as the free state has it)
   redis.call('set', KEYS[1],
     ARGV[1] .. '|1|' .. string.format('%d', token) .. string.sub(state, 1, bar) .. flag,
     'px', ARGV[2])
@@ -104,7 +107,7 @@ end
 --@include _kinds/lock/state
 
 -- Held: by another owner (busy), or by this one (a re-entry, or a resent attempt).
-local field, count, token, epoch, flag = parse(state)
+local field, count, token, epoch, flag = decode_state(state)
 if not field then
   return NOT_OURS
 end
@@ -117,10 +120,10 @@ if field ~= ARGV[1] then
     manager = string.sub(ARGV[1], 1, (string.find(ARGV[1], ':', 1, true) or 0) - 1)
   end
   if flag ~= manager and flag ~= '*' then
-    local marked = held_state(field, count, token, epoch, flag == '' and manager or '*')
+    local marked = encode_held(field, count, token, epoch, flag == '' and manager or '*')
     redis.call('set', KEYS[1], marked, 'keepttl')
   end
-  return {0, ttl}
+  return {BUSY, ttl}
 end
 if count ~= tonumber(ARGV[3] or 0) + 1 then
   count = count + 1
@@ -128,8 +131,8 @@ elseif count == 1 then
   -- a resent new acquisition: a fresh token, larger than the first's
   token = next_token(token)
 end
-redis.call('set', KEYS[1], held_state(field, count, token, epoch, flag), 'px', ARGV[2])
+redis.call('set', KEYS[1], encode_held(field, count, token, epoch, flag), 'px', ARGV[2])
 if count == 1 then
-  return {1, token}
+  return {ACQUIRED, token}
 end
-return {2, count}
+return {REENTERED, count}

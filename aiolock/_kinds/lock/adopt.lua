@@ -6,42 +6,43 @@
 -- ARGV[2]  the adopting owner's new field (unique per acquisition)
 -- ARGV[3]  the adopter's lease in milliseconds
 --
--- Returns {code, value}:
---   { 1, 0   }  adopted: ARGV[2] holds the lock (count 1), ARGV[1] is gone
---   { 0, pttl}  ARGV[1] does not hold the lock (adopted already, expired, released or
---               force-released); pttl is the lock's remaining lease in ms, -2 if free
---   { 3, 0   }  voided: the give-back of this adoption (give_back.lua) ran first; the
+-- Returns {code, value} (names in codes.lua):
+--   { 1, 0   }  DONE: adopted: ARGV[2] holds the lock (count 1), ARGV[1] is gone
+--   { 0, pttl}  NOT_DONE: ARGV[1] does not hold the lock (adopted already, expired,
+--               released or force-released); pttl is the lock's remaining lease in ms, -2 if free
+--   { 3, 0   }  VOIDED: the give-back of this adoption (give_back.lua) ran first; the
 --               adopter gave up, so nothing is done
---   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
+--   {-1, type}  BAD_KEY: KEYS[1] holds a value of another Redis type; nothing done
 --
 -- A rename that happens once: a second adoption of the same field finds it gone. A
 -- resend (the client retries after a dropped connection) finds ARGV[2] already there
 -- and answers as the first run did.
+--@include _kinds/lock/codes
 --@include _kinds/lock/state
 
 if redis.call('exists', KEYS[2]) == 1 then
-  return {3, 0}
+  return {VOIDED, 0}
 end
 local state, bad = read_state(KEYS[1])
 if bad then
   return bad
 end
 if not state then
-  return {0, -2}
+  return {NOT_DONE, -2}
 end
-local field, _, token, epoch, flag = parse(state)
+local field, _, token, epoch, flag = decode_state(state)
 if not field then
   return NOT_OURS
 end
 if field == ARGV[2] then
   redis.call('pexpire', KEYS[1], ARGV[3])
-  return {1, 0}
+  return {DONE, 0}
 end
 if field ~= ARGV[1] then
   if field == '' then
-    return {0, -2}
+    return {NOT_DONE, -2}
   end
-  return {0, redis.call('pttl', KEYS[1])}
+  return {NOT_DONE, redis.call('pttl', KEYS[1])}
 end
-redis.call('set', KEYS[1], held_state(ARGV[2], 1, token, epoch, flag), 'px', ARGV[3])
-return {1, 0}
+redis.call('set', KEYS[1], encode_held(ARGV[2], 1, token, epoch, flag), 'px', ARGV[3])
+return {DONE, 0}

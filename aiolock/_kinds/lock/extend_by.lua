@@ -10,7 +10,7 @@
 -- from the client, the lease could end, or be set by another call, in between.
 
 local state = redis.pcall('get', KEYS[1])
-local head = ARGV[1] .. '|'
+local head = ARGV[1] .. '|'  -- (state.lua: a held state begins '<field>|')
 if type(state) ~= 'string' or string.sub(state, 1, #head) ~= head then
   return 0
 end

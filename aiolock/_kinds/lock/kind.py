@@ -1,7 +1,8 @@
 """The reentrant lock kind: the whole state of a name in one string, one owner at a time.
 
 The lock's structure ``P:lock:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is
-one string (``state.lua`` has the layout): while held, the owner field
+one string (``state.lua`` has the layout, :mod:`aiolock._redis.lock_state` reads it in
+Python): while held, the owner field
 ``<manager id>:<task serial>:<acquisition number>`` (unique per acquisition, so a late or
 resent command about an earlier hold can never touch a later one), the hold count, the
 fencing token, the epoch and the waiter flag, with the lease as its expiry; while free,
@@ -12,17 +13,18 @@ publishes the releasing manager's id on ``P:lock:{N}:released`` only if a waiter
 process to adopt (:mod:`aiolock._kinds.lock.handoff`) has the owner field
 ``detached:<128 random bits, hex>`` until it is adopted or its lease runs out.
 
-The reply codes of each script are named here, next to their decoding.
+The scripts' reply codes are named in ``codes.lua`` and, in Python, in
+:mod:`aiolock._engine.kind` (``AttemptReply``, ``ReleaseReply``, ``ChangeReply``).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from aiolock._engine.kind import (
     Attempt,
     Busy,
+    ChangeReply,
     Granted,
     Hold,
     KindBase,
@@ -35,9 +37,10 @@ from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockKeyTypeError
 from aiolock._keys import LockKeys, ms
 from aiolock._redis.client import as_int, key_type_error
+from aiolock._redis.lock_state import DEFAULT_KEEP_MS, parse_state
 from aiolock._redis.scripts import Script
 
-__all__ = ["DEFAULT_KEEP_MS", "ReentrantLockKind", "parse_held"]
+__all__ = ["DEFAULT_KEEP_MS", "ReentrantLockKind"]
 
 ACQUIRE = Script("_kinds/lock/acquire")
 RELEASE = Script("_kinds/lock/release")
@@ -56,10 +59,6 @@ LISTEN = Script("_kinds/lock/listen")
 #: Seconds a manager's turn lasts in Redis unrefreshed (refreshed every third of it while
 #: the manager waits): see turns.lua
 TURN_TTL = 1.5
-
-#: How long a free state is kept (ms) when the release leaves its ARGV[3] out: the keep of
-#: a manager with the default ``fence_ttl`` (60 s), written into ``release.lua`` as well
-DEFAULT_KEEP_MS = "60000"
 
 
 class ReentrantLockKind(KindBase):
@@ -153,7 +152,10 @@ class ReentrantLockKind(KindBase):
             raw = await self._client.call("GET", keys.lock, key=keys.lock)
         except LockKeyTypeError:
             return True
-        return raw is not None and _FREE.fullmatch(_text(raw)) is None
+        if raw is None:
+            return False
+        state = parse_state(raw)
+        return state is None or not state.free
 
     async def lease_left(self, keys: LockKeys) -> int:
         """The holder's lease left in ms (-1: no expiry; -2: nobody holds the lock)."""
@@ -164,10 +166,12 @@ class ReentrantLockKind(KindBase):
         a key of another type, or a string aiolock did not write, raises
         :class:`~aiolock.LockKeyTypeError`."""
         raw = await self._client.call("GET", keys.lock, key=keys.lock)
-        held = parse_held(raw)
-        if held is None and raw is not None and _FREE.fullmatch(_text(raw)) is None:
+        if raw is None:
+            return None
+        state = parse_state(raw)
+        if state is None:
             raise key_type_error(keys.lock, "string")  # a value aiolock did not write
-        return held
+        return None if state.free else (state.field, state.holds)
 
     async def undo(self, attempt: Attempt) -> bool:
         keys = attempt.keys
@@ -197,8 +201,9 @@ class ReentrantLockKind(KindBase):
     ) -> Released:
         keys = hold.keys
         field, token = hold.field, hold.token
-        # ARGV[1]: how the held state begins (field, one hold, token), so that the script's
-        # common path compares it as sent instead of building it
+        # ARGV[1]: how the held state begins (field, one hold, token; the layout of
+        # aiolock._redis.lock_state, spelled out here: it is on every release's path), so
+        # that the script's common path compares it as sent instead of building it
         args: tuple[str | int, ...] = (f"{field}|1|{token}|", token)
         # ARGV[3..9] only when they say something (the script reads them missing as
         # DEFAULT_KEEP_MS, 1, the field's beginning, '', '0', '0', '0'): every argument costs
@@ -224,9 +229,9 @@ class ReentrantLockKind(KindBase):
         code, value = await self._client.run(
             FORCE_RELEASE, (keys.lock,), (keys.channel, self._rt.manager_id, self._keep_ms)
         )
-        if as_int(code) == -1:
+        if as_int(code) == ChangeReply.BAD_KEY:
             raise key_type_error(keys.lock, value)
-        return as_int(code) == 1
+        return as_int(code) == ChangeReply.DONE
 
     async def detach(self, hold: Hold, detached: str, lease: float) -> bool:
         """Move *hold* to the field *detached* for *lease* s; False if Redis no longer had it."""
@@ -234,9 +239,9 @@ class ReentrantLockKind(KindBase):
         code, value = await self._client.run(
             DETACH, (keys.lock,), (hold.field, detached, ms(lease))
         )
-        if as_int(code) == -1:
+        if as_int(code) == ChangeReply.BAD_KEY:
             raise key_type_error(keys.lock, value)
-        return as_int(code) == 1
+        return as_int(code) == ChangeReply.DONE
 
     async def adopt(
         self, keys: LockKeys, detached: str, field: str, lease: float, void: str
@@ -245,11 +250,11 @@ class ReentrantLockKind(KindBase):
         the adoption's void marker *void* is set: (True, 0), or (False, the lock's PTTL
         in ms; -2 free, or voided: only a resend after the give-back sees that)."""
         code, value = await self._client.run(ADOPT, (keys.lock, void), (detached, field, ms(lease)))
-        if as_int(code) == -1:
+        if as_int(code) == ChangeReply.BAD_KEY:
             raise key_type_error(keys.lock, value)
-        if as_int(code) == _VOIDED:
+        if as_int(code) == ChangeReply.VOIDED:
             return False, -2
-        return as_int(code) == 1, as_int(value)
+        return as_int(code) == ChangeReply.DONE, as_int(value)
 
     async def give_back(
         self, keys: LockKeys, field: str, detached: str, void: str, void_ms: int
@@ -259,30 +264,6 @@ class ReentrantLockKind(KindBase):
         code, value = await self._client.run(
             GIVE_BACK, (keys.lock, void), (field, detached, void_ms)
         )
-        if as_int(code) == -1:
+        if as_int(code) == ChangeReply.BAD_KEY:
             raise key_type_error(keys.lock, value)
-        return as_int(code) == 1
-
-
-#: adopt.lua's reply when the adoption's give-back ran first
-_VOIDED = 3
-
-#: a free state: ``|<epoch>|<last token>``
-_FREE = re.compile(r"\|\d+\|\d+")
-
-
-def _text(raw: object) -> str:
-    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
-def parse_held(raw: object) -> tuple[str, int] | None:
-    """``(owner field, hold count)`` of a lock state as GET answers it (``state.lua``), or
-    None for a free state, no state, or a value aiolock did not write."""
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", errors="replace")
-    if not isinstance(raw, str) or not raw or raw[0] == "|":
-        return None
-    parts = raw.split("|")
-    if len(parts) != 5 or not parts[1].isdigit():
-        return None
-    return parts[0], int(parts[1])
+        return as_int(code) == ChangeReply.DONE

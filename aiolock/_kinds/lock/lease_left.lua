@@ -7,7 +7,7 @@
 -- (a key of another type: the GET's WRONGTYPE error).
 
 local state = redis.call('get', KEYS[1])
-if not state or string.byte(state, 1) == 124 then
+if not state or string.byte(state, 1) == 124 then  -- (state.lua: a free state begins '|')
   return -2
 end
 return redis.call('pttl', KEYS[1])

@@ -7,19 +7,20 @@
 --
 -- Returns the holder's remaining lease in ms, or -2 if the lock is free (or the key of
 -- another type: the attempt that follows reports it), -1 if held without expiry.
+--@include _kinds/lock/codes
 --@include _kinds/lock/state
 
 local state = redis.pcall('get', KEYS[1])
 if type(state) ~= 'string' or string.byte(state, 1) == 124 then
   return -2
 end
-local field, count, token, epoch, flag = parse(state)
+local field, count, token, epoch, flag = decode_state(state)
 if not field then
   return -2  -- not a state of aiolock's: the attempt that follows reports it
 end
 local ttl = redis.call('pttl', KEYS[1])
 if flag ~= ARGV[1] and flag ~= '*' then
-  local marked = held_state(field, count, token, epoch, flag == '' and ARGV[1] or '*')
+  local marked = encode_held(field, count, token, epoch, flag == '' and ARGV[1] or '*')
   redis.call('set', KEYS[1], marked, 'keepttl')
 end
 return ttl

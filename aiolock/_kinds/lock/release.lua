@@ -7,7 +7,7 @@
 --          (sent whatever the hold count; the owner field is what precedes the first '|')
 -- ARGV[2]  the releasing hold's fencing token
 -- ARGV[3]  how long a free state is kept, in ms ('-1' forever): max(fence_ttl, 10 s);
---          left out: 60000, the default fence_ttl's (kind.py's DEFAULT_KEEP_MS)
+--          left out: KEEP_MS (codes.lua), the default fence_ttl's
 -- ARGV[4]  hold count the client has before this release (>= 1); 1 = the last hold
 -- ARGV[5]  message to publish (the releasing manager's id)
 -- ARGV[6]  owner field of a local successor to hand the lock to, or '' for none
@@ -24,14 +24,14 @@
 --
 -- Returns, on the common path, an integer n alone: released (the state is free), n
 -- other clients heard the release message (published only if the waiter flag was set;
--- the releasing manager then yields to them); else {code, value}:
---   { 1, count}  one hold released, still held; count holds are left
---   { 2, 0    }  a resend of a final release that had freed the lock
---   { 4, token}  handed over: the successor now holds the lock with this fencing token
+-- the releasing manager then yields to them); else {code, value} (names in codes.lua):
+--   { 1, count}  STILL_HELD: one hold released, still held; count holds are left
+--   { 2, 0    }  RELEASED: a resend of a final release that had freed the lock
+--   { 4, token}  HANDED_OVER: the successor now holds the lock with this fencing token
 --                (a new one: the server's clock, forced above the releasing hold's)
---   { 0, 0    }  this owner does not hold the lock
---   {-1, type }  KEYS[1] holds a value of another Redis type (or a string aiolock did not
---                write: 'string'); nothing done
+--   { 0, 0    }  NOT_HELD: this owner does not hold the lock
+--   {-1, type }  BAD_KEY: KEYS[1] holds a value of another Redis type (or a string
+--                aiolock did not write: 'string'); nothing done
 --
 -- Idempotent, so a resent command is harmless: a nested release sets the count to the
 -- client's count minus one (never decrements twice), and a final release leaves its
@@ -39,8 +39,11 @@
 -- run did for as long as the state lives and no lease ran out or force release came
 -- since (then: { 0, 0 }).
 --
--- The common path comes first, before the prelude's definitions (Lua 5.1 makes each of
--- its functions anew on every call, and NOT_OURS a table): it returns without them.
+-- The reply codes and KEEP_MS (codes.lua) come first. The common path comes next, before
+-- the state's functions (state.lua; Lua 5.1 makes each of them anew on every call, and
+-- NOT_OURS a table): it returns without them, inlining the little it needs (marked
+-- `(state.lua: ...)`).
+--@include _kinds/lock/codes
 
 local state = redis.pcall('get', KEYS[1])
 -- The common path: the last hold of its owner, no waiter flag, no successor. ARGV[1] is
@@ -48,9 +51,10 @@ local state = redis.pcall('get', KEYS[1])
 if (ARGV[4] or '1') == '1' and type(state) == 'string' and (ARGV[6] or '') == '' then
   local head = ARGV[1]
   if string.find(state, head, 1, true) == 1 and string.byte(state, -1) == 124 then
-    local free = string.sub(state, #head) .. ARGV[2]  -- '|<epoch>|<token>'
-    local keep_ms = ARGV[3] or '60000'
-    if keep_ms == '-1' then  -- keep()
+    -- (state.lua: encode_free) '|<epoch>|<token>', the epoch's text as the state has it
+    local free = string.sub(state, #head) .. ARGV[2]
+    local keep_ms = ARGV[3] or KEEP_MS
+    if keep_ms == '-1' then  -- (state.lua: keep)
       redis.call('set', KEYS[1], free)
     else
       redis.call('set', KEYS[1], free, 'px', keep_ms)
@@ -62,32 +66,32 @@ end
 --@include _kinds/lock/turns
 
 if type(state) == 'table' then  -- GET's error: a key of another type (read_state)
-  return {-1, redis.call('type', KEYS[1]).ok}
+  return {BAD_KEY, redis.call('type', KEYS[1]).ok}
 end
 if not state then
-  return {0, 0}
+  return {NOT_HELD, 0}
 end
 local successor = ARGV[6] or ''
 local mine = string.sub(ARGV[1], 1, string.find(ARGV[1], '|', 1, true) - 1)  -- owner field
-local field, count, token, epoch, flag = parse(state)
+local field, count, token, epoch, flag = decode_state(state)
 if not field then
   return NOT_OURS
 end
 if field ~= mine then
   if successor ~= '' and field == successor then
-    return {4, token}  -- a resend of a release that handed the lock over
+    return {HANDED_OVER, token}  -- a resend of a release that handed the lock over
   end
   local released = tonumber(ARGV[2])
   if released >= epoch and (released < token or (field == '' and released == token)) then
-    return {2, 0}
+    return {RELEASED, 0}
   end
-  return {0, 0}
+  return {NOT_HELD, 0}
 end
 
 local left = tonumber(ARGV[4] or 1) - 1
 if left > 0 then
-  redis.call('set', KEYS[1], held_state(field, left, token, epoch, flag), 'keepttl')
-  return {1, left}
+  redis.call('set', KEYS[1], encode_held(field, left, token, epoch, flag), 'keepttl')
+  return {STILL_HELD, left}
 end
 
 local message = ARGV[5]
@@ -114,10 +118,10 @@ if successor ~= '' and not waits and (ARGV[8] == '1' or flag == '' or flag == me
     turns_store(KEYS[2], live, now)
   end
   token = next_token(token)  -- a new hold: the clock, forced above this one (state.lua)
-  redis.call('set', KEYS[1], held_state(successor, 1, token, epoch, flag), 'px', ARGV[7])
-  return {4, token}
+  redis.call('set', KEYS[1], encode_held(successor, 1, token, epoch, flag), 'px', ARGV[7])
+  return {HANDED_OVER, token}
 end
-keep(KEYS[1], '|' .. format_token(epoch) .. '|' .. format_token(token), ARGV[3] or '60000')
+keep(KEYS[1], encode_free(epoch, token), ARGV[3] or KEEP_MS)
 if flag == '' then
   return 0
 end

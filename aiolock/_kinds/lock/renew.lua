@@ -13,7 +13,7 @@
 local held = {}
 for i = 1, #KEYS do
   local state = redis.pcall('get', KEYS[i])
-  local head = ARGV[2 * i - 1] .. '|'
+  local head = ARGV[2 * i - 1] .. '|'  -- (state.lua: a held state begins '<field>|')
   if type(state) == 'string' and string.sub(state, 1, #head) == head then
     if ARGV[2 * i] ~= '0' then
       redis.call('pexpire', KEYS[i], ARGV[2 * i])
