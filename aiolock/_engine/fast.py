@@ -53,8 +53,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiolock._engine.acquire import Acquiring
+from aiolock._engine.hub import WaiterHub
 from aiolock._engine.kind import Attempt, Busy, Hold, LockKind, new_tuple
-from aiolock._engine.waiter import Waiter
+from aiolock._engine.waiter import FastEntry, Waiter
 from aiolock._errors import LockConnectionError, ReplicaAckError
 from aiolock._keys import LockKeys
 from aiolock._redis.replicas import INHERIT, handle_policy
@@ -63,7 +64,16 @@ __all__ = ["FastPath"]
 
 
 class FastPath(Acquiring):
-    """The engine's acquire and release, with the fast path in front of them."""
+    """The engine's acquire and release, with the fast path in front of them.
+
+    A fast acquisition with a timeout joins its lock's queue: lazily if the lock has no
+    queue and a turn is free (an *entry*, see WaiterHub.enter), else as the engine's
+    waiters do (a *waiter*). A lazy entry stands for its waiter while nobody needs it;
+    whoever does makes it, the one it would have had from the start, so the engine's
+    rules apply to it unchanged: a task asking meanwhile queues behind it, a local
+    release may hand it the lock, a wake meanwhile is kept for its wait. One attempt
+    (``timeout=0``) joins no queue, as the engine's single attempt does.
+    """
 
     #: acquisitions and releases that took the fast path (tests and statistics)
     fast_acquired = 0
@@ -107,21 +117,15 @@ class FastPath(Acquiring):
         permits: int,
         channel: str,
     ) -> Hold:
+        # (The class docstring says how it joins its lock's queue, lazily or not.)
         policy = handle_policy()  # (effective_policy(None), without a call of its own)
         if policy is not INHERIT and policy is not None:
             # The handle's replicas= (set around this await): every attempt is followed
             # by WAIT, and no hand-over may grant it: the engine's way.
             return await self._acquire_new(kind, keys, owner, timeout, lease, permits)
         hub = self.hub
-        # One attempt (timeout=0) joins no queue, as the engine's single attempt does.
-        # Any other joins its lock's queue: lazily if the lock has no queue and a turn is
-        # free (*entry*, see WaiterHub.enter), else as the engine's waiters do (*waiter*).
-        # A lazy entry stands for its waiter while nobody needs it; whoever does makes
-        # it, the one it would have had from the start, so the engine's rules apply to it
-        # unchanged: a task asking meanwhile queues behind it, a local release may hand
-        # it the lock, a wake meanwhile is kept for its wait (see WaiterHub).
         entry = waiter = None
-        if timeout != 0:
+        if timeout != 0:  # (one attempt joins no queue, as the engine's single attempt)
             entry = hub.enter(
                 channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages
             )
@@ -155,41 +159,24 @@ class FastPath(Acquiring):
         except (LockConnectionError, ReplicaAckError, asyncio.CancelledError) as exc:
             if isinstance(exc, LockConnectionError) and not hub.closed:
                 self.reach.failed(exc)  # every waiter of the manager may report it
-            if entry is not None:
-                waiter = hub.materialize(channel, entry)
-            if waiter is None:
-                await self._undo(kind, attempt)  # it may have run
-                raise
-            # The wait undoes it (it may have run), then rides out a connection error
-            # until the deadline, or lets the cancellation go on; its exit leaves the queue.
-            deadline = None if timeout is None else (called or sent_at) + timeout
-            return await self._wait(
-                kind, keys, owner, lease, deadline, timeout, permits, waiter, exc, attempt
-            )
+            return await self._not_granted(
+                kind, keys, owner, lease, timeout, permits, entry, waiter, exc,
+                called or sent_at, attempt,
+            )  # fmt: skip
         except Exception as exc:  # (a key of another type, a refusal): the wait raises it
-            if entry is not None:
-                waiter = hub.materialize(channel, entry)
-            if waiter is None:
-                raise
-            return await self._wait(kind, keys, owner, lease, None, timeout, permits, waiter, exc)
+            return await self._not_granted(
+                kind, keys, owner, lease, timeout, permits, entry, waiter, exc, None
+            )
         except BaseException:  # closed, interrupted: nothing may be awaited now
-            if entry is not None:
-                hub.drop(channel, entry, acquired=False)
-            elif waiter is not None:
-                hub.leave(waiter, acquired=False)
+            _out_of_line(hub, channel, entry, waiter)
             raise
         if self.reach.failure is not None:
             self.reach.reached()
         if isinstance(outcome, Busy):
-            if entry is not None:
-                waiter = hub.materialize(channel, entry)
-            if waiter is None:
-                self.timed_out(kind, keys)
-                raise kind.timeout_error(keys, timeout, permits)
-            deadline = None if timeout is None else (called or sent_at) + timeout
-            return await self._wait(
-                kind, keys, owner, lease, deadline, timeout, permits, waiter, outcome
-            )
+            return await self._not_granted(
+                kind, keys, owner, lease, timeout, permits, entry, waiter, outcome,
+                called or sent_at,
+            )  # fmt: skip
         hold = Hold(
             kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at,
             permits,
@@ -200,10 +187,7 @@ class FastPath(Acquiring):
                 raise self.manager_closed()
             self._adopt(hold, granted=True)
         except BaseException:
-            if entry is not None:
-                hub.drop(channel, entry, acquired=False)
-            elif waiter is not None:
-                hub.leave(waiter, acquired=False)
+            _out_of_line(hub, channel, entry, waiter)
             raise
         # A shared grant lets the next waiter try at once, as a failed one does. (An
         # entry nobody needed is only dropped: see WaiterHub.drop.)
@@ -213,6 +197,42 @@ class FastPath(Acquiring):
             hub.leave(waiter, acquired=not kind.shared)
         self.fast_acquired += 1
         return hold
+
+    async def _not_granted(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        timeout: float | None,
+        permits: int,
+        entry: FastEntry | None,
+        waiter: Waiter | None,
+        first: Busy | BaseException,
+        since: float | None,
+        undo: Attempt | None = None,
+    ) -> Hold:
+        """The fast path's one attempt did not grant the lock: it found it held (*first*
+        is Busy), or raised *first* (*undo*: the attempt, which may have run, when it
+        failed in flight). The engine's wait goes on from there with its waiter, made
+        from the lazy entry if it has one, its deadline counted from *since* (None: it
+        has none, the wait raises *first*); with no waiter (timeout=0: one attempt) the
+        outcome is final."""
+        if entry is not None:
+            waiter = self.hub.materialize(keys.channel, entry)
+        if waiter is None:
+            if undo is not None:
+                await self._undo(kind, undo)  # it may have run
+            if isinstance(first, Busy):
+                self.timed_out(kind, keys)
+                raise kind.timeout_error(keys, timeout, permits)
+            raise first
+        # The wait undoes the attempt first, then rides out a connection error until the
+        # deadline, or lets the cancellation go on; its exit leaves the queue.
+        deadline = None if timeout is None or since is None else since + timeout
+        return await self._wait(
+            kind, keys, owner, lease, deadline, timeout, permits, waiter, first, undo
+        )
 
     async def _first_in_line(self, waiter: Waiter, deadline: float | None) -> bool:
         """Wait for a turn for *waiter*'s first attempt: whether it has one.
@@ -261,3 +281,14 @@ class FastPath(Acquiring):
                 raise error
         finally:
             self.cleanup.end()
+
+
+def _out_of_line(
+    hub: WaiterHub, channel: str, entry: FastEntry | None, waiter: Waiter | None
+) -> None:
+    """An acquisition that is over without a hold leaves its place in line (nothing
+    awaited: it may be closing or interrupted)."""
+    if entry is not None:
+        hub.drop(channel, entry, acquired=False)
+    elif waiter is not None:
+        hub.leave(waiter, acquired=False)
