@@ -281,20 +281,8 @@ class Acquiring(Releasing):
             self.reach.reached()
         if isinstance(outcome, Busy):
             return outcome
-        if hold is not None:  # a re-entry
-            if outcome.held != hold.count + 1:
-                # The lock was free: the hold being re-entered had already ended, and the
-                # script took the lock anew. That is not a re-entry: give it back.
-                stray = Hold(
-                    kind, keys, ORPHAN, attempt.field, outcome.token, lease_s, False, sent_at,
-                    permits,
-                )  # fmt: skip
-                await self.release_quietly(stray)
-                return Busy(0.0)
-            hold.count = outcome.held
-            if not hold.renew:
-                self.registry.reset_lease(hold, lease_s, sent_at)
-            return hold
+        if hold is not None:
+            return await self._reentered(hold, attempt, outcome, lease_s, sent_at)
         new = Hold(
             kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at,
             permits,
@@ -303,6 +291,24 @@ class Acquiring(Releasing):
             await self.release_quietly(new)
             raise self.manager_closed()
         return self._adopt(new, granted=True)
+
+    async def _reentered(
+        self, hold: Hold, attempt: Attempt, outcome: Granted, lease_s: float, sent_at: float
+    ) -> Hold | Busy:
+        """The outcome of a re-entry of *hold*: the hold, its count up; or, if the lock had
+        been free (the hold had already ended and the script took the lock anew), Busy,
+        and what it took given back: that is not a re-entry."""
+        if outcome.held != hold.count + 1:
+            stray = Hold(
+                hold.kind, hold.keys, ORPHAN, attempt.field, outcome.token, lease_s, False,
+                sent_at, hold.permits,
+            )  # fmt: skip
+            await self.release_quietly(stray)
+            return Busy(0.0)
+        hold.count = outcome.held
+        if not hold.renew:
+            self.registry.reset_lease(hold, lease_s, sent_at)
+        return hold
 
     def _new_attempt(
         self,

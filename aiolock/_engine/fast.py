@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 from aiolock._engine.acquire import Acquiring
 from aiolock._engine.hub import WaiterHub
@@ -102,7 +102,13 @@ class FastPath(Acquiring):
             or self.observers.active
             or self.rt.replicas is not None
             or not hub.idle(channel)
-            or (kind.reentrant and self.registry.get(kind.resource(keys), owner) is not None)
+            or (
+                kind.reentrant
+                and self.registry.get(
+                    keys.lock if kind.resource_is_key else kind.resource(keys), owner
+                )
+                is not None
+            )
         ):
             return super().acquire(kind, keys, owner, timeout, lease, permits)
         return self._acquire_fast(kind, keys, owner, timeout, lease, permits, channel)
@@ -117,28 +123,16 @@ class FastPath(Acquiring):
         permits: int,
         channel: str,
     ) -> Hold:
-        # (The class docstring says how it joins its lock's queue, lazily or not.)
-        policy = handle_policy()  # (effective_policy(None), without a call of its own)
-        if policy is not INHERIT and policy is not None:
-            # The handle's replicas= (set around this await): every attempt is followed
-            # by WAIT, and no hand-over may grant it: the engine's way.
-            return await self._acquire_new(kind, keys, owner, timeout, lease, permits)
+        policy = handle_policy()  # (set around this await by the handle's replicas=)
+        if policy is not INHERIT and policy is not None:  # WAIT after every attempt, and
+            return await self._acquire_new(
+                kind, keys, owner, timeout, lease, permits
+            )  # no hand-over
         hub = self.hub
-        entry = waiter = None
-        if timeout != 0:  # (one attempt joins no queue, as the engine's single attempt)
-            entry = hub.enter(
-                channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages
-            )
-            if entry is None:
-                waiter = hub.join(
-                    channel, owner, lease, queued=kind.queued,
-                    anonymous=kind.anonymous_messages, turn=True,
-                )  # fmt: skip
+        entry, waiter = self._line_up(kind, channel, owner, timeout, lease)
         called: float | None = None  # when it was called, if it waited in line
         if waiter is not None and not waiter.turn and not hub.take_turn(waiter):
-            # At most WaiterHub.WAKES first attempts and woken waiters talk to Redis at
-            # once; this one waits in line (see _first_in_line). (An entry has a turn.)
-            called = time.monotonic()
+            called = time.monotonic()  # (at most WAKES talk to Redis: see _first_in_line)
             deadline = None if timeout is None else called + timeout
             if not await self._first_in_line(waiter, deadline):
                 return await self._wait(
@@ -147,56 +141,85 @@ class FastPath(Acquiring):
         rt = self.rt
         lease_s = rt.lease if lease is None else lease
         number = next(rt.ids)  # (rt.next_id(), without a call of its own)
-        # The void marker's id is unique across clients (see Acquiring._new_attempt); its
-        # key is keys.void(id), spelled out here: it is on every acquisition's path.
+        # (the void marker's key is keys.void(<id unique across clients>), spelled out)
         attempt = new_tuple(Attempt, (
             keys, owner, kind.hold_field(owner, number), 0, lease_s,
             f"{keys.void_prefix}{rt.manager_id}:{number}", permits, timeout != 0, 0,
         ))  # fmt: skip
         sent_at = time.monotonic()
+        since = called or sent_at  # (a deadline counts from the call)
         try:
             outcome = await kind.attempt(attempt)
         except (LockConnectionError, ReplicaAckError, asyncio.CancelledError) as exc:
             if isinstance(exc, LockConnectionError) and not hub.closed:
                 self.reach.failed(exc)  # every waiter of the manager may report it
-            return await self._not_granted(
-                kind, keys, owner, lease, timeout, permits, entry, waiter, exc,
-                called or sent_at, attempt,
-            )  # fmt: skip
+            return await self._not_granted(kind, keys, owner, lease, timeout, permits,
+                                           entry, waiter, exc, since, attempt)  # fmt: skip
         except Exception as exc:  # (a key of another type, a refusal): the wait raises it
-            return await self._not_granted(
-                kind, keys, owner, lease, timeout, permits, entry, waiter, exc, None
-            )
+            return await self._not_granted(kind, keys, owner, lease, timeout, permits,
+                                           entry, waiter, exc, None)  # fmt: skip
         except BaseException:  # closed, interrupted: nothing may be awaited now
             _out_of_line(hub, channel, entry, waiter)
             raise
         if self.reach.failure is not None:
             self.reach.reached()
         if isinstance(outcome, Busy):
-            return await self._not_granted(
-                kind, keys, owner, lease, timeout, permits, entry, waiter, outcome,
-                called or sent_at,
-            )  # fmt: skip
+            return await self._not_granted(kind, keys, owner, lease, timeout, permits,
+                                           entry, waiter, outcome, since)  # fmt: skip
         hold = Hold(
             kind, keys, owner, attempt.field, outcome.token, lease_s, lease is None, sent_at,
             permits,
         )  # fmt: skip
+        if hub.closed:  # the manager closed while the attempt was in flight
+            await self._closed_meanwhile(hold, channel, entry, waiter)
+        return self._granted(hold, channel, entry, waiter)
+
+    def _line_up(
+        self, kind: LockKind, channel: str, owner: str, timeout: float | None, lease: float | None
+    ) -> tuple[FastEntry | None, Waiter | None]:
+        """Its place in its lock's queue: a lazy entry if it may have one, else a waiter;
+        neither for one attempt (``timeout=0``), as the engine's single attempt."""
+        if timeout == 0:
+            return None, None
+        hub = self.hub
+        entry = hub.enter(
+            channel, owner, lease, queued=kind.queued, anonymous=kind.anonymous_messages
+        )
+        if entry is not None:
+            return entry, None
+        return None, hub.join(
+            channel, owner, lease, queued=kind.queued,
+            anonymous=kind.anonymous_messages, turn=True,
+        )  # fmt: skip
+
+    def _granted(
+        self, hold: Hold, channel: str, entry: FastEntry | None, waiter: Waiter | None
+    ) -> Hold:
+        """Redis granted *hold*: register it for the task, and leave the queue."""
         try:
-            if hub.closed:  # the manager closed while the attempt was in flight
-                await self.release_quietly(hold)
-                raise self.manager_closed()
             self._adopt(hold, granted=True)
         except BaseException:
-            _out_of_line(hub, channel, entry, waiter)
+            _out_of_line(self.hub, channel, entry, waiter)
             raise
         # A shared grant lets the next waiter try at once, as a failed one does. (An
         # entry nobody needed is only dropped: see WaiterHub.drop.)
         if entry is not None:
-            hub.drop(channel, entry, acquired=not kind.shared)
+            self.hub.drop(channel, entry, acquired=not hold.kind.shared)
         elif waiter is not None:
-            hub.leave(waiter, acquired=not kind.shared)
+            self.hub.leave(waiter, acquired=not hold.kind.shared)
         self.fast_acquired += 1
         return hold
+
+    async def _closed_meanwhile(
+        self, hold: Hold, channel: str, entry: FastEntry | None, waiter: Waiter | None
+    ) -> NoReturn:
+        """The manager closed while the granting attempt was in flight: give it back."""
+        try:
+            await self.release_quietly(hold)
+            raise self.manager_closed()
+        except BaseException:
+            _out_of_line(self.hub, channel, entry, waiter)
+            raise
 
     async def _not_granted(
         self,

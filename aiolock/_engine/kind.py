@@ -19,24 +19,17 @@ A kind answers:
   share one Redis Cluster slot;
 * :meth:`~LockKind.register_listeners` (kinds with ``registers_listeners``): register
   this manager as a listener of a batch of locks that share one slot, for ``aiolock show``;
-* :attr:`~LockKind.reentrant` and :attr:`~LockKind.shared`: whether a task's second
-  acquire re-enters its hold, and whether one grant lets the next local waiter try at
-  once (read locks and semaphores) instead of waiting for a release;
-* :attr:`~LockKind.hand_over`: whether its release script can hand the resource to a
-  local successor in the same call;
-* :attr:`~LockKind.claims`: whether a waiter registers in Redis (a place in a fair
-  lock's queue, a writer's claim that holds off new readers): then it keeps one field
-  for its whole wait, :meth:`~LockKind.refresh_claims` keeps the registrations of live
-  waiters from expiring, and a waiter that gives up withdraws its own (by undo);
-* :attr:`~LockKind.queued`: whether Redis keeps the waiters' order (a fair lock, which
-  also has claims): every local waiter then tries at once, and a release message names
-  the waiter it was granted to, which alone is woken.
+* its flags: :attr:`~LockKind.reentrant` (a task's second acquire re-enters its
+  hold), :attr:`~LockKind.shared` (one grant lets the next local waiter try at once),
+  :attr:`~LockKind.hand_over` (its release can hand the resource to a local successor
+  in the same call), :attr:`~LockKind.claims` (a waiter registers in Redis under one
+  field for its whole wait, kept alive by :meth:`~LockKind.refresh_claims`, withdrawn
+  by undo), :attr:`~LockKind.queued` (Redis keeps the waiters' order: every local
+  waiter tries at once, and a release message names the one it was granted to).
 
-A kind announces its releases on its keys' :attr:`~aiolock._keys.LockKeys.channel`,
-where the engine's hub listens (a wire format that names its channel otherwise gives
-its keys that name, as Redisson's does).
-
-:class:`KindBase` gives the defaults; a kind overrides what differs.
+A kind announces its releases on its keys' :attr:`~aiolock._keys.LockKeys.channel`
+(Redisson's format gives its keys its own name for it). :class:`KindBase` gives the
+defaults; a kind overrides what differs.
 """
 
 from __future__ import annotations
@@ -123,7 +116,7 @@ class Hold:
         #: what the hold is a hold on, for the registry: the key of the kind's structure
         #: (two kinds on one structure, such as the read and write sides of a read-write
         #: lock, give distinct resources)
-        self.resource = kind.resource(keys)
+        self.resource = keys.lock if kind.resource_is_key else kind.resource(keys)
         #: how much of the resource it holds (a semaphore's permits; 1 otherwise)
         self.permits = permits
         #: the owner id of the task that holds it
@@ -398,6 +391,9 @@ class LockKind(Protocol):
         manager, so the field is unique per acquisition."""
         ...
 
+    #: whether resource(keys) is ``keys.lock`` (read inline on the hot path)
+    resource_is_key: bool
+
     def resource(self, keys: LockKeys) -> str:
         """The registry's name for holds of this kind on *keys* (see :attr:`Hold.resource`)."""
         ...
@@ -510,13 +506,13 @@ class KindBase:
     release_tombstones = True
     claim_ttl = 10.0
     turns = False
-    #: 350 holds of one key each (HEXISTS or GET, then PEXPIRE): about 0.75 ms of Redis
-    #: time per call (2.0-2.2 us per hold in the scale benchmark; 500 took 1.0-1.5 ms on
-    #: a loaded server: benchmarks/NOTES.md), and 10,000 holds renewed every
-    #: lease / 3 in 29 calls a round, 87 a lease period: W5's limit is 100 round trips per
-    #: period, which 300 (34 calls, 102) missed. Kinds with more work per hold set a
-    #: smaller batch.
+    #: 350 holds of one key each: about 0.75 ms of Redis time per call, and 10,000 holds
+    #: renewed in 87 calls a lease period, within W5's 100 (benchmarks/NOTES.md). Kinds
+    #: with more work per hold set a smaller batch.
     renew_batch = 350
+    #: whether :meth:`resource` is the lock's key (a kind that overrides it is not, see
+    #: __init_subclass__): then the hot path reads ``keys.lock`` instead of calling it
+    resource_is_key = True
     fencing_unavailable = ""
     anonymous_messages = False
     #: the script that renews holds (lease in ms) or only checks them (0), many per call:
@@ -566,6 +562,10 @@ class KindBase:
             (self.renew_value(hold), ms(additional)),
         )
         return as_int(left) / 1000 if as_int(left) > 0 else None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.resource_is_key = cls.resource is KindBase.resource
 
     def hold_field(self, owner: str, number: int) -> str:
         return f"{owner}:{number}"

@@ -214,6 +214,43 @@ def test_no_module_of_the_package_is_over_600_lines() -> None:
     assert not long, f"split these by concept (docs/architecture.md): {long}"
 
 
+def test_no_function_of_the_engine_is_over_60_lines() -> None:
+    """Issue 39: the engine's steps are small enough to read whole (the wait is an object
+    of steps, aiolock._engine.wait)."""
+    long = {
+        f"{path.name}:{node.name}": node.end_lineno - node.lineno + 1
+        for path in (PACKAGE / "_engine").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text("utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 60
+    }
+    assert not long, long
+
+
+def test_a_kind_says_whether_its_registry_name_is_its_key() -> None:
+    """The hot path reads ``keys.lock`` for a kind whose ``resource_is_key``, instead of
+    calling ``resource()``: it must be what ``resource()`` would answer."""
+    from aiolock._engine.kind import KindBase
+    from aiolock._keys import LockKeys
+
+    def subclasses(cls: type[KindBase]) -> list[type[KindBase]]:
+        found = [cls]
+        for direct in cls.__subclasses__():
+            found += subclasses(direct)
+        return found
+
+    import aiolock._factories  # noqa: F401  (every kind is imported through it)
+
+    kinds = [cls for cls in subclasses(KindBase) if "name" in cls.__dict__ or cls is KindBase]
+    assert len(kinds) >= 6, kinds
+    keys = LockKeys("p", "n")
+    for cls in kinds:
+        kind = object.__new__(cls)  # (resource() reads no state of the instance)
+        answers_key = kind.resource(keys) == keys.lock
+        assert cls.resource_is_key == answers_key, cls
+
+
 def test_at_most_12_modules_stand_directly_in_the_package() -> None:
     top = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert len(top) <= 12, f"{len(top)} modules at the top: {top}; move one into its layer"

@@ -74,7 +74,7 @@ class Lock(Handle[LockKeys, "Lock"]):
         self._body_guard = None
         self._replicas = INHERIT
         self._max_hold = _DEFAULT
-        self._resource = kind.resource(keys)
+        self._resource = keys.lock if kind.resource_is_key else kind.resource(keys)
 
     @property
     def name(self) -> str:
