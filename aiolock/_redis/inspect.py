@@ -46,7 +46,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from aiolock._keys import ESCAPE, hash_tag, identity_key, split_key
+from aiolock._keys import ESCAPE, KIND_LABELS, KIND_TAGS, hash_tag, identity_key, split_key
 from aiolock._redis.identity import layout_of, manager_of, parse_record
 from aiolock._redis.lock_state import parse_state
 
@@ -66,22 +66,11 @@ __all__ = [
     "sort_objects",
 ]
 
-#: The kinds, as the CLI names them, with the tag each puts in its keys.
-KINDS: dict[str, str] = {
-    "lock": "lock",
-    "fair": "fair",
-    "rw": "rw",
-    "semaphore": "sem",
-    "redlock": "redlock",
-}
+#: The kinds, as the CLI names them, with the tag each puts in its keys (the table of
+#: :mod:`aiolock._keys`).
+KINDS: dict[str, str] = KIND_TAGS
 #: How a table names each kind.
-LABELS: dict[str, str] = {
-    "lock": "lock",
-    "fair": "fair lock",
-    "rw": "rw lock",
-    "semaphore": "semaphore",
-    "redlock": "redlock",
-}
+LABELS: dict[str, str] = KIND_LABELS
 _BY_TAG = {tag: kind for kind, tag in KINDS.items()}
 
 #: Suffixes of keys whose presence means the object exists (its own structure, or a

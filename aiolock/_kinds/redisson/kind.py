@@ -48,7 +48,7 @@ from aiolock._engine.kind import (
     Successor,
 )
 from aiolock._engine.runtime import Runtime
-from aiolock._keys import LockKeys, check_foreign_key, ms
+from aiolock._keys import REDISSON_TAG, LockKeys, check_foreign_key, ms
 from aiolock._kinds.foreign import aux_base
 from aiolock._redis.client import as_int, key_type_error
 from aiolock._redis.scripts import Script
@@ -111,7 +111,7 @@ class RedissonKeys(LockKeys):
         # aiolock's own keys beside the lock live under the manager's prefix, in the
         # lock's slot, where no Redisson object is: P:rs:{...}, unique per (prefix, name)
         # (prefix_name would not be: "P:rs:a:{b}" is also lock "b" under prefix "P:rs:a").
-        self._own = aux_base(prefix, "rs", name)
+        self._own = aux_base(prefix, REDISSON_TAG, name)
         self.void_prefix = f"{self._own}:void:"
         self.slot = key_slot(name.encode())
 

@@ -25,12 +25,12 @@ from typing import Any
 
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold
 from aiolock._engine.runtime import Runtime
-from aiolock._keys import LockKeys, ms
+from aiolock._keys import TIMESTAMP_TAG, LockKeys, ms
 from aiolock._kinds.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
 from aiolock._redis.client import as_int
 from aiolock._redis.scripts import Script
 
-__all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
+__all__ = ["TimestampLockKind", "timestamp_keys"]
 
 ACQUIRE = Script("_kinds/timestamp/acquire")
 RELEASE = Script("_kinds/timestamp/release")
@@ -38,8 +38,6 @@ RENEW = Script("_kinds/timestamp/renew")
 UNDO = Script("_kinds/timestamp/undo")
 FORCE_RELEASE = Script("_kinds/timestamp/force_release")
 
-#: The format's tag in aiolock's auxiliary keys: ``P:ts:{N}:...``.
-TIMESTAMP_TAG = "ts"
 
 # acquire.lua
 _ACQUIRED, _BUSY, _VOIDED, _BAD_KEY = 1, 0, 3, -1

@@ -23,12 +23,12 @@ from typing import Any
 
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold
 from aiolock._engine.runtime import Runtime
-from aiolock._keys import LockKeys, ms
+from aiolock._keys import TOKEN_TAG, LockKeys, ms
 from aiolock._kinds.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
 from aiolock._redis.client import as_int, as_text
 from aiolock._redis.scripts import Script
 
-__all__ = ["TOKEN_TAG", "TokenLockKind", "token_keys"]
+__all__ = ["TokenLockKind", "token_keys"]
 
 ACQUIRE = Script("_kinds/token/acquire")
 RELEASE = Script("_kinds/token/release")
@@ -36,8 +36,6 @@ RENEW = Script("_kinds/token/renew")
 UNDO = Script("_kinds/token/undo")
 FORCE_RELEASE = Script("_kinds/token/force_release")
 
-#: The format's tag in aiolock's auxiliary keys: ``P:token:{N}:...``.
-TOKEN_TAG = "token"
 
 # acquire.lua
 _BUSY, _VOIDED, _BAD_KEY = 0, 3, -1
