@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._cli.inspect import scan
 from aiolock._keys import (
     IDENTITY_TAG,
     TAGS,
@@ -36,7 +37,6 @@ from aiolock._keys import (
 )
 from aiolock._kinds.foreign import ForeignKeys
 from aiolock._kinds.redisson.kind import RedissonKeys
-from aiolock._redis.inspect import scan
 from aiolock.testing import RedisServer
 
 
