@@ -51,7 +51,7 @@ lock had no tag, so prefix ``app:sem`` with lock ``x`` and prefix ``app`` with s
 (The formats shared with other clients keep their lock at the raw name, outside any
 prefix; their names are checked so that no key of theirs has this shape: see
 :func:`check_foreign_key`. aiolock's own keys beside such a lock, tags ``token``, ``ts``
-and ``rs``, write ``N`` after the brace as :func:`aiolock._kinds.foreign.aux_base` says,
+and ``rs``, write ``N`` after the brace as :func:`aiolock._formats.foreign.aux_base` says,
 which is injective in its own way.)
 
 Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
