@@ -51,7 +51,7 @@ lock had no tag, so prefix ``app:sem`` with lock ``x`` and prefix ``app`` with s
 (The formats shared with other clients keep their lock at the raw name, outside any
 prefix; their names are checked so that no key of theirs has this shape: see
 :func:`check_foreign_key`. aiolock's own keys beside such a lock, tags ``token``, ``ts``
-and ``rs``, write ``N`` after the brace as :func:`aiolock._kinds.foreign.aux_base` says,
+and ``rs``, write ``N`` after the brace as :func:`aiolock._formats.foreign.aux_base` says,
 which is injective in its own way.)
 
 Owner fields are ``<manager id>:<task serial>``: the manager id is 128 random bits in hex
@@ -74,11 +74,21 @@ from redis.crc import key_slot
 
 __all__ = [
     "ESCAPE",
+    "FAIR_TAG",
+    "FORMAT_TAGS",
     "IDENTITY_TAG",
+    "KIND_LABELS",
+    "KIND_TAGS",
     "LAYOUT",
     "LOCK_TAG",
     "MAX_NAME_BYTES",
+    "REDISSON_TAG",
+    "REDLOCK_TAG",
+    "RW_TAG",
+    "SEMAPHORE_TAG",
     "TAGS",
+    "TIMESTAMP_TAG",
+    "TOKEN_TAG",
     "KeySpace",
     "LockKeys",
     "check_foreign_key",
@@ -108,19 +118,63 @@ LAYOUT = 1
 #: or with itself (so that the escaping stays reversible). See the module docstring.
 ESCAPE = "~"
 
+# -- The tags: every one is spelled here, and only here ---------------------------------
+# A kind, a format or a topology imports its tag from this table; the ``aiolock`` command
+# reads the kinds it shows from :data:`KIND_TAGS` and :data:`KIND_LABELS`. A new kind adds
+# its tag here (docs/architecture.md, "Adding a kind"; tests/unit/test_structure.py checks).
+
 #: The tag of the reentrant lock's keys: ``P:lock:{T}``.
 LOCK_TAG = "lock"
+#: The fair lock's: ``P:fair:{T}``.
+FAIR_TAG = "fair"
+#: The read-write lock's (both sides share one structure): ``P:rw:{T}``.
+RW_TAG = "rw"
+#: The semaphore's: ``P:sem:{T}``.
+SEMAPHORE_TAG = "sem"
+#: Redlock's (on each master): ``P:redlock:{T}``, never the single-server lock's keys.
+REDLOCK_TAG = "redlock"
+#: aiolock's own keys beside a lock of the ``token`` format: ``P:token:{...}``.
+TOKEN_TAG = "token"
+#: ... of the ``timestamp`` format: ``P:ts:{...}``.
+TIMESTAMP_TAG = "ts"
+#: ... of the ``redisson`` format: ``P:rs:{...}``.
+REDISSON_TAG = "rs"
 
 #: The tag of a manager's identity record: ``P:mgr:{<manager id>}`` (never a lock's key:
 #: no kind uses this tag, so :func:`split_key` tells the two apart).
 IDENTITY_TAG = "mgr"
 
+#: The lock objects under a prefix, by the name the ``aiolock`` command gives each kind
+#: (the name of its folder, ``aiolock/_kinds/<name>/``; ``redlock``: ``aiolock/_redlock/``),
+#: with the tag of its keys, in the order the command lists them.
+KIND_TAGS: dict[str, str] = {
+    "lock": LOCK_TAG,
+    "fair": FAIR_TAG,
+    "rw": RW_TAG,
+    "semaphore": SEMAPHORE_TAG,
+    "redlock": REDLOCK_TAG,
+}
+#: How the command's tables name each kind of :data:`KIND_TAGS`.
+KIND_LABELS: dict[str, str] = {
+    "lock": "lock",
+    "fair": "fair lock",
+    "rw": "rw lock",
+    "semaphore": "semaphore",
+    "redlock": "redlock",
+}
+#: aiolock's own keys beside a lock of a format shared with other clients, by the
+#: format's name (``wire=``): the tag of those keys.
+FORMAT_TAGS: dict[str, str] = {
+    "token": TOKEN_TAG,
+    "timestamp": TIMESTAMP_TAG,
+    "redisson": REDISSON_TAG,
+}
+
 #: Every tag a key under a prefix may carry after it (``P:<tag>:{...}``): the kinds of
-#: aiolock's own format, Redlock's locks, and aiolock's own keys beside a lock of a
-#: format shared with other clients (``token``, ``ts`` = timestamp, ``rs`` = redisson).
-#: A new kind or format adds its tag here: :class:`LockKeys` refuses an unknown one, and
-#: :func:`check_foreign_key` relies on this list being complete.
-TAGS = frozenset({LOCK_TAG, "fair", "rw", "sem", "redlock", "token", "ts", "rs", IDENTITY_TAG})
+#: aiolock's own format, Redlock's locks, aiolock's own keys beside a lock of a format
+#: shared with other clients, and the identity records. :class:`LockKeys` refuses an
+#: unknown tag, and :func:`check_foreign_key` relies on this set being complete.
+TAGS = frozenset({*KIND_TAGS.values(), *FORMAT_TAGS.values(), IDENTITY_TAG})
 
 #: A lock name longer than this many UTF-8 bytes is refused: it would be sent with every
 #: command of the lock, and a name that long is almost certainly a bug.

@@ -1,7 +1,8 @@
 """The ``aiolock`` command: list, show, force-release and watch the locks in a Redis.
 
 ``aiolock [--url URL] [--prefix P] [--json] COMMAND ...``; see ``docs/cli.md``. Reading
-is done by :mod:`aiolock._redis.inspect` (read-only commands), on one server or on every
+is done by :mod:`aiolock._redis.inspect` (read-only commands) with each kind's describer
+(:mod:`aiolock._cli.inspect`), on one server or on every
 primary of a Redis Cluster (:mod:`aiolock._cli.target`); ``force-release`` goes through a
 :class:`~aiolock.LockManager` and the kind's own handle, so holders learn of it as a
 loss and waiters wake, as with the library's ``force_release()``.
@@ -22,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from aiolock._cli.inspect import KINDS, LABELS, Holder, LockInfo, Who
 from aiolock._cli.target import (
     Target,
     Unreachable,
@@ -34,7 +36,6 @@ from aiolock._cli.target import (
 from aiolock._cli.top import run_top, waiting_by_name
 from aiolock._cli.watch import EXIT_INTERRUPTED, watch
 from aiolock._errors import LockConnectionError, LockError
-from aiolock._redis.inspect import KINDS, LABELS, Holder, LockInfo, Who
 
 __all__ = ["main"]
 

@@ -25,9 +25,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from aiolock._keys import IDENTITY_TAG, split_key
-from aiolock._redis.cluster import _server_mode
-from aiolock._redis.inspect import (
+from aiolock._cli.inspect import (
     LockInfo,
     describe,
     find_objects,
@@ -39,6 +37,8 @@ from aiolock._redis.inspect import (
     scan,
     sort_objects,
 )
+from aiolock._keys import IDENTITY_TAG, split_key
+from aiolock._redis.cluster import _server_mode
 
 __all__ = [
     "HINT_SCAN_LIMIT",

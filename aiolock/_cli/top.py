@@ -22,11 +22,11 @@ from typing import Any, TextIO
 
 from redis.asyncio import Redis
 
+from aiolock._cli.inspect import LockInfo, glob_escape
 from aiolock._cli.target import Target, describe_name
 from aiolock._engine.contention import parse_summary
 from aiolock._keys import IDENTITY_TAG
 from aiolock._redis.identity import parse_record
-from aiolock._redis.inspect import LockInfo, glob_escape
 
 __all__ = [
     "INSPECTED",

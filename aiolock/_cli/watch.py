@@ -26,11 +26,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from aiolock._cli.inspect import LABELS, glob_escape, parse_key
 from aiolock._cli.target import ShardedWatch, Target
 from aiolock._cli.top import INSPECTED, read_summaries, who_text
 from aiolock._keys import identity_key
 from aiolock._redis.identity import manager_of, parse_record
-from aiolock._redis.inspect import LABELS, glob_escape, parse_key
 
 __all__ = ["EXIT_INTERRUPTED", "LOCAL_PERIOD", "watch"]
 

@@ -1,7 +1,7 @@
 """Wire formats: which Redis structures a manager's locks use, chosen per manager or per lock.
 
 :class:`~aiolock._formats.base.WireFormat` is aiolock's own layout; each format shared with
-another client (:mod:`~aiolock._formats.redisson`, :mod:`~aiolock._formats.strings`)
+another client (:mod:`~aiolock._formats.redisson.format`, :mod:`~aiolock._formats.strings`)
 subclasses it. This package is the catalog: it sits above the kinds, so it may import every
 one of them, and nothing below it imports it (the engine and the kinds never learn which
 format made them). Each name here must also be listed in
@@ -11,7 +11,7 @@ format made them). Each name here must also be listed in
 from __future__ import annotations
 
 from aiolock._formats.base import KindMaker, WireFormat, WireName
-from aiolock._formats.redisson import RedissonFormat
+from aiolock._formats.redisson.format import RedissonFormat
 from aiolock._formats.strings import TimestampFormat, TokenFormat
 
 __all__ = ["KindMaker", "WireFormat", "WireName", "check_wire", "wire_format"]

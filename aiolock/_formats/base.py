@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 from aiolock._errors import WireFormatError
+from aiolock._keys import FAIR_TAG, RW_TAG
 from aiolock._kinds.fair.kind import FairLockKind
 from aiolock._kinds.lock.kind import ReentrantLockKind
-from aiolock._kinds.rw.kind import KEY_TAG, ReadLockKind, WriteLockKind
+from aiolock._kinds.rw.kind import ReadLockKind, WriteLockKind
 from aiolock._kinds.semaphore.kind import SemaphoreKeys, SemaphoreKind
 
 if TYPE_CHECKING:
@@ -60,14 +61,14 @@ class WireFormat:
     def fair_lock(
         self, make: KindMaker, keyspace: KeySpace, name: str
     ) -> tuple[LockKind, LockKeys]:
-        return make(FairLockKind), keyspace.keys(name, "fair")
+        return make(FairLockKind), keyspace.keys(name, FAIR_TAG)
 
     def rw_lock(
         self, make: KindMaker, keyspace: KeySpace, name: str
     ) -> tuple[LockKind, LockKind, LockKeys]:
         """The read kind, the write kind, and the keys they share."""
         read, write = make(ReadLockKind), make(WriteLockKind)
-        return read, write, keyspace.keys(name, KEY_TAG)
+        return read, write, keyspace.keys(name, RW_TAG)
 
     def semaphore(
         self, make: KindMaker, keyspace: KeySpace, name: str, limit: int

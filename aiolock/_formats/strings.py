@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aiolock._formats.base import KindMaker, WireFormat
-from aiolock._kinds.timestamp.kind import TimestampLockKind, timestamp_keys
-from aiolock._kinds.token.kind import TokenLockKind, token_keys
+from aiolock._formats.timestamp.kind import TimestampLockKind, timestamp_keys
+from aiolock._formats.token.kind import TokenLockKind, token_keys
 
 if TYPE_CHECKING:
     from aiolock._engine.kind import LockKind

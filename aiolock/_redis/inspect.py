@@ -1,28 +1,20 @@
 """Read-only inspection of the locks under a prefix: what the ``aiolock`` command shows.
 
-Everything here reads; nothing writes. The key layout it parses is the wire format of
-:mod:`aiolock._keys` and of each kind (:mod:`aiolock._kinds`): for a prefix ``P``,
-
-====================  ===========================================================
-``P:lock:{T}``        plain lock: one string, ``<owner field>|<count>|<token>|<epoch>|
-                      <waiter flag>`` while held, ``|<epoch>|<last token>`` while free;
-                      ``:listeners`` (a zset: manager id -> expiry, server ms) names
-                      the managers whose waiters listen for its release
-``P:fair:{T}``        fair lock: the same hash, with ``:queue`` (waiters, a zset)
-``P:rw:{T}``          read-write lock: hash of holds plus ``writer``, ``writer_owner``
-                      and ``writer_attempt``; ``:leases`` and ``:claims`` zsets
-``P:sem:{T}``         semaphore: hash ``<permit field>`` -> permits plus ``#held``;
-                      ``:expiry``, ``:claims``, ``:wants`` and ``:limit``
-``P:redlock:{T}``     a Redlock as one of its masters has it: a string, the token
-                      ``<manager id>:<number>`` of the hold (the other masters are
-                      not read: point the command at each to compare)
-====================  ===========================================================
+Everything here reads; nothing writes. What is generic lives here: finding the objects
+under a prefix (``P:<tag>:{T}...``, the naming of :mod:`aiolock._keys`), the reads every
+object takes (its own key, its PTTL, the subscribers of its release channel), the
+identity records of the managers named, and :class:`LockInfo`. What a kind keeps in its
+keys, and what those say, is the kind's: each kind describes its layout in a
+:class:`Describer` (``aiolock/_kinds/<kind>/inspect.py``, Redlock's in
+``aiolock/_redlock/inspect.py``), and the command passes their table, an
+:class:`Inspected`, to the functions here (:mod:`aiolock._cli.inspect`). This layer may
+import no kind, so the kinds come to it from above.
 
 ``T`` is the hash tag of the name (the name, or ``~`` + name when the name starts with
 ``}`` or ``~``). Helper keys (``:fence``, ``:rel:*``, ``:void:*``) are not lock objects.
 Keys are found with ``SCAN`` (never ``KEYS``, which blocks the server on a large database).
-A plain lock's free state (kept after its last release for the fence and for resent
-releases) is not a lock object: it is read and left out.
+A describer may find no object in what it read (a plain lock's free state, kept after
+its last release for the fence and for resent releases): it is read and left out.
 
 Every holder and waiter field starts with the id of its manager, whose identity record
 ``P:mgr:{<manager id>}`` (:mod:`aiolock._redis.identity`) says which host, process and
@@ -30,74 +22,53 @@ application it is: :func:`scan` and :func:`describe` read those records (one ``M
 and fill in :class:`Holder`'s ``host``, ``pid``, ``name`` and ``layout`` (None when the
 record is gone: the process died, or its manager runs with ``identity=False``).
 
-A plain lock's holder also gets its fencing token (the state's ``<token>``, what its
-handle's ``fencing_token`` reads) and ``held_for``, the server's ``TIME`` (the first
-command of the same pipeline as the state) less that token: tokens are the server's
-clock in microseconds at the grant, or forced above it, so the figure is a lower bound
-of the hold's age. The other kinds keep no token and no start per hold.
+Every pipeline of reads starts with the server's ``TIME``, which each describer gets
+(``now_ms``): leases kept as ends on the server's clock, and the age of a plain lock's
+hold, are reckoned from it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from redis.asyncio import Redis
 
-from aiolock._keys import ESCAPE, hash_tag, identity_key, split_key
+from aiolock._keys import ESCAPE, KIND_LABELS, KIND_TAGS, hash_tag, identity_key, split_key
 from aiolock._redis.identity import layout_of, manager_of, parse_record
-from aiolock._redis.lock_state import parse_state
 
 __all__ = [
     "KINDS",
+    "LABELS",
+    "Describer",
     "Holder",
+    "Inspected",
     "LockInfo",
     "Who",
     "describe",
     "find_objects",
     "glob_escape",
+    "int_of",
+    "lease_ends",
     "lock_key",
+    "members_of",
     "parse_key",
     "read_objects",
     "resolve",
     "scan",
     "sort_objects",
+    "text_of",
+    "ttl_of",
 ]
 
-#: The kinds, as the CLI names them, with the tag each puts in its keys.
-KINDS: dict[str, str] = {
-    "lock": "lock",
-    "fair": "fair",
-    "rw": "rw",
-    "semaphore": "sem",
-    "redlock": "redlock",
-}
+#: The kinds, as the CLI names them, with the tag each puts in its keys (the table of
+#: :mod:`aiolock._keys`).
+KINDS: dict[str, str] = KIND_TAGS
 #: How a table names each kind.
-LABELS: dict[str, str] = {
-    "lock": "lock",
-    "fair": "fair lock",
-    "rw": "rw lock",
-    "semaphore": "semaphore",
-    "redlock": "redlock",
-}
+LABELS: dict[str, str] = KIND_LABELS
 _BY_TAG = {tag: kind for kind, tag in KINDS.items()}
-
-#: Suffixes of keys whose presence means the object exists (its own structure, or a
-#: part that outlives it: a semaphore's limit, a queue of waiters). Others are helpers.
-_OBJECT_SUFFIXES: dict[str, frozenset[str]] = {
-    "lock": frozenset({""}),
-    "fair": frozenset({"", ":queue", ":claims"}),
-    "rw": frozenset({"", ":leases", ":claims"}),
-    "semaphore": frozenset({"", ":expiry", ":claims", ":wants", ":limit"}),
-    "redlock": frozenset({""}),
-}
-
-#: The rw hash's metadata fields, which are not holds.
-_RW_META = frozenset({"writer", "writer_owner", "writer_attempt"})
-#: The semaphore hash's running total, not a permit field.
-_SEM_TOTAL = "#held"
 
 
 @dataclass(frozen=True)
@@ -201,6 +172,60 @@ class LockInfo:
         return data
 
 
+class Describer:
+    """How the inspector reads the objects of one kind: which of its keys mean that an
+    object exists, what to read beside the reads every object takes, and what the
+    replies say. Each kind has one beside its kind (``aiolock/_kinds/<kind>/inspect.py``),
+    listed in the command's table (:data:`aiolock._cli.inspect.DESCRIBERS`)."""
+
+    #: the kind as the command names it: a key of :data:`aiolock._keys.KIND_TAGS`
+    kind = ""
+    #: suffixes of keys whose presence means the object exists (its own structure, or a
+    #: part that outlives it: a semaphore's limit, a queue of waiters); others are helpers
+    suffixes: frozenset[str] = frozenset({""})
+    #: whether its own key is a string (read with GET), not a hash (HGETALL)
+    string = False
+    #: how many replies :meth:`queue` queues
+    extra = 0
+    #: whether :func:`describe` reads ``<key>:fence``, the last fencing token released
+    fenced = True
+    #: whether :func:`describe` reads ``<key>:job``, a ``contrib.jobs`` holder record
+    jobs = False
+
+    def queue(self, pipe: Any, key: str) -> None:
+        """Queue on *pipe* the :attr:`extra` reads of the object *key*, after the common
+        three (its own key, its PTTL, its release channel's subscribers)."""
+
+    def parse(
+        self, base: LockInfo, raw: Any, fields: dict[str, str], extra: list[Any], now_ms: float
+    ) -> LockInfo | None:
+        """The object *base* (kind, name, key, ttl and listeners filled in) as its replies
+        say: *raw* is its own key's (GET's or HGETALL's, or an error), *fields* the same
+        hash decoded (empty for a string), *extra* the replies of :meth:`queue`, *now_ms*
+        the server's ``TIME`` read before them. None: no object (a free state)."""
+        raise NotImplementedError
+
+
+class Inspected:
+    """The kinds the inspector reads, each with its :class:`Describer`, in the order of
+    :data:`KINDS` (the command's order)."""
+
+    __slots__ = ("by_kind",)
+
+    def __init__(self, *describers: Describer) -> None:
+        known = {describer.kind: describer for describer in describers}
+        unknown = set(known) - set(KINDS)
+        if unknown:  # pragma: no cover - a wiring mistake
+            raise ValueError(f"no tag for {sorted(unknown)}: add them to aiolock._keys.KIND_TAGS")
+        self.by_kind = {kind: known[kind] for kind in KINDS if kind in known}
+
+    def __getitem__(self, kind: str) -> Describer:
+        return self.by_kind[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_kind)
+
+
 def glob_escape(text: str) -> str:
     """*text* with the characters special to Redis glob patterns escaped."""
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
@@ -234,15 +259,15 @@ def parse_key(prefix: str, key: str) -> tuple[str, str, str] | None:
     return kind, name, suffix
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)
 
 
-def _int(value: Any) -> int:
+def int_of(value: Any) -> int:
     try:
-        return int(_text(value))
+        return int(text_of(value))
     except ValueError:
         return 0
 
@@ -252,29 +277,31 @@ BATCH = 200
 
 
 async def scan(
-    redis: Redis, prefix: str, *, sharded: bool = False, identities: Any = None
+    redis: Redis, prefix: str, kinds: Inspected, *, sharded: bool = False, identities: Any = None
 ) -> list[LockInfo]:
-    """Every lock object under *prefix*, sorted by name then kind (SCAN, then pipelined
-    reads: one round trip per :data:`BATCH` objects).
+    """Every lock object of *kinds* under *prefix*, sorted by name then kind (SCAN, then
+    pipelined reads: one round trip per :data:`BATCH` objects).
 
     *redis* is a single server, or one primary of a Redis Cluster (each object's keys
     share one slot, so one node has all of them): then *sharded* counts listeners with
     ``PUBSUB SHARDNUMSUB``, and *identities* (the ``RedisCluster``) reads the identity
     records, which live in other slots; None: no identity records are read.
     """
-    infos = await read_objects(redis, prefix, await find_objects(redis, prefix), sharded)
+    found = await find_objects(redis, prefix, kinds)
+    infos = await read_objects(redis, prefix, kinds, found, sharded)
     return await resolve(redis if identities is None else identities, prefix, infos)
 
 
-async def find_objects(redis: Redis, prefix: str) -> list[tuple[str, str]]:
-    """``(kind, name)`` of every lock object under *prefix* (SCAN, never KEYS), sorted."""
+async def find_objects(redis: Redis, prefix: str, kinds: Inspected) -> list[tuple[str, str]]:
+    """``(kind, name)`` of every lock object of *kinds* under *prefix* (SCAN, never KEYS),
+    sorted."""
     found: set[tuple[str, str]] = set()
     async for raw in redis.scan_iter(match=f"{glob_escape(prefix)}:*", count=500):
-        parsed = parse_key(prefix, _text(raw))
+        parsed = parse_key(prefix, text_of(raw))
         if parsed is None:
             continue
         kind, name, suffix = parsed
-        if suffix in _OBJECT_SUFFIXES[kind]:
+        if kind in kinds.by_kind and suffix in kinds[kind].suffixes:
             found.add((kind, name))
     return sort_objects(found)
 
@@ -286,18 +313,24 @@ def sort_objects(objects: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 async def describe(
-    redis: Redis, prefix: str, name: str, *, sharded: bool = False, identities: Any = None
+    redis: Redis,
+    prefix: str,
+    name: str,
+    kinds: Inspected,
+    *,
+    sharded: bool = False,
+    identities: Any = None,
 ) -> list[LockInfo]:
     """Every kind of object that exists under *name* (none: an empty list), with its
     fence state and the holder record of a ``contrib.jobs`` lock. *redis* is a single
     server or the cluster primary that owns the name's slot (see :func:`scan`)."""
     async with redis.pipeline(transaction=False) as pipe:
-        for kind in KINDS:
+        for kind in kinds:
             key = lock_key(prefix, kind, name)
-            pipe.exists(*(key + suffix for suffix in _OBJECT_SUFFIXES[kind]))
+            pipe.exists(*(key + suffix for suffix in kinds[kind].suffixes))
         present = await pipe.execute()
-    kinds = [kind for kind, count in zip(KINDS, present, strict=True) if count]
-    infos = await read_objects(redis, prefix, [(kind, name) for kind in kinds], sharded)
+    found = [(kind, name) for kind, count in zip(kinds, present, strict=True) if count]
+    infos = await read_objects(redis, prefix, kinds, found, sharded)
     async with redis.pipeline(transaction=False) as pipe:
         for info in infos:
             pipe.get(f"{info.key}:fence")
@@ -305,16 +338,17 @@ async def describe(
     described = []
     for read, kept in zip(infos, fences, strict=True):
         # a plain lock has no fence key, and its held state keeps no token released
-        fence = None if read.kind == "lock" else kept
-        info = read if fence is None else replace(read, fence=_int(fence))
-        described.append(await _with_job(redis, info) if info.kind == "lock" else info)
+        describer = kinds[read.kind]
+        fence = kept if describer.fenced else None
+        info = read if fence is None else replace(read, fence=int_of(fence))
+        described.append(await _with_job(redis, info) if describer.jobs else info)
     return await resolve(redis if identities is None else identities, prefix, described)
 
 
 async def _with_job(redis: Redis, info: LockInfo) -> LockInfo:
     """*info* with the holder record ``contrib.jobs`` keeps at ``<lock key>:job``. The
-    hold's age is its token's (:func:`_held_for`, the server's clock), not the record's
-    ``since`` (the holder's clock, which the reader's clock need not agree with)."""
+    hold's age is its token's (its describer reckons it on the server's clock), not the
+    record's ``since`` (the holder's clock, which the reader's clock need not agree with)."""
     job = parse_record(await redis.get(f"{info.key}:job"))
     if job is None or not info.holders:
         return info
@@ -382,7 +416,7 @@ def _opt_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _ttl(millis: Any) -> float | None:
+def ttl_of(millis: Any) -> float | None:
     return None if not isinstance(millis, int) or millis < 0 else millis / 1000
 
 
@@ -391,164 +425,65 @@ def _numsub(reply: Any) -> int:
     into pairs by redis-py, or the flat ``[channel, count]``)."""
     if isinstance(reply, list) and reply:
         first = reply[0]
-        return _int(first[1] if isinstance(first, (list, tuple)) else reply[-1])
+        return int_of(first[1] if isinstance(first, (list, tuple)) else reply[-1])
     return 0
 
 
-def _members(reply: Any) -> tuple[str, ...]:
-    return tuple(_text(member) for member in reply) if isinstance(reply, list) else ()
+def members_of(reply: Any) -> tuple[str, ...]:
+    return tuple(text_of(member) for member in reply) if isinstance(reply, list) else ()
 
 
-def _lease_ends(reply: Any, now_ms: float) -> dict[str, float]:
+def lease_ends(reply: Any, now_ms: float) -> dict[str, float]:
     """Seconds left per field of a zset of lease ends (server milliseconds)."""
     if not isinstance(reply, list):
         return {}
-    return {_text(m): round(max(0.0, (float(score) - now_ms) / 1000), 3) for m, score in reply}
-
-
-#: replies each kind's reads take after the common three (HGETALL or GET, PTTL, NUMSUB)
-_EXTRA = {"lock": 1, "fair": 1, "rw": 2, "semaphore": 4, "redlock": 0}
-
-
-def _queue_reads(pipe: Any, kind: str, key: str, sharded: bool) -> None:
-    """Queue on *pipe* the reads of one object (parsed by :func:`_parse`)."""
-    if kind in ("lock", "redlock"):
-        pipe.get(key)  # the lock's whole state (a string); a Redlock holder's token
-    else:
-        pipe.hgetall(key)  # a key of another type answers an error, read as no holders
-    pipe.pttl(key)
-    pipe.execute_command("PUBSUB SHARDNUMSUB" if sharded else "PUBSUB NUMSUB", f"{key}:released")
-    if kind == "lock":
-        pipe.zrange(f"{key}:listeners", 0, -1, withscores=True)
-    elif kind == "fair":
-        pipe.zrange(f"{key}:queue", 0, -1)
-    elif kind == "rw":
-        pipe.zrange(f"{key}:leases", 0, -1, withscores=True)
-        pipe.zrange(f"{key}:claims", 0, -1)
-    elif kind == "semaphore":
-        pipe.zrange(f"{key}:expiry", 0, -1, withscores=True)
-        pipe.zrange(f"{key}:claims", 0, -1)
-        pipe.get(f"{key}:limit")
-        pipe.pttl(f"{key}:expiry")
+    return {text_of(m): round(max(0.0, (float(score) - now_ms) / 1000), 3) for m, score in reply}
 
 
 async def read_objects(
-    redis: Redis, prefix: str, objects: list[tuple[str, str]], sharded: bool = False
+    redis: Redis,
+    prefix: str,
+    kinds: Inspected,
+    objects: list[tuple[str, str]],
+    sharded: bool = False,
 ) -> list[LockInfo]:
     """What Redis says about each of *objects* (``(kind, name)``), in that order: one
-    pipeline per :data:`BATCH` objects, which starts with the server's ``TIME``."""
+    pipeline per :data:`BATCH` objects, which starts with the server's ``TIME``; each
+    object's reads and their meaning are its kind's :class:`Describer`'s."""
+    numsub = "PUBSUB SHARDNUMSUB" if sharded else "PUBSUB NUMSUB"
     infos: list[LockInfo] = []
     for start in range(0, len(objects), BATCH):
         batch = objects[start : start + BATCH]
         async with redis.pipeline(transaction=False) as pipe:
             pipe.time()
             for kind, name in batch:
-                _queue_reads(pipe, kind, lock_key(prefix, kind, name), sharded)
+                describer, key = kinds[kind], lock_key(prefix, kind, name)
+                if describer.string:
+                    pipe.get(key)
+                else:
+                    pipe.hgetall(key)  # a key of another type answers an error: no holders
+                pipe.pttl(key)
+                pipe.execute_command(numsub, f"{key}:released")
+                describer.queue(pipe, key)
             replies = await pipe.execute(raise_on_error=False)
         seconds, micros = replies[0]
         now_ms = seconds * 1000 + micros / 1000
         at = 1
         for kind, name in batch:
-            count = 3 + _EXTRA[kind]
-            info = _parse(
-                kind, name, lock_key(prefix, kind, name), replies[at : at + count], now_ms
+            describer = kinds[kind]
+            raw, pttl, subscribers, *extra = replies[at : at + 3 + describer.extra]
+            at += 3 + describer.extra
+            fields = (
+                {text_of(k): text_of(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
             )
-            at += count
+            base = LockInfo(
+                kind=kind,
+                name=name,
+                key=lock_key(prefix, kind, name),
+                ttl=ttl_of(pttl),
+                listeners=_numsub(subscribers),
+            )
+            info = describer.parse(base, raw, fields, extra, now_ms)
             if info is not None:
                 infos.append(info)
     return infos
-
-
-def _parse(kind: str, name: str, key: str, replies: list[Any], now_ms: float) -> LockInfo | None:
-    """The object read by :func:`_queue_reads`; None for a plain lock's free state (no
-    object: the fence and the released tokens kept after the last release)."""
-    raw, pttl, numsub, *extra = replies
-    fields = {_text(k): _text(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-    ttl = _ttl(pttl)
-    common: dict[str, Any] = {"kind": kind, "name": name, "key": key, "ttl": ttl}
-    common["listeners"] = _numsub(numsub)
-    if kind == "redlock":  # one holder on this master: its token, count 1
-        token = _text(raw) if isinstance(raw, (bytes, str)) else None
-        return LockInfo(
-            holders=() if token is None else (Holder(token, 1, lease_left=ttl),), **common
-        )
-    if kind == "lock":
-        # registrations still live on the server's clock
-        live = sorted(m for m, left in _lease_ends(extra[0], now_ms).items() if left > 0)
-        common["listening"] = tuple(Who(manager) for manager in live)
-        return _parse_lock(raw, common, now_ms)
-    if kind == "fair":
-        holders = tuple(
-            Holder(owner, _int(count), lease_left=ttl) for owner, count in sorted(fields.items())
-        )
-        waiting = _members(extra[0])
-        return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
-    if kind == "rw":
-        writer = fields.get("writer")
-        ends = _lease_ends(extra[0], now_ms)
-        holders = tuple(
-            Holder(
-                owner,
-                _int(count),
-                "writer" if owner == writer else "reader",
-                lease_left=ends.get(owner, ttl),
-            )
-            for owner, count in sorted(fields.items())
-            if owner not in _RW_META
-        )
-        waiting = _members(extra[1])
-        return LockInfo(holders=holders, waiters=len(waiting), waiting=waiting, **common)
-    # semaphore
-    ends = _lease_ends(extra[0], now_ms)
-    holders = tuple(
-        Holder(owner, _int(permits), lease_left=ends.get(owner, ttl))
-        for owner, permits in sorted(fields.items())
-        if owner != _SEM_TOTAL
-    )
-    waiting = _members(extra[1])
-    if common["ttl"] is None and holders:
-        common["ttl"] = _ttl(extra[3])
-    return LockInfo(
-        holders=holders,
-        waiters=len(waiting),
-        waiting=waiting,
-        limit=None if extra[2] is None else _int(extra[2]),
-        held=_int(fields.get(_SEM_TOTAL, "0")),
-        **common,
-    )
-
-
-def _parse_lock(raw: Any, common: dict[str, Any], now_ms: float) -> LockInfo | None:
-    """A plain lock's state string (:mod:`aiolock._redis.lock_state`): held,
-    ``<field>|<count>|<token>|<epoch>|<flag>``; free, ``|<epoch>|<last>`` (None: no
-    object). A value aiolock did not write (or a key of another type, an error reply) is
-    shown without holders, as the other kinds' foreign keys are. *now_ms* is the
-    server's ``TIME``, read before the state."""
-    if raw is None:  # gone between SCAN and GET
-        return None
-    state = parse_state(raw)  # None for an error reply too
-    if state is None:
-        return LockInfo(**common)
-    if state.free:
-        return None
-    holder = Holder(
-        state.field,
-        state.holds,
-        token=state.token,
-        held_for=_held_for(state.token, now_ms),
-        lease_left=common["ttl"],
-    )
-    # no fence: a held state keeps the holder's token, not the one released before it
-    # (tokens follow the server's clock, so that one is not the holder's minus one)
-    return LockInfo(holders=(holder,), **common)
-
-
-def _held_for(token: int, now_ms: float) -> float:
-    """Seconds from a plain lock's token to the server's *now_ms*: a lower bound of the
-    hold's age. The acquire script takes the token from the server's ``TIME`` in
-    microseconds, or the last token plus one where the clock is not above it (state.lua's
-    ``next_token``): the token is never below the clock at the grant, and *now_ms* was
-    read before the state, so the hold began at least this long ago (on that server's
-    clock). A token above *now_ms* (forced above a clock that was behind, or a grant
-    between the two reads) gives 0."""
-    return round(max(0.0, (now_ms * 1000 - token) / 1_000_000), 3)

@@ -68,6 +68,7 @@ from aiolock._engine.kind import void_ttl_ms
 from aiolock._engine.lifecycle import ManagerLifecycle
 from aiolock._errors import LockLostError
 from aiolock._keys import (
+    REDLOCK_TAG,
     KeySpace,
     LockKeys,
     check_lease,
@@ -95,9 +96,6 @@ R = TypeVar("R")
 
 RELEASE = Script("_redlock/release")
 
-#: The key tag of Redlock keys, ``P:redlock:{N}``: a Redlock never shares keys with the
-#: single-server lock of the same name.
-KEY_TAG = "redlock"
 #: After a release that other clients heard, this manager's tasks wait this long (or for
 #: a release message) before they try for the same lock again.
 YIELD_WINDOW = 0.02
@@ -259,7 +257,7 @@ class RedlockManager(ManagerLifecycle, RedlockAcquire, RedlockQueries):
         if lease is not None:
             lease = self._check_fixed_lease(lease)
         limit = self.max_hold if max_hold is _DEFAULT else check_max_hold(max_hold)
-        return RedlockLock(self, self._keyspace.keys(name, KEY_TAG), timeout, lease, limit)
+        return RedlockLock(self, self._keyspace.keys(name, REDLOCK_TAG), timeout, lease, limit)
 
     def locked(
         self,

@@ -1,4 +1,4 @@
-"""A worker of the mixed aiolock / Redisson-model fleet (tests/unit/_kinds/redisson/test_kind.py).
+"""A worker of the mixed aiolock / Redisson-model fleet (tests/unit/_formats/redisson/test_kind.py).
 
 Run as ``python tests/_children/redisson.py '<json>'`` with the repository root on
 ``PYTHONPATH``. The JSON says: ``url``, ``role`` (``"aiolock"`` or ``"redisson"``),

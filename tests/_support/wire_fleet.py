@@ -1,7 +1,7 @@
 """Mixed fleets on one lock name: aiolock and other clients in many processes.
 
-The one fleet helper of the foreign wire formats' suites (tests/unit/_kinds/token/test_kind.py,
-tests/unit/_kinds/timestamp/test_kind.py). :func:`run_fleet` starts one
+The one fleet helper of the foreign wire formats' suites (tests/unit/_formats/token/test_kind.py,
+tests/unit/_formats/timestamp/test_kind.py). :func:`run_fleet` starts one
 :mod:`tests._children.wire_fleet` per spec, SIGKILLs each crasher (by its pid) once it is
 inside its last critical section, waits for the others (bounded), and returns every
 process's event log with the checker's verdicts. The checks are independent of the locks:
@@ -25,7 +25,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._kinds.foreign import POLL_MAX, PollBackoff
+from aiolock._formats.foreign import POLL_MAX, PollBackoff
 from tests._support.helpers import PATIENCE, eventually, within
 from tests._support.paths import REPO_ROOT
 

@@ -23,11 +23,11 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._formats.redisson import kind as redisson_kind
+from aiolock._formats.timestamp import kind as timestamp_kind
+from aiolock._formats.token import kind as token_kind
 from aiolock._kinds.lock import kind as lock_kind
-from aiolock._kinds.redisson import kind as redisson_kind
 from aiolock._kinds.rw import kind as rw_kind
-from aiolock._kinds.timestamp import kind as timestamp_kind
-from aiolock._kinds.token import kind as token_kind
 from aiolock._redis.scripts import Script
 from aiolock.testing import RedisServer
 from tests._support.faults import bounded, eventually, unique_prefix

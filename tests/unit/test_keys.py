@@ -21,6 +21,9 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._cli.inspect import scan
+from aiolock._formats.foreign import ForeignKeys
+from aiolock._formats.redisson.kind import RedissonKeys
 from aiolock._keys import (
     IDENTITY_TAG,
     TAGS,
@@ -34,9 +37,6 @@ from aiolock._keys import (
     new_manager_id,
     split_key,
 )
-from aiolock._kinds.foreign import ForeignKeys
-from aiolock._kinds.redisson.kind import RedissonKeys
-from aiolock._redis.inspect import scan
 from aiolock.testing import RedisServer
 
 

@@ -10,6 +10,7 @@ import ast
 import gc
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import aiolock
 from aiolock._redis.scripts import REQUIRED_COMMANDS
@@ -271,3 +272,123 @@ def test_every_folder_of_lua_scripts_holds_the_kind_that_runs_them() -> None:
     for path in PACKAGE.rglob("*.lua"):
         script = path.relative_to(PACKAGE).with_suffix("").as_posix()
         assert f'"{script}"' in sources or f"--@include {script}\n" in lua, script
+
+
+# -- Adding a kind (issue 39): every place the checklist of docs/architecture.md names ------
+
+#: The kind folders with no keys of their own, and why: they skip the places of a kind's
+#: keys (a tag, a describer, scripts, a row of docs/wire-formats.md).
+COMPOSITE = {"multi": "a handle over locks of the other kinds: no keys, no scripts, no tag"}
+
+#: The factory method of ``LockManager`` that makes each kind's handle.
+FACTORIES = {
+    "lock": "lock",
+    "fair": "fair_lock",
+    "rw": "rw_lock",
+    "semaphore": "semaphore",
+    "multi": "multi_lock",
+}
+
+
+class Places(NamedTuple):
+    """What each place of the checklist holds now."""
+
+    tags: dict[str, str]  # aiolock._keys.KIND_TAGS
+    describers: set[str]  # the kinds of aiolock._cli.inspect.DESCRIBERS
+    independent: set[str]  # the modules of the kinds' independence contract
+    factories: set[str]  # the methods of LockManager
+    commands: set[str]  # REQUIRED_COMMANDS
+    wire_formats: str  # docs/wire-formats.md
+
+
+def _commands(folder: Path) -> set[str]:
+    used: set[str] = set()
+    for path in folder.glob("*.lua"):
+        for match in re.finditer(r"redis\.p?call\('(\w+)'(?:,\s*'(\w+)')?", path.read_text()):
+            command = match.group(1).lower()
+            used.add(f"{command}|{match.group(2).lower()}" if command == "pubsub" else command)
+    return used
+
+
+def _kind_folders() -> list[Path]:
+    return sorted(
+        path
+        for path in (PACKAGE / "_kinds").iterdir()
+        if path.is_dir() and path.name.isidentifier() and not path.name.startswith("_")
+    )
+
+
+def _places() -> Places:
+    from aiolock import LockManager
+    from aiolock._cli.inspect import DESCRIBERS
+    from aiolock._keys import KIND_TAGS
+
+    # (no tomllib on Python 3.10: the one list is read with a pattern)
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text("utf-8")
+    contract = re.search(r'type = "independence"\nmodules = \[(.*?)\]', pyproject, re.DOTALL)
+    assert contract is not None, "the kinds' independence contract is in pyproject.toml"
+    independent = set(re.findall(r'"([\w.]+)"', contract[1]))
+    return Places(
+        tags=dict(KIND_TAGS),
+        describers=set(DESCRIBERS),
+        independent=independent,
+        factories={name for name in dir(LockManager) if not name.startswith("_")},
+        commands=set(REQUIRED_COMMANDS),
+        wire_formats=(REPO_ROOT / "docs" / "wire-formats.md").read_text("utf-8"),
+    )
+
+
+def _checklist_misses(folder: Path, places: Places) -> list[str]:
+    """The places of "Adding a kind" that the kind of *folder* misses."""
+    kind = folder.name
+    misses = []
+    if f"aiolock._kinds.{kind}" not in places.independent:
+        misses.append("its folder in the kinds' independence contract (pyproject.toml)")
+    if FACTORIES.get(kind) not in places.factories:
+        misses.append("a factory method on LockManager (and its name in FACTORIES here)")
+    if kind in COMPOSITE:
+        return misses
+    if kind not in places.tags:
+        misses.append("its tag in aiolock._keys.KIND_TAGS (and its label in KIND_LABELS)")
+    if kind not in places.describers:
+        misses.append("its describer in aiolock._cli.inspect.DESCRIBERS")
+    if not (folder / "inspect.py").is_file():
+        misses.append("its describer, inspect.py, in its folder")
+    if not _commands(folder) <= places.commands:
+        misses.append("its scripts' commands in REQUIRED_COMMANDS (aiolock._redis.scripts)")
+    tag = places.tags.get(kind)
+    if tag is not None and f"| `P:{tag}:{{T}}` |" not in places.wire_formats:
+        misses.append("a row for its key in docs/wire-formats.md")
+    return misses
+
+
+def test_every_kind_is_in_every_place_adding_a_kind_names() -> None:
+    """docs/architecture.md, "Adding a kind": the tag, the describer for the command, the
+    independence contract, the factory method, the scripts' commands, the docs' row."""
+    folders = _kind_folders()
+    assert {"lock", "fair", "rw", "semaphore", "multi"} <= {f.name for f in folders}
+    places = _places()
+    misses = {f.name: m for f in folders if (m := _checklist_misses(f, places))}
+    assert not misses, misses
+
+
+def test_the_checklist_test_finds_a_kind_that_misses_a_place(tmp_path: Path) -> None:
+    places = _places()
+    # a new kind in no place at all: every place is named
+    new = tmp_path / "foo"
+    new.mkdir()
+    (new / "acquire.lua").write_text("redis.call('xadd', KEYS[1], '*', 'a', 1)\n")
+    assert len(_checklist_misses(new, places)) == 6  # (no tag: no row to look for)
+    # an existing kind that lost one place: that place is named, and only it
+    semaphore = PACKAGE / "_kinds" / "semaphore"
+    assert _checklist_misses(semaphore, places) == []
+    losses = [
+        places._replace(tags={k: v for k, v in places.tags.items() if k != "semaphore"}),
+        places._replace(describers=places.describers - {"semaphore"}),
+        places._replace(independent=places.independent - {"aiolock._kinds.semaphore"}),
+        places._replace(factories=places.factories - {"semaphore"}),
+        places._replace(commands=places.commands - {"zadd"}),
+        places._replace(wire_formats=places.wire_formats.replace("`P:sem:{T}`", "`P:s:{T}`")),
+    ]
+    for lost in losses:
+        assert len(_checklist_misses(semaphore, lost)) == 1, lost

@@ -5,7 +5,7 @@
 -- paths (the state's functions in state.lua come after them).
 --
 -- Python names the same codes in aiolock/_engine/kind.py (AttemptReply, ReleaseReply,
--- ChangeReply) and the keep in aiolock/_redis/lock_state.py (DEFAULT_KEEP_MS);
+-- ChangeReply) and the keep in aiolock/_kinds/lock/state.py (DEFAULT_KEEP_MS);
 -- tests/unit/_kinds/lock/test_state.py reads this file and checks that the names and
 -- numbers match. One `local` line per group, `NAME, NAME = n, n`: the test reads them so.
 

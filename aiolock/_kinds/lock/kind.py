@@ -1,7 +1,7 @@
 """The reentrant lock kind: the whole state of a name in one string, one owner at a time.
 
 The lock's structure ``P:lock:{N}`` (see :mod:`aiolock._keys` for all the keys of a name) is
-one string (``state.lua`` has the layout, :mod:`aiolock._redis.lock_state` reads it in
+one string (``state.lua`` has the layout, :mod:`aiolock._kinds.lock.state` reads it in
 Python): while held, the owner field
 ``<manager id>:<task serial>:<acquisition number>`` (unique per acquisition, so a late or
 resent command about an earlier hold can never touch a later one), the hold count, the
@@ -36,8 +36,8 @@ from aiolock._engine.kind import (
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockKeyTypeError
 from aiolock._keys import LockKeys, ms
+from aiolock._kinds.lock.state import DEFAULT_KEEP_MS, parse_state
 from aiolock._redis.client import as_int, key_type_error
-from aiolock._redis.lock_state import DEFAULT_KEEP_MS, parse_state
 from aiolock._redis.scripts import Script
 
 __all__ = ["DEFAULT_KEEP_MS", "ReentrantLockKind"]
@@ -202,7 +202,7 @@ class ReentrantLockKind(KindBase):
         keys = hold.keys
         field, token = hold.field, hold.token
         # ARGV[1]: how the held state begins (field, one hold, token; the layout of
-        # aiolock._redis.lock_state, spelled out here: it is on every release's path), so
+        # aiolock._kinds.lock.state, spelled out here: it is on every release's path), so
         # that the script's common path compares it as sent instead of building it
         args: tuple[str | int, ...] = (f"{field}|1|{token}|", token)
         # ARGV[3..9] only when they say something (the script reads them missing as

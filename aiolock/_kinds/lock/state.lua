@@ -1,7 +1,7 @@
 -- aiolock lock prelude: the lock's whole per-name state in ONE string key (issue 21), read
 -- and written here for every lock script. Spliced in where a lock script says
 -- `--@include _kinds/lock/state` (aiolock/_redis/scripts.py), after codes.lua (the reply
--- codes and KEEP_MS it uses). Its Python twin is aiolock/_redis/lock_state.py (the client's
+-- codes and KEEP_MS it uses). Its Python twin is aiolock/_kinds/lock/state.py (the client's
 -- reads, `aiolock show`); tests/unit/_kinds/lock/test_state.py round-trips random states
 -- between the two.
 --

@@ -52,7 +52,7 @@ from aiolock._keys import LockKeys, ms
 from aiolock._redis.client import as_int, as_text
 from aiolock._redis.scripts import Script
 
-__all__ = ["KEY_TAG", "ReadLockKind", "WriteLockKind", "leases_key"]
+__all__ = ["ReadLockKind", "WriteLockKind", "leases_key"]
 
 ACQUIRE = Script("_kinds/rw/acquire")
 RELEASE = Script("_kinds/rw/release")
@@ -60,9 +60,6 @@ RENEW = Script("_kinds/rw/renew")
 UNDO = Script("_kinds/rw/undo")
 REFRESH = Script("_kinds/rw/refresh")
 FORCE_RELEASE = Script("_kinds/rw/force_release")
-
-#: The kind tag in the keys: ``P:rw:{N}``.
-KEY_TAG = "rw"
 
 
 def leases_key(keys: LockKeys) -> str:

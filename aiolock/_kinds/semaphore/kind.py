@@ -39,7 +39,7 @@ from aiolock._engine.kind import (
 )
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockError, LockTimeoutError
-from aiolock._keys import LockKeys, ms
+from aiolock._keys import SEMAPHORE_TAG, LockKeys, ms
 from aiolock._redis.client import as_int, key_type_error
 from aiolock._redis.scripts import Script
 
@@ -96,7 +96,7 @@ class SemaphoreKeys(LockKeys):
     __slots__ = ("claims", "expiry", "limit", "limit_key", "wants")
 
     def __init__(self, prefix: str, name: str, limit: int) -> None:
-        super().__init__(prefix, name, "sem")
+        super().__init__(prefix, name, SEMAPHORE_TAG)
         self.limit = limit
         self.expiry = self.part("expiry")
         self.claims = self.part("claims")

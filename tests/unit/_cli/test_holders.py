@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import aiolock
-from aiolock._redis import inspect
+from aiolock._kinds.lock import inspect
 from aiolock.contrib.jobs import Claim, holder_info
 from tests._support.helpers import eventually
 from tests._support.redlock import redlock, started

@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._redis.inspect import parse_key, scan
+from aiolock._cli.inspect import parse_key, scan
 from aiolock.testing import RedisServer
 from tests._support.helpers import closed_port, eventually, within
 

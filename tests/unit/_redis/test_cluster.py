@@ -26,9 +26,9 @@ from redis.crc import key_slot
 import aiolock
 from aiolock._engine import listeners
 from aiolock._engine.engine import Engine
+from aiolock._formats.redisson.kind import RELEASE as REDISSON_RELEASE
 from aiolock._keys import LAYOUT, identity_key, new_manager_id
 from aiolock._kinds.lock.kind import RELEASE
-from aiolock._kinds.redisson.kind import RELEASE as REDISSON_RELEASE
 from aiolock._redis.cluster import ClusterClient, sharded
 from aiolock._redis.cluster_pubsub import ClusterSubscriptions
 from aiolock._redis.identity import Identity

@@ -16,7 +16,7 @@ from tests._support.helpers import closed_port
     ("script", "said"),
     [
         ("_kinds/lock/acquire", "acquiring lock"),
-        ("_kinds/token/release", "releasing lock"),
+        ("_formats/token/release", "releasing lock"),
         ("_kinds/fair/renew", "renewing fair lock"),
         ("_kinds/rw/undo", "undoing an acquisition of read-write lock"),
         ("_kinds/semaphore/set_limit", "setting the limit of semaphore"),

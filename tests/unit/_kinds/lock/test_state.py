@@ -1,5 +1,5 @@
 """The lock's state defined once (issue 39): the Lua prelude (``state.lua``, after
-``codes.lua``) and the Python codec (:mod:`aiolock._redis.lock_state`) agree on every state, and
+``codes.lua``) and the Python codec (:mod:`aiolock._kinds.lock.state`) agree on every state, and
 the reply codes and the default keep have the same names and numbers on both sides.
 
 The property tests write random states (fields with ``:`` and any unicode, tokens and
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiolock._engine.kind import AttemptReply, ChangeReply, ReleaseReply
-from aiolock._redis.lock_state import DEFAULT_KEEP_MS, LockState, format_state, parse_state
+from aiolock._kinds.lock.state import DEFAULT_KEEP_MS, LockState, format_state, parse_state
 from aiolock._redis.scripts import Script
 
 

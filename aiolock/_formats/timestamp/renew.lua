@@ -10,7 +10,7 @@
 -- Returns an array with one entry per lock: 1 if that hold still holds it (and its
 -- expiry was rewritten, if asked), 0 if not (stale and taken over, released, or the key
 -- holds another type).
---@include _kinds/timestamp/common
+--@include _formats/timestamp/common
 
 local now = now_ms()
 local held = {}

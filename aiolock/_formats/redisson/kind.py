@@ -19,7 +19,7 @@ Facts from Redisson 3.52.0 (``RedissonLock``, ``RedissonBaseLock``, ``LockPubSub
 ``{``: Redisson's own ``prefixName`` rule, which keeps those keys in the lock's Cluster
 slot, except for a name with a ``}`` but no ``{``, as in Redisson itself; so the names
 ``x`` and ``{x}`` share Redisson's channel and token counter, in Redisson too. aiolock's
-own keys ``P:rs:...`` are :func:`~aiolock._kinds.foreign.aux_base`'s, unique per name.)
+own keys ``P:rs:...`` are :func:`~aiolock._formats.foreign.aux_base`'s, unique per name.)
 
 A Redisson client identifies an owner by ``<its client UUID>:<thread id>``. aiolock's
 owner field is ``<the manager's UUID>:<number>``: the manager's 128-bit id printed as a
@@ -48,8 +48,8 @@ from aiolock._engine.kind import (
     Successor,
 )
 from aiolock._engine.runtime import Runtime
-from aiolock._keys import LockKeys, check_foreign_key, ms
-from aiolock._kinds.foreign import aux_base
+from aiolock._formats.foreign import aux_base
+from aiolock._keys import REDISSON_TAG, LockKeys, check_foreign_key, ms
 from aiolock._redis.client import as_int, key_type_error
 from aiolock._redis.scripts import Script
 
@@ -58,14 +58,14 @@ if TYPE_CHECKING:
 
 __all__ = ["RedissonKeys", "RedissonLockKind", "redisson_field_id"]
 
-ACQUIRE = Script("_kinds/redisson/acquire")
-RELEASE = Script("_kinds/redisson/release")
-UNDO = Script("_kinds/redisson/undo")
-FORCE_RELEASE = Script("_kinds/redisson/force_release")
+ACQUIRE = Script("_formats/redisson/acquire")
+RELEASE = Script("_formats/redisson/release")
+UNDO = Script("_formats/redisson/undo")
+FORCE_RELEASE = Script("_formats/redisson/force_release")
 #: Redisson's watchdog renews exactly this way (HEXISTS the field, then PEXPIRE), so the
 #: lock's own batched renewal script serves unchanged.
-RENEW = Script("_kinds/redisson/renew")
-EXTEND_BY = Script("_kinds/redisson/extend_by")
+RENEW = Script("_formats/redisson/renew")
+EXTEND_BY = Script("_formats/redisson/extend_by")
 
 #: Redisson's ``LockPubSub.UNLOCK_MESSAGE``: the message its waiters wake on.
 UNLOCK_MESSAGE = "0"
@@ -111,7 +111,7 @@ class RedissonKeys(LockKeys):
         # aiolock's own keys beside the lock live under the manager's prefix, in the
         # lock's slot, where no Redisson object is: P:rs:{...}, unique per (prefix, name)
         # (prefix_name would not be: "P:rs:a:{b}" is also lock "b" under prefix "P:rs:a").
-        self._own = aux_base(prefix, "rs", name)
+        self._own = aux_base(prefix, REDISSON_TAG, name)
         self.void_prefix = f"{self._own}:void:"
         self.slot = key_slot(name.encode())
 

@@ -22,7 +22,7 @@
 -- expiry has passed, GETSET and a check that it swapped out the value it saw) happens
 -- here in one atomic step, so the check always succeeds; what other clients see is the
 -- same: a new expiry written over an absent or stale one.
---@include _kinds/timestamp/common
+--@include _formats/timestamp/common
 
 if redis.call('exists', KEYS[3]) == 1 then
   return {3}

@@ -10,12 +10,11 @@ scripts and ``aiolock show`` agree on which values are aiolock's and what they s
 ``tests/unit/_kinds/lock/test_state.py`` round-trips random states between the two on a
 real server.
 
-It sits in the Redis layer, beside the read-only inspector (:mod:`aiolock._redis.inspect`,
-``aiolock show``), because two layers read the state: the inspector, which may import no
-kind, and the lock kind (:mod:`aiolock._kinds.lock.kind`: ``locked()``,
-``hold_count()``), which may import this layer. It imports nothing of aiolock. Nothing
-here runs on an acquire's or a release's path: those decode the scripts' replies, never
-the state.
+It lives with the kind whose layout it is, and two modules of the kind read it: the
+kind (:mod:`aiolock._kinds.lock.kind`: ``locked()``, ``hold_count()``) and its
+describer for ``aiolock show`` (:mod:`aiolock._kinds.lock.inspect`). It imports nothing
+of aiolock. Nothing here runs on an acquire's or a release's path: those decode the
+scripts' replies, never the state.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 -- Returns 1 if the attempt had run and its lock is now deleted (and the release
 -- announced), 0 if it had not. Either way the void marker is set first: a copy of the
 -- attempt still on its way (or resent by the client) does nothing when it arrives.
---@include _kinds/timestamp/common
+--@include _formats/timestamp/common
 --@include _kinds/_lua/tombstone
 
 void_attempt(KEYS[3], ARGV[2])

@@ -9,9 +9,9 @@ aiolock's tokens are ``aiolock:{<prefix>}:<owner field>``: unique per acquisitio
 owner field is), unguessable (it starts with the manager's 128 random bits), and
 recognisable, which tells a waiter whether the holder will announce its release. An
 aiolock holder publishes its manager id on ``P:token:{N}:released`` (see
-:func:`~aiolock._kinds.foreign.aux_base`); while another client holds the lock, which
+:func:`~aiolock._formats.foreign.aux_base`); while another client holds the lock, which
 never publishes, the waiter polls with a bounded backoff
-(:class:`~aiolock._kinds.foreign.PollBackoff`).
+(:class:`~aiolock._formats.foreign.PollBackoff`).
 
 Re-entry is counted in the process (the string has no count): re-entering and a nested
 release only check that the token is still there; the final release deletes it.
@@ -23,21 +23,19 @@ from typing import Any
 
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold
 from aiolock._engine.runtime import Runtime
-from aiolock._keys import LockKeys, ms
-from aiolock._kinds.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
+from aiolock._formats.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
+from aiolock._keys import TOKEN_TAG, LockKeys, ms
 from aiolock._redis.client import as_int, as_text
 from aiolock._redis.scripts import Script
 
-__all__ = ["TOKEN_TAG", "TokenLockKind", "token_keys"]
+__all__ = ["TokenLockKind", "token_keys"]
 
-ACQUIRE = Script("_kinds/token/acquire")
-RELEASE = Script("_kinds/token/release")
-RENEW = Script("_kinds/token/renew")
-UNDO = Script("_kinds/token/undo")
-FORCE_RELEASE = Script("_kinds/token/force_release")
+ACQUIRE = Script("_formats/token/acquire")
+RELEASE = Script("_formats/token/release")
+RENEW = Script("_formats/token/renew")
+UNDO = Script("_formats/token/undo")
+FORCE_RELEASE = Script("_formats/token/force_release")
 
-#: The format's tag in aiolock's auxiliary keys: ``P:token:{N}:...``.
-TOKEN_TAG = "token"
 
 # acquire.lua
 _BUSY, _VOIDED, _BAD_KEY = 0, 3, -1

@@ -1,6 +1,6 @@
 """The ``redisson`` wire format: locks (and multi-locks) in Redisson's RLock layout.
 
-The kind that runs them is :mod:`aiolock._kinds.redisson.kind`; the other kinds are refused
+The kind that runs them is :mod:`aiolock._formats.redisson.kind`; the other kinds are refused
 here, each with the reason (``docs/wire-redisson.md``).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from aiolock._formats.base import KindMaker, WireFormat
-from aiolock._kinds.redisson.kind import RedissonKeys, RedissonLockKind
+from aiolock._formats.redisson.kind import RedissonKeys, RedissonLockKind
 
 if TYPE_CHECKING:
     from aiolock._engine.kind import LockKind

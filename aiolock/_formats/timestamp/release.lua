@@ -15,7 +15,7 @@
 --   {2}         a resend of a final release that had already freed the lock
 --   {0}         the lock no longer holds this hold's expiry (stale and taken over)
 --   {-1, type}  KEYS[1] holds a value of another Redis type; nothing done
---@include _kinds/timestamp/common
+--@include _formats/timestamp/common
 --@include _kinds/_lua/tombstone
 
 local held = redis.pcall('get', KEYS[1])

@@ -19,8 +19,8 @@ from redis.exceptions import LockNotOwnedError
 
 import aiolock
 from aiolock._engine.kind import ReleaseStatus
-from aiolock._kinds.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, cluster_hash_tag
-from aiolock._kinds.token.kind import TokenLockKind
+from aiolock._formats.foreign import POLL_FIRST, POLL_MAX, PollBackoff, aux_base, cluster_hash_tag
+from aiolock._formats.token.kind import TokenLockKind
 from tests._support.helpers import counting_client, eventually, unchanged_for, within
 from tests._support.wire_fleet import (
     Polls,

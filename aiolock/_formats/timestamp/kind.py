@@ -10,7 +10,7 @@ name. ``docs/wire-timestamp.md`` is the contract, with the protocol's hazards.
 
 The protocol has no owner identity: the value is only a time. aiolock records which of
 its holds wrote the current value in a key of its own, ``P:ts:{N}:holder`` =
-``<value> <owner field>`` (see :func:`~aiolock._kinds.foreign.aux_base`), which expires
+``<value> <owner field>`` (see :func:`~aiolock._formats.foreign.aux_base`), which expires
 with that value; a hold is aiolock's while both agree. aiolock compares expiries with
 the Redis server's clock (``TIME`` in the scripts); legacy clients use their own.
 
@@ -25,21 +25,19 @@ from typing import Any
 
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold
 from aiolock._engine.runtime import Runtime
-from aiolock._keys import LockKeys, ms
-from aiolock._kinds.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
+from aiolock._formats.foreign import ForeignKeys, PollBackoff, StringKindBase, string_type_error
+from aiolock._keys import TIMESTAMP_TAG, LockKeys, ms
 from aiolock._redis.client import as_int
 from aiolock._redis.scripts import Script
 
-__all__ = ["TIMESTAMP_TAG", "TimestampLockKind", "timestamp_keys"]
+__all__ = ["TimestampLockKind", "timestamp_keys"]
 
-ACQUIRE = Script("_kinds/timestamp/acquire")
-RELEASE = Script("_kinds/timestamp/release")
-RENEW = Script("_kinds/timestamp/renew")
-UNDO = Script("_kinds/timestamp/undo")
-FORCE_RELEASE = Script("_kinds/timestamp/force_release")
+ACQUIRE = Script("_formats/timestamp/acquire")
+RELEASE = Script("_formats/timestamp/release")
+RENEW = Script("_formats/timestamp/renew")
+UNDO = Script("_formats/timestamp/undo")
+FORCE_RELEASE = Script("_formats/timestamp/force_release")
 
-#: The format's tag in aiolock's auxiliary keys: ``P:ts:{N}:...``.
-TIMESTAMP_TAG = "ts"
 
 # acquire.lua
 _ACQUIRED, _BUSY, _VOIDED, _BAD_KEY = 1, 0, 3, -1
