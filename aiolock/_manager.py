@@ -526,6 +526,13 @@ class LockManager(ManagerLifecycle, LockFactories):
         if self._state is Life.OPEN and self._engine is not None:
             self._engine.hub.close()
 
+    @property
+    def is_acquiring(self) -> bool:
+        """Whether the manager hands out locks: open, and not stopped by
+        :meth:`stop_acquiring` (or the server's shutdown signal, with FastAPI's
+        ``lock_lifespan``). A readiness check may answer from it."""
+        return self._state is Life.OPEN and self._engine is not None and not self._engine.hub.closed
+
     async def aclose(self) -> None:
         """Close the manager: release held locks (bounded in time), stop background tasks.
 

@@ -6,7 +6,8 @@ every process: ``inside`` in the response is how many requests were in the secti
 it, itself included (1 unless two overlapped).
 
 ``POST /slow/{name}?seconds=S`` holds lock ``slow:{name}`` (waiting as long as it takes)
-for S seconds; ``GET /slow`` says how many such requests have arrived (the shutdown tests
+for S seconds (``&until_stop=true``: until the manager stops acquiring, then 0.2 s, at
+most S); ``GET /slow`` says how many such requests have arrived (the shutdown tests
 send the signal once every request is in).
 """
 
@@ -66,6 +67,18 @@ async def slow_arrived() -> int:
 
 
 @app.post("/slow/{name}")
-async def slow(name: str, lock: Waited, seconds: float = 1.0) -> dict[str, Any]:
-    await asyncio.sleep(seconds)
+async def slow(
+    name: str,
+    lock: Waited,
+    locks: Annotated[aiolock.LockManager, Depends(get_lock_manager)],
+    seconds: float = 1.0,
+    until_stop: bool = False,
+) -> dict[str, Any]:
+    """Hold for *seconds*; with *until_stop*, until the manager stops acquiring (the
+    shutdown's first step), then 0.2 s more, at most *seconds*: the holder of the
+    shutdown tests releases after the stop, whatever a loaded machine does to timing."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while until_stop and locks.is_acquiring and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)  # (polled: the stop is the manager's, not an event here)
+    await asyncio.sleep(0.2 if until_stop else seconds)
     return {"name": name, "token": lock.fencing_token}

@@ -70,7 +70,10 @@ async def test_stop_acquiring_fails_waiters_and_new_acquires_while_holders_finis
     """Issue 23: a graceful stop (aiohttp's on_shutdown) makes waiting tasks and new
     acquisitions fail with ManagerNotOpenError (a 503 in the web helpers) while a holder
     keeps its lock, and its release still works, until the manager closes."""
-    async with aiolock.LockManager(redis, prefix=prefix) as locks:
+    manager = aiolock.LockManager(redis, prefix=prefix)
+    assert not manager.is_acquiring  # not open yet
+    async with manager as locks:
+        assert locks.is_acquiring
         held = locks.lock("stopping")
         await held.acquire()
         waiter = asyncio.create_task(locks.lock("stopping").acquire())
@@ -79,6 +82,7 @@ async def test_stop_acquiring_fails_waiters_and_new_acquires_while_holders_finis
                 break
             await asyncio.sleep(0.01)
         locks.stop_acquiring()
+        assert not locks.is_acquiring and locks.is_open  # stopped, still open for holders
         with pytest.raises(aiolock.ManagerNotOpenError):
             await asyncio.wait_for(waiter, 10)
         for timeout in (0, 5):
@@ -87,6 +91,7 @@ async def test_stop_acquiring_fails_waiters_and_new_acquires_while_holders_finis
         assert locks.is_open and await held.owned()
         await held.release()
         assert not await held.locked()
+    assert not manager.is_acquiring  # closed
 
 
 async def test_a_crash_of_the_background_tasks_fails_the_manager(
