@@ -497,8 +497,11 @@ class LockManager(ManagerLifecycle, LockFactories):
         if self._identity is not None:
             tg.start_soon(self._identity.keep, core.watchdog.period, name="aiolock identity")
             if self._runtime.top_k:
-                top, call = summary_key(self._identity.key), self._client.call
-                tg.start_soon(keep_published, core.contention, call, top, self.lease)
+                top, call, reach = summary_key(self._identity.key), self._client.call, core.reach
+                tg.start_soon(  # (reach.failure: the last round trip's, until one succeeds)
+                    keep_published, core.contention, call, top, self.lease,
+                    lambda: reach.failure is None,
+                )  # fmt: skip
         tg.start_soon(core.cleanup.run, name="aiolock cleanup")
         tg.start_soon(core.keep_claims, name="aiolock waiter registrations")
         tg.start_soon(core.keep_listeners, name="aiolock listener registrations")

@@ -379,11 +379,17 @@ def parse_summary(raw: Any) -> list[dict[str, Any]] | None:
 
 
 async def keep_published(
-    contention: Contention, call: Callable[..., Awaitable[Any]], key: str, lease: float
+    contention: Contention,
+    call: Callable[..., Awaitable[Any]],
+    key: str,
+    lease: float,
+    reached: Callable[[], bool] = lambda: True,
 ) -> None:
     """Write *contention*'s summary at *key* (with *call*, the manager client's) every
     TOP_PERIOD while its figures change, else every third of *lease*, while the manager
-    is open: it expires one lease after the process stops."""
+    is open: it expires one lease after the process stops. Not while the manager's last
+    round trip failed (*reached* False): under an outage or a slow network the lock
+    operations get the manager's connections, not the summary."""
     last, lease_ms, limit = 0.0, ms(lease), lease / 3
     #: per row (kind, name): acquisitions at the last write, for grants/s
     before: dict[tuple[str, str], int] = {}
@@ -392,7 +398,7 @@ async def keep_published(
         await anyio.sleep(TOP_PERIOD)
         rows, now = contention.snapshot(), time.monotonic()
         counts = {(r.kind, r.name): (r.acquisitions, r.waits, r.losses, r.waiting) for r in rows}
-        if not rows or (counts == seen and now - last < limit):
+        if not rows or (counts == seen and now - last < limit) or not reached():
             continue
         value = top_summary(rows, before, now - last)
         before, seen, last = {(r.kind, r.name): r.acquisitions for r in rows}, counts, now

@@ -19,23 +19,52 @@ from redis.asyncio.cluster import RedisCluster
 class RoundTrips:
     """Counts the writes of every connection of one client: one write = one round trip.
 
-    ``batches`` has the number of commands of each write, in order.
+    ``batches`` has the number of commands of each write, in order. A write of only the
+    manager's contention summary (``SET <prefix>:mgr:{<id>}:top``, once a second while its
+    figures change: aiolock._engine.contention) is not counted: it is no lock operation's,
+    and its own cadence has a test of its own; ``summaries`` counts those.
     """
 
     def __init__(self) -> None:
         self.sends = 0
         self.batches: list[int] = []
+        self.summaries = 0
 
     def connection_class(self) -> type[Connection]:
         counter = self
 
         class CountingConnection(Connection):
             async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-                counter.sends += 1
-                counter.batches.append(commands_in(command))
+                if _only_summaries(command):
+                    counter.summaries += 1
+                else:
+                    counter.sends += 1
+                    counter.batches.append(commands_in(command))
                 await super().send_packed_command(command, check_health)
 
         return CountingConnection
+
+
+def _commands(packed: Any) -> list[Any]:
+    reader = hiredis.Reader()
+    reader.feed(bytes(packed) if isinstance(packed, (bytes, bytearray)) else b"".join(packed))
+    found = []
+    while (command := reader.gets()) is not False:
+        found.append(command)
+    return found
+
+
+def _only_summaries(packed: Any) -> bool:
+    """Whether a write carries nothing but contention summaries (see RoundTrips)."""
+    commands = _commands(packed)
+    return bool(commands) and all(
+        isinstance(c, list)
+        and len(c) >= 2
+        and bytes(c[0]).upper() == b"SET"
+        and b":mgr:{" in bytes(c[1])
+        and bytes(c[1]).endswith(b"}:top")
+        for c in commands
+    )
 
 
 def commands_in(packed: Any) -> int:

@@ -18,6 +18,7 @@ from aiolock._engine.contention import (
     TOP_NAME,
     TOP_PERIOD,
     Contention,
+    keep_published,
     parse_summary,
     top_summary,
 )
@@ -236,3 +237,29 @@ async def test_the_summary_is_written_while_it_changes_and_not_while_it_stays(
 
         await eventually(rewritten, what="the changed figures' write")
     assert not await redis.exists(summary)  # deleted with the identity record
+
+
+async def test_the_summary_waits_while_the_managers_round_trips_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under an outage or a slow network the summary is not written: the lock operations
+    get the manager's connections (the publisher's own loop, with a recording call)."""
+    monkeypatch.setattr("aiolock._engine.contention.TOP_PERIOD", 0.01)
+    table = Contention(3)
+    table.waited("r", "lock", "hot", 0.5)
+    writes: list[tuple[object, ...]] = []
+
+    async def call(*args: object, key: str) -> None:
+        writes.append(args)
+
+    reachable = False
+    publisher = asyncio.create_task(
+        keep_published(table, call, "p:mgr:{x}:top", 30.0, lambda: reachable)
+    )
+    await asyncio.sleep(0.2)
+    assert writes == []  # unreachable: nothing written
+    reachable = True
+    await eventually(lambda: len(writes) == 1, what="the write once reachable")
+    publisher.cancel()
+    await asyncio.gather(publisher, return_exceptions=True)
+    assert writes[0][:2] == ("SET", "p:mgr:{x}:top")

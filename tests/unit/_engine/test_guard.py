@@ -498,6 +498,12 @@ async def test_a_helper_that_exits_deeper_than_it_entered(
     assert errors == []
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="open on Python 3.10 under pytest-asyncio (docs/semantics.md): the loss leaves "
+    "this stack as CancelledError, with this guard and the one before it; under "
+    "asyncio.run the same program raises LockLostError",
+)
 async def test_an_exit_stack_with_two_locks_and_a_reentry(
     locks: aiolock.LockManager, redis: Redis, prefix: str
 ) -> None:
