@@ -33,7 +33,7 @@ from aiolock._cli.target import (
     list_objects,
     mask,
 )
-from aiolock._cli.top import run_top, waiting_by_name
+from aiolock._cli.top import holder_text, run_top, waiting_by_name
 from aiolock._cli.watch import EXIT_INTERRUPTED, watch
 from aiolock._errors import LockConnectionError, LockError
 
@@ -205,28 +205,20 @@ def _ttl_text(ttl: float | None) -> str:
     return "-" if ttl is None else f"{ttl:.1f}s"
 
 
-def _who_text(who: Holder | Who) -> str:
-    """``billing-worker@web-1 pid 4242``, or, when the record is gone, ``(no record,
-    manager 3f2a9c1e)`` (the first digits of its id, which ``show`` prints whole)."""
-    if who.host is None and who.pid is None:
-        return f"(no record, manager {(who.manager or '?')[:8]})"
-    return f"{who.name or '?'}@{who.host or '?'} pid {who.pid if who.pid is not None else '?'}"
-
-
 def _holders_text(info: LockInfo) -> str:
     if not info.holders:
         return "-"
     parts = []
     for holder in info.holders:
         role = f" ({holder.role})" if holder.role else ""
-        parts.append(f"{_who_text(holder)}{role} x{holder.count}")
+        parts.append(f"{holder_text(holder)}{role} x{holder.count}")
     return ", ".join(parts)
 
 
 def _hold_line(info: LockInfo, holder: Holder) -> str:
     unit = "permit" if info.kind == "semaphore" else "hold"
     role = f" ({holder.role})" if holder.role else ""
-    line = f"    {holder.owner}{role}: {_plural(holder.count, unit)}, {_who_text(holder)}"
+    line = f"    {holder.owner}{role}: {_plural(holder.count, unit)}, {holder_text(holder)}"
     if holder.token is not None:  # the holder's own token (a plain lock's state keeps it)
         line += f", token {holder.token}"
     if holder.lease_left is not None:
@@ -338,7 +330,7 @@ def _print_show(
         print(f"  listeners:  {info.listeners}")
         if info.kind == "lock":  # who they are, as far as the managers registered
             for who in info.listening:
-                print(f"    {who.field}: {_who_text(who)}")
+                print(f"    {who.field}: {holder_text(who)}")
         if info.fence is not None:  # the fence key's token, not a holder's (their lines)
             print(f"  fence:      {info.fence} ({_fence_text(info)})")
         if info.job is not None:
@@ -348,7 +340,7 @@ def _print_show(
             print(_hold_line(info, holder))
         print(f"  waiters:    {info.waiters}")
         for waiter in info.waiting_who or tuple(Who(text) for text in info.waiting):
-            print(f"    {waiter.field}: {_who_text(waiter)}")
+            print(f"    {waiter.field}: {holder_text(waiter)}")
         per = waiting.get((info.kind, info.name), {})
         print(f"  waiting:    {sum(per.values())} tasks in processes")
         for process, count in sorted(per.items(), key=lambda item: (-item[1], item[0])):

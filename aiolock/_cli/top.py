@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from redis.asyncio import Redis
 
-from aiolock._cli.inspect import LockInfo, glob_escape
+from aiolock._cli.inspect import Holder, LockInfo, Who, glob_escape
 from aiolock._cli.target import Target, describe_name
 from aiolock._engine.contention import parse_summary
 from aiolock._keys import IDENTITY_TAG
@@ -31,6 +31,7 @@ from aiolock._redis.identity import parse_record
 __all__ = [
     "INSPECTED",
     "NameRow",
+    "holder_text",
     "read_summaries",
     "read_top",
     "render",
@@ -79,6 +80,15 @@ class NameRow:
         data = dict(self.__dict__)
         data["waiters"] = [{"who": who, "waiting": n} for who, n in self.waiters.items()]
         return data
+
+
+def holder_text(who: Holder | Who) -> str:
+    """``billing-worker@web-1 pid 4242`` for a holder or waiter the inspector resolved, or,
+    when its record is gone, ``(no record, manager 3f2a9c1e)`` (the first digits of its
+    id, which ``show`` prints whole)."""
+    if who.host is None and who.pid is None:
+        return f"(no record, manager {(who.manager or '?')[:8]})"
+    return f"{who.name or '?'}@{who.host or '?'} pid {who.pid if who.pid is not None else '?'}"
 
 
 def who_text(record: dict[str, Any] | None) -> str:
@@ -169,15 +179,11 @@ def _holders(infos: list[LockInfo], kind: str) -> list[dict[str, Any]]:
     wanted = INSPECTED.get(kind)
     return [
         {
-            "who": (
-                f"(no record, manager {(holder.manager or '?')[:8]})"
-                if holder.host is None
-                else f"{holder.name or '?'}@{holder.host} pid {holder.pid}"
-            ),
+            "who": holder_text(holder),
             "role": holder.role,
             "count": holder.count,
             "held_for": holder.held_for,
-            "token": getattr(holder, "token", None),  # where the inspector reads one
+            "token": holder.token,
         }
         for info in infos
         if info.kind == wanted

@@ -43,16 +43,12 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from aiolock._errors import LockError
 from aiolock._keys import ms
-
-if TYPE_CHECKING:
-    from aiolock._engine.kind import LockKind
-    from aiolock._keys import LockKeys
 
 logger = logging.getLogger("aiolock")
 
@@ -250,24 +246,22 @@ class Contention:
         if entry is not None:
             entry.timeouts += 1
 
-    def wait_began(self, kind: LockKind, keys: LockKeys) -> float:
-        """A task of the manager begins the engine's wait for *keys*: when (monotonic)."""
+    def wait_began(self, resource: str, kind: str, name: str) -> float:
+        """A task of the manager begins the engine's wait for *resource*: when (monotonic)."""
         now = time.monotonic()
-        resource = kind.resource(keys)
         waits = self.waiting.get(resource)
         if waits is None:
-            self.waiting[resource] = [1, now, kind.name, keys.name]
+            self.waiting[resource] = [1, now, kind, name]
         else:
             waits[0] += 1
             waits[1] += now
         return now
 
     def wait_ended(
-        self, kind: LockKind, keys: LockKeys, began: float, busy: bool, handed: bool
+        self, resource: str, kind: str, name: str, began: float, busy: bool, handed: bool
     ) -> None:
         """That wait ended: it found the lock held (*busy*) or was *handed* the lock by a
         local release, or neither (the lock was free: no wait to count)."""
-        resource = kind.resource(keys)
         waits = self.waiting.get(resource)
         if waits is not None:
             if waits[0] > 1:
@@ -276,7 +270,7 @@ class Contention:
             else:
                 del self.waiting[resource]
         if busy or handed:
-            self.waited(resource, kind.name, keys.name, time.monotonic() - began)
+            self.waited(resource, kind, name, time.monotonic() - began)
             if handed:
                 self.handed_over(resource)
 

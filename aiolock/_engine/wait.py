@@ -129,6 +129,7 @@ class Wait:
         "permits",
         "quiet",
         "ready_until",
+        "resource",
         "should_try",
         "timeout",
         "ttl",
@@ -162,7 +163,9 @@ class Wait:
         self.acquired = self.claimed = False
         #: (contention) whether it waits, behind a holder or other waiters, and since when
         self.busy = isinstance(first, Busy) or not waiter.is_head
-        self.entered = engine.contention.wait_began(kind, keys)
+        #: its lock as the registry and the contention table name it
+        self.resource = kind.resource(keys)
+        self.entered = engine.contention.wait_began(self.resource, kind.name, keys.name)
         self.should_try = waiter.is_head  # the head tries at once; the rest wait their turn
         self.ttl: float | None = None
         #: hub.losses when an attempt, sent with the subscription confirmed, found the
@@ -339,7 +342,9 @@ class Wait:
         engine, kind, keys, waiter, acquired = (
             self.engine, self.kind, self.keys, self.waiter, self.acquired,
         )  # fmt: skip
-        engine.contention.wait_ended(kind, keys, self.entered, self.busy, waiter.handed is not None)
+        engine.contention.wait_ended(
+            self.resource, kind.name, keys.name, self.entered, self.busy, waiter.handed is not None
+        )
         # A shared grant lets the next waiter try at once, as a failed one does.
         engine.hub.leave(waiter, acquired=acquired and not kind.shared)
         if not waiter.queue.waiters:
