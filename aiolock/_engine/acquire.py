@@ -182,8 +182,8 @@ class Acquiring(Releasing):
             waiter = hub.join(
                 keys.channel, owner, lease, field,
                 queued=kind.queued, anonymous=kind.anonymous_messages,
+                acknowledged=effective_policy(self.rt.replicas) is not None,
             )  # fmt: skip
-            waiter.acknowledged = effective_policy(self.rt.replicas) is not None
         if kind.turns and self.starved:
             still_starving(self.starved, waiter.queue)
         wait = Wait(
@@ -192,7 +192,7 @@ class Acquiring(Releasing):
         return await wait.run(undo)
 
     async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]:
-        """A head whose timer ran out waits for a turn (:meth:`WaiterHub.take_turn`):
+        """A head whose timer ran out waits for a turn (``hub.admission.take``, see there):
         whether it tries now, and whether as woken (its wake waited in line: an attempt)
         or as a timer that ran out (a quiet wait's probe, when the wait is quiet).
 
@@ -201,17 +201,17 @@ class Acquiring(Releasing):
         """
         hub = self.hub
         woken = waiter.deferred  # a wake of it already waited in line
-        if hub.closed or hub.failure is not None or hub.take_turn(waiter):
+        if hub.closed or hub.failure is not None or hub.admission.take(waiter):
             return True, woken
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                hub.step_out(waiter)
+                hub.admission.step_out(waiter)
                 return False, woken
             if await waiter.wait(remaining):
                 # Its turn, or a hand-over, or the hub closed (the loop sees to those).
                 # A wake that came while it waited was taken by the line (see
-                # WaiterHub._wake): the probe that follows sees what it announced.
+                # Admission.wake): the probe that follows sees what it announced.
                 return True, woken
 
     async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:

@@ -131,7 +131,7 @@ class FastPath(Acquiring):
         hub = self.hub
         entry, waiter = self._line_up(kind, channel, owner, timeout, lease)
         called: float | None = None  # when it was called, if it waited in line
-        if waiter is not None and not waiter.turn and not hub.take_turn(waiter):
+        if waiter is not None and not waiter.turn and not hub.admission.take(waiter):
             called = time.monotonic()  # (at most WAKES talk to Redis: see _first_in_line)
             deadline = None if timeout is None else called + timeout
             if not await self._first_in_line(waiter, deadline):

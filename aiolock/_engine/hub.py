@@ -9,23 +9,32 @@ before its first attempt, so tasks are served in the order they called, and only
 exactly one task in this process, and a task that releases and asks again queues behind
 the tasks already waiting (no barging).
 
-Fairness between processes is kept here too, without any state in Redis: after a
-release that other clients heard, this manager *yields* the channel for a short window
-(monotonic clock): its tasks queue instead of trying, so the woken clients get their
-turn. And the engine counts hand-overs in a row within this manager (``streak``) to
-bound them while others listen.
-
 Progress rests on one invariant: the head of a non-empty queue is either awake, or
 asleep with a timer at the holder's lease expiry, or asleep while a task of this same
-manager holds the lock (whose release or loss wakes it). Hence:
+manager holds the lock (whose release or loss wakes it). The rules that keep it are the
+hub's own methods (and its :class:`~aiolock._engine.admission.Admission`'s), which the
+rest of the engine calls; no other module writes a waiter's state or the hub's:
 
-* a release message, a local release, a local loss, a confirmed (re)subscription and a
-  head that leaves without the lock each wake the (new) head;
-* a wake that arrives while the head is busy is kept (``pending``), never dropped;
-* at most ``WaiterHub.WAKES`` waiters are woken at once: a wake beyond them waits its
-  turn, in order, and one whose waiter leaves first is passed on like any other; a head
-  whose timer runs out (to probe or retry) takes a turn too, and waits in the same line;
-* a waiter cancelled after being woken passes the wake on.
+* :meth:`WaiterHub.wake`: the lock may be free (a local loss, a release the hub does
+  not hear of itself): its head tries. A release message (:meth:`on_message`), a
+  confirmed (re)subscription and a lost connection wake the head the same way, and a
+  head that leaves without the lock (:meth:`leave`) wakes the next;
+* :meth:`released`: a final release of this manager freed the lock. If other clients
+  heard it, this manager *yields* the lock to them for :data:`YIELD_WINDOW` (its tasks
+  queue instead of trying: :meth:`idle`, :meth:`yielding`), until another client's
+  release or the window's end wakes the head; else the head tries at once;
+* :meth:`hand_over_freely`: at most :data:`MAX_LOCAL_STREAK` hand-overs in a row within
+  this manager (:meth:`handed_over`) while others listen; :meth:`reserve_successor` and
+  :meth:`deliver` choose the waiter a release hands the lock to, and give it the hold;
+* the turns (:mod:`aiolock._engine.admission`): at most ``Admission.WAKES`` waiters
+  talk to Redis at once; a wake beyond them waits its turn, in order, and one whose
+  waiter leaves first is passed on like any other; a head whose timer runs out (to probe
+  or retry) takes a turn too, and waits in the same line; a waiter about to sleep ends
+  its turn (``pause``); a wake that arrives while a waiter is awake is kept
+  (``pending``), never dropped, and a waiter cancelled after being woken passes it on.
+
+Fairness between processes is kept without any state in Redis (but for the turns of
+:mod:`aiolock._engine.turns`, asked for by a manager that keeps losing the race).
 
 A queue of a *queued* kind (the fair lock, whose waiters' order Redis keeps) works
 differently: every waiter is its own head and tries at once, and a release message names
@@ -58,24 +67,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Container
 
+from aiolock._engine.admission import Admission
+from aiolock._engine.kind import Hold
 from aiolock._engine.runtime import task_in
 from aiolock._engine.waiter import ChannelQueue, FastEntry, HubStatistics, Waiter
 from aiolock._redis.pubsub import Source, SubscriptionEvents
 
-__all__ = ["WaiterHub"]
+__all__ = ["MAX_LOCAL_STREAK", "YIELD_WINDOW", "WaiterHub"]
+
+#: After a release that other clients heard, this manager's tasks keep off the lock for
+#: this long (or until another client's release message arrives), so that the waiters
+#: elsewhere, woken later than a local task could be, get their turn.
+YIELD_WINDOW = 0.02
+#: Hand-overs in a row within this manager while other clients wait for the same lock:
+#: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
+MAX_LOCAL_STREAK = 2
 
 
 class WaiterHub(SubscriptionEvents):
     """Local waiter queues, fed by the events of a source of subscriptions."""
-
-    #: The most waiters woken at once (until each sleeps again or leaves). A release of N
-    #: locks woke N heads, whose attempts waited for a pipeline slot behind each other so
-    #: long that CPython's GC moved them to its oldest generation, whose full collections
-    #: walk every waiter: 4-5 per release of 20,000. 4x the pipelines' default.
-    WAKES = 192
 
     def __init__(self, source: Source, manager_id: str) -> None:
         #: the subscriptions: wanted here, kept by the source, which reports to the hub
@@ -100,10 +112,8 @@ class WaiterHub(SubscriptionEvents):
         self._waiting = 0
         self._busy = 0  # queues with a waiter
         self._confirmed = 0  # queues whose subscription is confirmed
-        #: waiters woken and not asleep again yet (Waiter.turn), and the waiters whose
-        #: wake waits for one of those to end (see WAKES)
-        self._turns = 0
-        self._deferred: deque[Waiter] = deque()
+        #: the turns of the waiters that talk to Redis, at most Admission.WAKES at once
+        self.admission = Admission()
         self.closed = False
         #: why subscribing is refused (an ACL or credentials problem), while it is
         self.failure: str | None = None
@@ -124,26 +134,28 @@ class WaiterHub(SubscriptionEvents):
         *,
         queued: bool = False,
         anonymous: bool = False,
+        acknowledged: bool = False,
         turn: bool = False,
     ) -> Waiter:
         """Queue a new waiter at the tail of *channel*'s queue (no I/O yet).
 
         *field* names its registration in Redis, if its kind has one; *queued* says that
         the kind keeps the waiters' order there (see the module docstring); *anonymous*
-        that its release messages do not name the releasing client. *turn*: it is about
-        to attempt, and takes a turn if one is free and nobody waits in line for one
-        (``waiter.turn``; else see :meth:`take_turn`), here rather than in a call of its
-        own (the fast path's, see :mod:`aiolock._engine.fast`).
+        that its release messages do not name the releasing client; *acknowledged* that
+        its grants must be acknowledged by replicas (it is never handed the lock).
+        *turn*: it is about to attempt, and takes a turn if one is free at once
+        (:meth:`Admission.at_once <aiolock._engine.admission.Admission.at_once>`; else
+        see :meth:`Admission.take <aiolock._engine.admission.Admission.take>`), here
+        rather than in a call of its own (the fast path's, see :mod:`aiolock._engine.fast`).
         """
         queue = self._queue(channel)  # (behind a fast attempt in flight: see enter)
         if queue is None:
             queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
-        waiter = Waiter(queue, owner, lease, field)
+        waiter = Waiter(queue, owner, lease, field, acknowledged)
         loop = self.loop  # (the task joins itself)
         waiter.task = asyncio.current_task() if loop is None else task_in(loop)
-        if turn and self._turns < self.WAKES and not self._deferred:
-            self._turns += 1
-            waiter.turn = True
+        if turn:
+            self.admission.at_once(waiter)
         if not queue.waiters:
             self._busy += 1
         queue.waiters.append(waiter)
@@ -162,14 +174,15 @@ class WaiterHub(SubscriptionEvents):
         WAKES taken, nobody in line); the fast path ends it with :meth:`drop`, or goes on
         with :meth:`materialize`. None: it joins as the engine's waiters do.
         """
+        admission = self.admission  # (Admission.at_once, inline: every fast acquisition)
         if (
             channel in self._queues
             or channel in self._lazy
-            or self._turns >= self.WAKES
-            or self._deferred
+            or admission.taken >= admission.WAKES
+            or admission.line
         ):
             return None
-        self._turns += 1  # (as join's turn=True: the waiter made from it has this turn)
+        admission.taken += 1  # (as join's turn=True: the waiter made from it has this turn)
         # (A tuple: an object of its own cost half of what the lazy entry saves. The task
         # is recorded here as in join: nobody else can tell it later, Waiter.cancelling.)
         loop = self.loop
@@ -197,9 +210,10 @@ class WaiterHub(SubscriptionEvents):
         # woken nor reserved, it has nobody to wake after it; and nothing to unsubscribe:
         # a channel without a queue has no subscription (only a queue's waiters want one,
         # and a queue is forgotten only once its subscription is gone).
-        self._turns -= 1
-        if self._deferred:
-            self._admit()
+        admission = self.admission  # (Admission.leave, inline: every fast acquisition)
+        admission.taken -= 1
+        if admission.line:
+            admission.admit()
 
     def _make(self, channel: str) -> ChannelQueue:
         """Make *channel*'s queue and head waiter from the fast path's entry, as join()
@@ -209,7 +223,7 @@ class WaiterHub(SubscriptionEvents):
         queue = self._queues[channel] = ChannelQueue(channel, queued, anonymous)
         waiter = self._made[channel] = Waiter(queue, owner, lease)
         waiter.task = task
-        waiter.turn = True  # the entry's turn, counted in _turns since enter()
+        waiter.start_turn()  # the entry's turn, counted since enter()
         queue.waiters.append(waiter)
         self._busy += 1
         self._waiting += 1
@@ -257,13 +271,31 @@ class WaiterHub(SubscriptionEvents):
             queue.listen = True
             self.source.want(queue.channel)
 
-    def yield_to_others(self, channel: str, window: float) -> None:
-        """Other clients heard our release: keep our tasks off *channel* for *window* s."""
-        now = time.monotonic()
-        if len(self._yields) > 4096:  # forget windows long past
-            self._yields = {c: t for c, t in self._yields.items() if t > now}
-        self._yields[channel] = now + window
-        asyncio.get_running_loop().call_later(window, self.wake, channel)
+    # -- the progress rules between this manager and other clients ---------------------
+
+    def released(self, channel: str, *, queued: bool, heard: bool) -> None:
+        """A final release of this manager freed *channel*'s lock (no hand-over): the
+        streak of hand-overs ends, and who may take the lock next is decided:
+
+        * a queued kind's lock: Redis granted it to its next waiter, whose release
+          message wakes that one alone;
+        * a release *heard* by other clients (they listen): this manager yields the lock
+          to them for :data:`YIELD_WINDOW` (its tasks queue instead of trying: see
+          :meth:`idle`); another client's release message, or the window's end, wakes the
+          head;
+        * else the local head, if any, tries at once (the hub ignores our own message).
+        """
+        self._streaks.pop(channel, None)
+        if queued:
+            return
+        if heard:
+            now = time.monotonic()
+            if len(self._yields) > 4096:  # forget windows long past
+                self._yields = {c: t for c, t in self._yields.items() if t > now}
+            self._yields[channel] = now + YIELD_WINDOW
+            asyncio.get_running_loop().call_later(YIELD_WINDOW, self.wake, channel)
+        elif channel in self._queues or channel in self._lazy:  # (no call if nobody waits)
+            self.wake(channel)
 
     def yielding(self, channel: str) -> float:
         """Seconds this manager still yields *channel* (0 if it does not)."""
@@ -276,18 +308,48 @@ class WaiterHub(SubscriptionEvents):
             return 0.0
         return left
 
+    def handed_over(self, channel: str) -> None:
+        """A final release of this manager handed *channel*'s lock to a local waiter."""
+        if len(self._streaks) > 4096:  # locks handed over, then never freed by us
+            self._streaks.clear()
+        self._streaks[channel] = self._streaks.get(channel, 0) + 1
+
     def streak(self, channel: str) -> int:
         """Hand-overs in a row within this manager since the lock was last freed."""
         return self._streaks.get(channel, 0)
 
-    def count_handover(self, channel: str, handed: bool) -> None:
-        """A final release handed the lock over (*handed*) or freed it."""
-        if not handed:
-            self._streaks.pop(channel, None)
-            return
-        if len(self._streaks) > 4096:  # locks handed over, then never freed by us
-            self._streaks.clear()
-        self._streaks[channel] = self._streaks.get(channel, 0) + 1
+    def hand_over_freely(self, channel: str) -> bool:
+        """Whether a release may hand *channel*'s lock to a local waiter even while other
+        clients wait for it: fewer than :data:`MAX_LOCAL_STREAK` hand-overs in a row since
+        it was last freed (past them, only while nobody else listens, which the kind's
+        release decides from Redis)."""
+        return self._streaks.get(channel, 0) < MAX_LOCAL_STREAK
+
+    def reserve_successor(self, channel: str) -> Waiter | None:
+        """The waiter a releasing task of this manager hands the lock to, if any, now
+        reserved for it (see :meth:`Waiter.reserve`): the head of a queue whose order is
+        this manager's, unless a hand-over to it is already in flight or landed, it is
+        being cancelled, or its grants must be acknowledged by replicas (a hand-over is a
+        grant no WAIT follows)."""
+        queue = self._queue(channel)  # (a fast attempt in flight may be handed it)
+        if queue is None or self.closed or not queue.waiters or queue.queued:
+            return None
+        head = queue.waiters[0]  # first come, first served: only the head
+        # A head being cancelled is about to leave (and to wake the next in line): the
+        # lock is freed for it rather than handed to a task that will not take it.
+        if head.reserved or head.handed is not None or head.acknowledged or head.cancelling:
+            return None
+        head.reserve()
+        return head
+
+    def deliver(self, waiter: Waiter, hold: Hold) -> bool:
+        """Redis handed the lock over to *waiter* (reserved): give it *hold*, unless it
+        left meanwhile or the hub closed. Then it must never see it (False): the releaser
+        passes the lock on."""
+        if waiter.left or self.closed:
+            return False
+        waiter.give(hold)  # registered by the waiter's own task when it takes it
+        return True
 
     def leave(self, waiter: Waiter, *, acquired: bool) -> None:
         """Remove *waiter*; without the lock, a head (or a woken waiter) wakes the next."""
@@ -295,13 +357,7 @@ class WaiterHub(SubscriptionEvents):
         waiters = queue.waiters
         was_first = bool(waiters) and waiters[0] is waiter  # (first() and is_head, inline)
         was_head = queue.queued or was_first
-        waiter.left = True
-        owed, waiter.deferred = waiter.deferred, False  # (its deque entry is skipped)
-        if waiter.turn:  # (_end_turn, inline: the fast path's every acquisition ends here)
-            waiter.turn = False
-            self._turns -= 1
-            if self._deferred:
-                self._admit()
+        owed = self.admission.leave(waiter)  # (it held a place in line, and the wake)
         try:
             waiters.remove(waiter)
         except ValueError:
@@ -314,7 +370,7 @@ class WaiterHub(SubscriptionEvents):
         if queue.queued and was_first and not queue.confirmed and queue.waiters:
             # A grant to the next of ours may be announced while we do not listen: the
             # new first waiter tries (and keeps trying at READY_WAIT, see the engine).
-            self._wake(queue.waiters[0])
+            self.admission.wake(queue.waiters[0])
         # A reserved waiter's releaser passes the lock on itself when the hand-over lands.
         # (In a queued kind's queue nobody waits for a turn that this waiter held.)
         if (
@@ -352,18 +408,6 @@ class WaiterHub(SubscriptionEvents):
         if queue is not None and queue.listen and not queue.waiters:
             queue.listen = False
             self.source.unwant(channel)  # reported dropped: the empty queue is forgotten
-
-    def successor(self, channel: str) -> Waiter | None:
-        """The waiter a releasing task of this manager may hand the lock to, if any."""
-        queue = self._queue(channel)  # (a fast attempt in flight may be handed it)
-        if queue is None or self.closed or not queue.waiters or queue.queued:
-            return None
-        head = queue.waiters[0]  # first come, first served: only the head
-        # A head being cancelled is about to leave (and to wake the next in line): the
-        # lock is freed for it rather than handed to a task that will not take it.
-        if head.reserved or head.handed is not None or head.cancelling:
-            return None
-        return head
 
     def wanted(self, channel: str) -> bool:
         """Whether a waiter of this manager found *channel*'s lock busy and waits there
@@ -406,93 +450,12 @@ class WaiterHub(SubscriptionEvents):
         if queue is not None:
             self._wake_head(queue)
 
-    def pause(self, waiter: Waiter) -> None:
-        """*waiter* is about to sleep (:meth:`Waiter.wait`): its turn among the woken
-        waiters ends, and a wake it got meanwhile waits for a turn like any other.
-
-        A hand-over is never held back: it needs no attempt.
-        """
-        if waiter.turn:
-            self._end_turn(waiter)
-        if waiter.pending and waiter.handed is None:
-            waiter.pending = False
-            self._wake_asleep(waiter)
-
-    def take_turn(self, waiter: Waiter) -> bool:
-        """*waiter*, a head whose timer ran out, is about to talk to Redis: whether it has
-        a turn among the woken waiters now. If not, it waits in line (it is *deferred*,
-        and :meth:`Waiter.wait` returns True in its turn).
-
-        A timer runs out when the holder's lease would end (the quiet wait's probe, or an
-        attempt), when a subscription was not confirmed in time (``READY_WAIT``), or after
-        a connection error's backoff; the fast path's first attempt of a new waiter takes
-        a turn the same way (:mod:`aiolock._engine.fast`). N heads waiting on N locks
-        taken at the same moment have their timers run out together; each used to talk
-        to Redis at once, and their N commands waited in the client's pipeline queue long
-        enough for CPython's GC to move them to its oldest generation. In a
-        turn, they go at most WAKES at a time, in the order their timers ran out; a wake
-        that arrives meanwhile is taken by that same turn. A waiter whose wake already
-        waits in line keeps its place.
-        """
-        if waiter.turn:
-            return True
-        # A wake that came after the timer (kept as pending) is taken by this turn: the
-        # try it makes follows that wake's cause.
-        waiter.pending = False
-        if not waiter.deferred:
-            if self._turns < self.WAKES and not self._deferred:  # nobody in line: at once
-                self._turns += 1
-                waiter.turn = True
-                return True
-            waiter.deferred = True
-            self._deferred.append(waiter)
-            self._admit()
-        if waiter.turn:
-            waiter.pending = False  # (_admit's wake of a waiter that is not asleep)
-            return True
-        return False
-
-    def step_out(self, waiter: Waiter) -> None:
-        """*waiter* gives up its place in line (its deadline passed while it waited)."""
-        waiter.deferred = False  # (its deque entry is skipped)
-
     def _wake_head(self, queue: ChannelQueue) -> None:
         # In a queued kind's queue every waiter is a head, but a wake of unknown target
         # (a confirmation, a reconnect, a local loss) is for the first of ours in Redis's
         # queue, the one a missed grant can have named: the first in call order.
         if queue.waiters:
-            self._wake(queue.waiters[0])
-
-    def _wake(self, waiter: Waiter) -> None:
-        """Wake *waiter* to try, as one of at most WAKES woken waiters at once."""
-        if waiter.deferred:
-            return  # it is woken in its turn
-        future = waiter._future
-        if future is None or future.done():
-            waiter.wake()  # awake: it tries once more, in a turn of its own (see pause)
-        else:
-            self._wake_asleep(waiter)
-
-    def _wake_asleep(self, waiter: Waiter) -> None:
-        waiter.deferred = True
-        self._deferred.append(waiter)
-        self._admit()
-
-    def _end_turn(self, waiter: Waiter) -> None:
-        waiter.turn = False
-        self._turns -= 1
-        self._admit()
-
-    def _admit(self) -> None:
-        """Wake the waiters in line, in order, while fewer than WAKES are woken."""
-        deferred = self._deferred
-        while deferred and self._turns < self.WAKES:
-            waiter = deferred.popleft()
-            if waiter.deferred:  # (not woken meanwhile by its timer, nor gone)
-                waiter.deferred = False
-                self._turns += 1
-                waiter.turn = True
-                waiter.wake()
+            self.admission.wake(queue.waiters[0])
 
     def close(self) -> None:
         """Wake every waiter; they find the hub closed and give up."""
@@ -534,7 +497,7 @@ class WaiterHub(SubscriptionEvents):
             if data:
                 waiter = queue.fields.get(data)
                 if waiter is not None:
-                    self._wake(waiter)
+                    self.admission.wake(waiter)
         # Our own releases already woke the local head directly.
         elif data != self._manager_id:
             self._messages += 1

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.hub import MAX_LOCAL_STREAK, YIELD_WINDOW
 from aiolock._engine.kind import Hold, Released, ReleaseStatus, Successor
 from aiolock._engine.runtime import TOMBSTONE_TTL
 from aiolock._engine.state import ORPHAN, EngineState
@@ -26,14 +27,6 @@ from aiolock._errors import LockConnectionError, LockError, LockKeyTypeError, Lo
 __all__ = ["MAX_LOCAL_STREAK", "YIELD_WINDOW", "Releasing"]
 
 logger = logging.getLogger("aiolock")
-
-#: After a release that other clients heard, this manager's tasks keep off the lock for
-#: this long (or until another client's release message arrives), so that the waiters
-#: elsewhere, woken later than a local task could be, get their turn.
-YIELD_WINDOW = 0.02
-#: Hand-overs in a row within this manager while other clients wait for the same lock:
-#: a few keep the fast local path (one round trip per hand-over); a bound keeps it fair.
-MAX_LOCAL_STREAK = 2
 
 #: The release id of a kind whose final release names no tombstone (a valid id's shape,
 #: ``<manager id>:<number>``, never made by a manager: its id is never empty).
@@ -123,7 +116,7 @@ class Releasing(EngineState):
         """Send *hold*'s final release and apply its outcome; the error to raise, if any."""
         outcome = await self._send_final(hold, release_id, handoff)
         if handoff is not None:
-            handoff.waiter.reserved = False
+            handoff.waiter.unreserve()
         error = self._apply_release(hold, outcome)
         if handoff is not None and outcome.status is ReleaseStatus.HANDED_OVER:
             await self._deliver(hold, handoff, outcome.value)
@@ -151,7 +144,7 @@ class Releasing(EngineState):
             what = f"release of {hold.keys.name!r}"
             self.cleanup.add(what, send, max(hold.valid_until, time.monotonic()))
             if handoff is not None:  # the queue's head fends for itself meanwhile
-                handoff.waiter.reserved = False
+                handoff.waiter.unreserve()
                 self.hub.wake(hold.keys.channel)
 
         if isinstance(exc, asyncio.CancelledError):
@@ -190,19 +183,16 @@ class Releasing(EngineState):
             1,
             release_id,
             handoff.successor,
-            self.hub.streak(channel) < MAX_LOCAL_STREAK,
+            self.hub.hand_over_freely(channel),
             self.hub.listening(channel),
         )
 
     def _reserve_successor(self, hold: Hold) -> _Handoff | None:
         if not hold.kind.hand_over:
             return None
-        waiter = self.hub.successor(hold.keys.channel)
-        # A waiter under replicas= gets its grant by an acknowledged attempt: a hand-over
-        # is a grant that no WAIT follows.
-        if waiter is None or waiter.acknowledged:
+        waiter = self.hub.reserve_successor(hold.keys.channel)
+        if waiter is None:
             return None
-        waiter.reserved = True
         lease = self.rt.lease if waiter.lease is None else waiter.lease
         field = hold.kind.hold_field(waiter.owner, self.rt.next_id())
         return _Handoff(waiter, Successor(field, lease), waiter.lease is None, time.monotonic())
@@ -212,11 +202,9 @@ class Releasing(EngineState):
         waiter, successor = handoff.waiter, handoff.successor
         new = Hold(hold.kind, hold.keys, waiter.owner, successor.field, token,
                    successor.lease, handoff.renew, handoff.sent_at, hold.permits)  # fmt: skip
-        if waiter.left or self.hub.closed:  # it gave up meanwhile: it must never see it
+        if not self.hub.deliver(waiter, new):  # it gave up meanwhile: it must never see it
             new.owner = ORPHAN
             await self.release_quietly(new, pass_on=True)
-        else:
-            waiter.give(new)  # registered by the waiter's own task when it takes it
 
     async def _release_nested(self, hold: Hold) -> None:
         """Release one of several holds: only the count changes, and the client's count rules.
@@ -256,18 +244,13 @@ class Releasing(EngineState):
         if status is ReleaseStatus.RELEASED:
             hold.count = 0
             hold.release_id = None
-            self.hub.count_handover(channel, handed=False)
-            if hold.kind.queued:
-                pass  # Redis granted the next waiter; its release message wakes it alone
-            elif outcome.value > 0:  # others heard it: our own tasks yield to them a while
-                self.hub.yield_to_others(channel, YIELD_WINDOW)
-            else:
-                self.hub.wake(channel)
+            # (outcome.value: the clients that heard it)
+            self.hub.released(channel, queued=hold.kind.queued, heard=outcome.value > 0)
             return None
         if status is ReleaseStatus.HANDED_OVER:
             hold.count = 0
             hold.release_id = None
-            self.hub.count_handover(channel, handed=True)
+            self.hub.handed_over(channel)
             return None
         late = time.monotonic() - hold.release_sent_at > TOMBSTONE_TTL
         hold.release_id = None

@@ -316,7 +316,7 @@ class Wait:
         """Sleep until woken, or until this head's timer runs out; then decide whether to
         try."""
         engine, hub, waiter = self.engine, self.engine.hub, self.waiter
-        hub.pause(waiter)
+        hub.admission.pause(waiter)
         self.woken = await waiter.wait(
             _shortest(remaining, self.ttl) if waiter.is_head else remaining
         )
@@ -362,10 +362,9 @@ class Wait:
                                         kind=kind),
                     self.deadline,
                 )  # fmt: skip
-        if not acquired and waiter.handed is not None:
+        if not acquired and (orphan := waiter.take_handed()) is not None:
             # The lock was handed over just as this task gave up: pass it on, without ever
             # registering it under this task.
-            orphan, waiter.handed = waiter.handed, None
             orphan.owner = ORPHAN
             await engine.release_quietly(orphan, pass_on=True)
 

@@ -13,44 +13,83 @@ nothing here awaits anything but the waiter's own sleep.
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
 from dataclasses import dataclass
 
 from aiolock._engine.kind import Hold
 
-__all__ = ["ChannelQueue", "FastEntry", "HubStatistics", "Waiter"]
+__all__ = ["ChannelQueue", "FastEntry", "HubStatistics", "Waiter", "WaiterState"]
 
 #: The fast path's lazy place in its lock's queue (WaiterHub.enter): what its Waiter
 #: would record (owner, lease, the kind's queued and anonymous flags, task).
 FastEntry = tuple[str, "float | None", bool, bool, "asyncio.Task[object] | None"]
 
 
+class WaiterState(enum.Enum):
+    """Where a waiter is in its lock's queue: its turn among the woken waiters, or gone.
+
+    The hub counts at most ``Admission.WAKES`` waiters *in turn* at once (those that talk
+    to Redis), and keeps a line of those woken beyond them (*deferred*); a waiter is in
+    one of these states, never two:
+
+    * ``WAITING``: in its queue, without a turn: asleep, or between two steps of its wait;
+    * ``DEFERRED``: in line for a turn (woken, or its timer ran out, while WAKES had one);
+    * ``IN_TURN``: it has a turn, until it sleeps again or leaves;
+    * ``LEFT``: out of its queue, for good.
+
+    A hand-over (:attr:`Waiter.reserved`, :attr:`Waiter.handed`) is not one of them: a
+    releaser of this manager may reserve the head in any of the first three (its own
+    attempt may be in flight meanwhile), and a hand-over that lands after the waiter left
+    is passed on. A wake that found the waiter awake (:attr:`Waiter.pending`) is apart too.
+    """
+
+    WAITING = 0
+    DEFERRED = 1
+    IN_TURN = 2
+    LEFT = 3
+
+
+WAITING = WaiterState.WAITING
+DEFERRED = WaiterState.DEFERRED
+IN_TURN = WaiterState.IN_TURN
+LEFT = WaiterState.LEFT
+
+
 class Waiter:
     """One task waiting for one lock; lives in its channel's queue until it leaves.
 
-    A releasing task of the same manager may hand the lock straight to the head waiter
-    (one round trip instead of a release, a wake-up and an acquire): it *reserves* the
-    waiter, and once Redis confirms, :meth:`give` delivers the new hold.
+    Its :attr:`state` (a :class:`WaiterState`) changes only by its transition methods,
+    each of which checks that it starts from where it may (the hub's admission makes them,
+    :mod:`aiolock._engine.admission`). A releasing task of the same manager may hand the
+    lock straight to the head waiter (one round trip instead of a release, a wake-up and
+    an acquire): it reserves the waiter (:meth:`reserve`), and once Redis confirms,
+    :meth:`give` delivers the new hold, which the waiter's task takes
+    (:meth:`take_handed`).
     """
 
+    # (One state, not a flag per state: at 50,000 waiters each slot is 400 kB.)
     __slots__ = (
         "_future",
         "acknowledged",
-        "deferred",
         "field",
         "handed",
         "lease",
-        "left",
         "owner",
         "pending",
         "queue",
         "reserved",
+        "state",
         "task",
-        "turn",
     )
 
     def __init__(
-        self, queue: ChannelQueue, owner: str, lease: float | None, field: str | None = None
+        self,
+        queue: ChannelQueue,
+        owner: str,
+        lease: float | None,
+        field: str | None = None,
+        acknowledged: bool = False,
     ) -> None:
         self.queue = queue
         #: a queued kind's waiter: its field in Redis, which release messages name
@@ -61,24 +100,85 @@ class Waiter:
         #: a wake that arrived while the waiter was not blocked; consumed by wait()
         self.pending = False
         self._future: asyncio.Future[bool] | None = None
-        #: a hand-over to this waiter is in flight
+        #: its place among the woken waiters, or gone (see WaiterState)
+        self.state = WAITING
+        #: a hand-over to this waiter is in flight (reserve, unreserve)
         self.reserved = False
-        #: the hold handed over to this waiter
+        #: the hold handed over to this waiter (give, take_handed)
         self.handed: Hold | None = None
-        self.left = False
         #: its grants must be acknowledged by replicas (replicas=): never handed over
-        self.acknowledged = False
+        self.acknowledged = acknowledged
         self.task: asyncio.Task[object] | None = None  # the waiting task (WaiterHub.join)
-        #: it has a turn (the hub woke it, its timer ran out, or it makes its first
-        #: attempt; see WaiterHub.take_turn) until it sleeps again or leaves;
-        #: *deferred*: it waits in line for one of those turns to end (WaiterHub.WAKES)
-        self.turn = False
-        self.deferred = False
+
+    # -- its state's transitions (made by the hub's admission) ----------------------------
+
+    @property
+    def turn(self) -> bool:
+        """Whether it has a turn among the woken waiters (see WaiterState)."""
+        return self.state is IN_TURN
+
+    @property
+    def deferred(self) -> bool:
+        """Whether it waits in line for a turn (see WaiterState)."""
+        return self.state is DEFERRED
+
+    @property
+    def left(self) -> bool:
+        return self.state is LEFT
+
+    def start_turn(self) -> None:
+        """WAITING or DEFERRED -> IN_TURN: one of the turns is its."""
+        assert self.state is WAITING or self.state is DEFERRED, self.state
+        self.state = IN_TURN
+
+    def end_turn(self) -> None:
+        """IN_TURN -> WAITING: it sleeps again."""
+        assert self.state is IN_TURN, self.state
+        self.state = WAITING
+
+    def defer(self) -> None:
+        """WAITING -> DEFERRED: it waits in line for a turn."""
+        assert self.state is WAITING, self.state
+        self.state = DEFERRED
+
+    def step_out(self) -> None:
+        """DEFERRED -> WAITING: it leaves the line without a turn (its entry in the line
+        is skipped when it comes up)."""
+        assert self.state is DEFERRED, self.state
+        self.state = WAITING
+
+    def leave(self) -> WaiterState:
+        """Any state -> LEFT, for good; the state it left from (a turn to end, a place in
+        line that was owed a wake)."""
+        was = self.state
+        assert was is not LEFT
+        self.state = LEFT
+        return was
+
+    # -- a hand-over's transitions (made by a releasing task of this manager) ------------
+
+    def reserve(self) -> None:
+        """A release is about to hand the lock to this waiter (WaiterHub.reserve_successor
+        chose it: no hand-over is in flight to it, nor landed)."""
+        assert not self.reserved, "a hand-over to it is in flight"
+        assert self.state is not LEFT
+        self.reserved = True
+
+    def unreserve(self) -> None:
+        """The hand-over's outcome is in, or unknown (the release is retried in the
+        background): the waiter fends for itself. A resent release ends it again."""
+        self.reserved = False
 
     def give(self, hold: Hold) -> None:
+        """Redis handed the lock over to it: deliver *hold*, and wake it to take it."""
         self.reserved = False
         self.handed = hold
         self.wake()
+
+    def take_handed(self) -> Hold | None:
+        """The hold handed over to it, if any, which it no longer has."""
+        hold, self.handed = self.handed, None
+        return hold
 
     @property
     def cancelling(self) -> bool:

@@ -1,27 +1,204 @@
-"""A release of many locks wakes their waiters a few at a time (issue 24).
+"""The hub's progress rules, one test each on a hub alone (a subscription source that
+does no I/O, no Redis), then a release of many locks, which wakes their waiters a few at
+a time (issue 24), through a manager.
+
+The turns themselves are :mod:`aiolock._engine.admission`'s (tests/unit/_engine/
+test_admission.py).
 
 Each woken head's attempt waited for a pipeline slot behind every other woken head's: at
 20,000 names, 15,000 attempts were queued at once, long enough for CPython's cyclic GC
 to move them to its oldest generation, whose full collections walk every waiter. The hub
-now wakes at most ``WaiterHub.WAKES`` waiters at once; the next wakes as one of them
+now wakes at most ``Admission.WAKES`` waiters at once; the next wakes as one of them
 sleeps again or leaves. These tests count attempts in flight; none is a timing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine.hub import WaiterHub
+from aiolock._engine.hub import MAX_LOCAL_STREAK, WaiterHub
+from aiolock._engine.kind import Hold
+from aiolock._engine.waiter import Waiter
+from aiolock._redis.pubsub import SubscriptionEvents, Tally
 from tests._support.helpers import eventually
 
 N = 24
 TURNS = 4
 ACQUIRE = "_kinds/lock/acquire"
+
+
+class _Source:
+    """A source of subscriptions that does no I/O: it records what the hub wants."""
+
+    def __init__(self) -> None:
+        self.tally = Tally()
+        self.wanted: set[str] = set()
+
+    def bind(self, events: SubscriptionEvents) -> None:
+        pass
+
+    def want(self, channel: str) -> None:
+        self.wanted.add(channel)
+
+    def unwant(self, channel: str) -> None:
+        self.wanted.discard(channel)
+
+    def subscribed(self, channel: str) -> bool:
+        return channel in self.wanted
+
+    def listening(self, channel: str) -> bool:
+        return channel in self.wanted
+
+    async def run(self) -> None:
+        pass
+
+
+def _hub() -> WaiterHub:
+    return WaiterHub(_Source(), "us")
+
+
+def _hold() -> Hold:
+    return cast(Hold, object())  # (the hub hands it on, and reads nothing of it)
+
+
+def _woken(*waiters: Waiter) -> list[bool]:
+    return [w.pending for w in waiters]
+
+
+async def test_a_release_nobody_else_heard_wakes_the_head_at_once() -> None:
+    """released(heard=False): the head (only) tries at once; the streak ends."""
+    hub = _hub()
+    head, second = hub.join("c", "owner:1", None), hub.join("c", "owner:2", None)
+    hub.handed_over("c")
+    hub.released("c", queued=False, heard=False)
+    assert _woken(head, second) == [True, False]
+    assert hub.streak("c") == 0
+    hub.released("nobody", queued=False, heard=False)  # no queue: nothing to wake
+    assert hub.idle("nobody")
+
+
+async def test_a_release_others_heard_yields_the_lock_to_them() -> None:
+    """released(heard=True): this manager's tasks keep off the lock (idle() is false, the
+    head is not woken) until another client's release message, or the window's end,
+    wakes the head."""
+    hub = _hub()
+    hub.released("c", queued=False, heard=True)
+    assert not hub.idle("c") and hub.yielding("c") > 0  # (the fast path keeps off too)
+    head = hub.join("c", "owner:1", None)
+    assert _woken(head) == [False]
+    hub.on_message("c", "us")  # our own release: it ends no yield
+    assert hub.yielding("c") > 0 and _woken(head) == [False]
+    hub.on_message("c", "them")  # they had their turn
+    assert hub.yielding("c") == 0 and _woken(head) == [True]
+    other = hub.join("d", "owner:2", None)
+    hub.released("d", queued=False, heard=True)
+    assert _woken(other) == [False]
+    await eventually(lambda: other.pending, what="the window's end wakes the head")
+    assert hub.idle("c") is False  # (its waiter is still there)
+    assert hub.yielding("d") == 0
+
+
+async def test_a_queued_kinds_release_wakes_no_local_waiter() -> None:
+    """released(queued=True): Redis granted its next waiter, whose message wakes it."""
+    hub = _hub()
+    first = hub.join("f", "owner:1", None, "owner:1:1", queued=True)
+    second = hub.join("f", "owner:2", None, "owner:2:1", queued=True)
+    hub.released("f", queued=True, heard=False)
+    assert _woken(first, second) == [False, False]
+    hub.on_message("f", "owner:2:1")  # the grant names its waiter
+    assert _woken(first, second) == [False, True]
+
+
+async def test_at_most_max_local_streak_hand_overs_in_a_row_go_freely() -> None:
+    """hand_over_freely: true for the first MAX_LOCAL_STREAK hand-overs in a row within
+    this manager, then false until the lock is freed."""
+    hub = _hub()
+    for _ in range(MAX_LOCAL_STREAK):
+        assert hub.hand_over_freely("c")
+        hub.handed_over("c")
+    assert not hub.hand_over_freely("c")
+    assert hub.hand_over_freely("other")  # per lock
+    hub.released("c", queued=False, heard=False)
+    assert hub.hand_over_freely("c")
+
+
+async def test_a_release_reserves_only_a_head_that_may_take_the_lock() -> None:
+    """reserve_successor: the head of the queue, reserved; not while a hand-over to it is
+    in flight, nor one whose grants replicas must acknowledge, nor in a queued kind's
+    queue, nor once the hub closed; a fast path's entry is made into its waiter."""
+    hub = _hub()
+    assert hub.reserve_successor("c") is None  # nobody waits
+    head = hub.join("c", "owner:1", None)
+    hub.join("c", "owner:2", None)
+    assert hub.reserve_successor("c") is head and head.reserved
+    assert hub.reserve_successor("c") is None  # in flight: not the next one either
+    head.unreserve()
+    assert hub.reserve_successor("c") is head
+    hub.join("a", "owner:3", None, acknowledged=True)
+    assert hub.reserve_successor("a") is None
+    hub.join("f", "owner:4", None, "owner:4:1", queued=True)
+    assert hub.reserve_successor("f") is None
+    entry = hub.enter("e", "owner:5", None, queued=False, anonymous=False)
+    assert entry is not None
+    made = hub.reserve_successor("e")
+    assert made is not None and made.reserved and made.turn
+    assert hub.materialize("e", entry) is made
+    hub.join("z", "owner:6", None)
+    hub.close()
+    assert hub.reserve_successor("z") is None
+
+
+async def test_a_hand_over_is_delivered_only_to_a_waiter_still_there() -> None:
+    """deliver: the waiter gets the hold and is woken to take it; one that left (or any,
+    once the hub closed) never sees it: the releaser passes it on."""
+    hub = _hub()
+    head = hub.join("c", "owner:1", None)
+    assert hub.reserve_successor("c") is head
+    head.unreserve()
+    hold = _hold()
+    assert hub.deliver(head, hold)
+    assert head.handed is hold and head.pending and not head.reserved
+    assert head.take_handed() is hold and head.handed is None
+    gone = hub.join("d", "owner:2", None)
+    hub.leave(gone, acquired=False)
+    assert not hub.deliver(gone, _hold()) and gone.handed is None
+    late = hub.join("e", "owner:3", None)
+    hub.close()
+    assert not hub.deliver(late, _hold()) and late.handed is None
+
+
+async def test_a_lock_that_may_be_free_wakes_its_head_only() -> None:
+    """wake (a local loss, a release the hub does not hear): the head tries, not the rest;
+    a fast attempt in flight keeps the wake for its wait (its waiter is made)."""
+    hub = _hub()
+    head, second = hub.join("c", "owner:1", None), hub.join("c", "owner:2", None)
+    hub.wake("c")
+    assert _woken(head, second) == [True, False]
+    entry = hub.enter("e", "owner:3", None, queued=False, anonymous=False)
+    assert entry is not None
+    hub.wake("e")
+    assert hub.materialize("e", entry).pending
+
+
+async def test_a_head_that_leaves_without_the_lock_wakes_the_next() -> None:
+    """leave: a head (or a woken waiter) that gives up wakes the next; one that got the
+    lock does not (its release will), nor one reserved (its releaser passes it on)."""
+    hub = _hub()
+    a, b, c = (hub.join("c", f"owner:{i}", None) for i in range(3))
+    hub.leave(a, acquired=True)
+    assert _woken(b, c) == [False, False]
+    assert hub.reserve_successor("c") is b
+    hub.leave(b, acquired=False)
+    assert _woken(c) == [False]
+    d = hub.join("c", "owner:3", None)
+    hub.leave(c, acquired=False)
+    assert _woken(d) == [True]
+    assert d.left is False and c.left is True
 
 
 class _HeldAttempts:
@@ -59,7 +236,7 @@ async def _held_by_another(
     await locks.open()
     engine = locks._engine
     assert engine is not None
-    monkeypatch.setattr(engine.hub, "WAKES", TURNS, raising=False)
+    monkeypatch.setattr(engine.hub.admission, "WAKES", TURNS)
     held = [holder.lock(f"{stem}{i}") for i in range(N)]
     for lock in held:
         await lock.acquire()
@@ -129,7 +306,7 @@ async def test_a_release_of_many_locks_wakes_their_waiters_a_few_at_a_time(
         assert peak <= TURNS, peak
         assert got == N
         hub = locks._engine.hub  # type: ignore[union-attr]
-        assert hub._turns == 0
+        assert hub.admission.taken == 0
     finally:
         await locks.aclose()
         await locks.redis.aclose()
@@ -145,7 +322,7 @@ async def test_a_waiter_cancelled_while_its_wake_waits_for_a_turn_loses_no_other
         assert peak <= TURNS, peak
         assert got == N - 1
         hub = locks._engine.hub  # type: ignore[union-attr]
-        assert hub._turns == 0
+        assert hub.admission.taken == 0
     finally:
         await locks.aclose()
         await locks.redis.aclose()
@@ -198,7 +375,7 @@ async def test_heads_whose_timers_run_out_together_probe_a_few_at_a_time(
             await lock.release()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
         assert all(result is None for result in results), results
-        await eventually(lambda: hub._turns == 0, what="every turn ended")
+        await eventually(lambda: hub.admission.taken == 0, what="every turn ended")
     finally:
         for task in tasks:
             task.cancel()
@@ -220,7 +397,7 @@ async def test_a_burst_of_new_acquisitions_attempts_a_few_at_a_time(
     engine = locks._engine
     assert engine is not None
     hub = engine.hub
-    monkeypatch.setattr(hub, "WAKES", TURNS, raising=False)
+    monkeypatch.setattr(hub.admission, "WAKES", TURNS)
     attempts = _HeldAttempts(locks, monkeypatch)
     got = 0
 
@@ -246,7 +423,7 @@ async def test_a_burst_of_new_acquisitions_attempts_a_few_at_a_time(
         assert all(result is None for result in results), results
         assert attempts.peak <= TURNS, attempts.peak
         assert got == N
-        assert hub._turns == 0
+        assert hub.admission.taken == 0
         assert engine.fast_acquired == N  # the fast path, in turns
     finally:
         for task in tasks:
