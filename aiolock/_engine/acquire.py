@@ -1,11 +1,18 @@
-"""Acquiring: the local queue, attempts, waits for a release, and undoing attempts.
+"""The acquire path: the local queue, attempts, waits for a release, and undoing attempts.
 
-Every acquiring task joins its lock's local queue (:mod:`aiolock._engine.hub`); the head
-tries, the others wait for their turn; a waiter of a kind with claims registers in
-Redis under one field for its whole wait (kept alive by :mod:`aiolock._engine.claims`).
-One attempt (:meth:`Acquiring._attempt`) runs the kind's script, under ``WAIT`` when
-replicas must acknowledge it, and is undone if it fails or is cancelled in flight. The
-overview of the whole protocol is in :mod:`aiolock._engine.engine`.
+:class:`AcquirePath` owns the acquisitions of one open manager. Every acquiring task
+joins its lock's local queue (:mod:`aiolock._engine.hub`); the head tries, the others
+wait for their turn; a waiter of a kind with claims registers in Redis under one field
+for its whole wait (kept alive by :mod:`aiolock._engine.claims`). An acquisition whose
+lock is idle takes the fast path's step (:class:`~aiolock._engine.fast.FastAcquire`,
+made by this path); one that waits runs a :class:`~aiolock._engine.wait.Wait`, which
+calls back into this path for its attempts, probes, turns and undos. One attempt
+(:meth:`AcquirePath.attempt`) runs the kind's script, under ``WAIT`` when replicas must
+acknowledge it, and is undone if it fails or is cancelled in flight. The path is made
+from the engine's shared parts (:class:`~aiolock._engine.state.EngineState`) and the
+release path (:class:`~aiolock._engine.release.ReleasePath`), which gives back what an
+acquisition may not keep and releases the holds of tasks that ended. The overview of
+the whole protocol is in :mod:`aiolock._engine.engine`.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.fast import FastAcquire
 from aiolock._engine.kind import Attempt, Busy, Granted, Hold, LockKind
-from aiolock._engine.release import Releasing
-from aiolock._engine.state import ORPHAN
+from aiolock._engine.release import ReleasePath
+from aiolock._engine.state import ORPHAN, EngineState
 from aiolock._engine.turns import still_starving
 from aiolock._engine.wait import Wait
 from aiolock._engine.waiter import Waiter
@@ -33,13 +41,43 @@ from aiolock._keys import LockKeys, ms
 from aiolock._observe import failure_reason
 from aiolock._redis.replicas import ReplicaPolicy, acknowledged, effective_policy
 
-__all__ = ["Acquiring"]
+__all__ = ["AcquirePath"]
 
 logger = logging.getLogger("aiolock")
 
 
-class Acquiring(Releasing):
-    """Acquisitions: the fast path, re-entry, waiting, attempts and their undo."""
+class AcquirePath:
+    """Acquisitions: re-entry, the fast path's step, waiting, attempts and their undo.
+
+    Made from the engine's shared parts and its release path; it keeps of them what it
+    uses, and owns its fast step and the count of connection errors its waits rode out.
+    """
+
+    def __init__(self, state: EngineState, releases: ReleasePath) -> None:
+        self.rt = state.rt
+        self.hub = state.hub
+        self.registry = state.registry
+        self.observers = state.observers
+        self.contention = state.contention
+        self.heed = state.heed
+        self.reach = state.reach
+        self.cleanup = state.cleanup
+        self.claims = state.claims
+        self.listeners = state.listeners
+        self.starved = state.starved
+        self.acquired = state.acquired
+        self.timed_out = state.timed_out
+        self.manager_closed = state.manager_closed
+        #: round trips that failed on a connection error and were ridden out or retried
+        self.connection_errors = 0
+        self.release_quietly = releases.release_quietly
+        self.release_lost = releases.release_lost
+        self._lost_at_birth = releases.lost_at_birth
+        self._watched = releases.watched
+        self._watch = releases.watch
+        #: the fast path's step: an acquisition whose lock is idle
+        self.fast = FastAcquire(self)
+        self._acquire_fast = self.fast.acquire  # (bound: no lookup through self.fast)
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -54,16 +92,49 @@ class Acquiring(Releasing):
     ) -> Coroutine[Any, Any, Hold]:
         """A new hold of *kind* on *keys* for *owner* (or its hold, re-entered): awaitable.
 
-        This and :meth:`_acquire_new` only choose the coroutine that does the work and hand
-        it back, so an acquisition awaits through no coroutine layer of theirs (each costs
-        about a microsecond, and the hot path is mostly such layers).
+        Chooses the coroutine that does the work and hands it back (no layer of its own):
+        the fast path's step (:class:`~aiolock._engine.fast.FastAcquire`) when the lock
+        is idle and nothing asks for more, else this path's general way.
         """
+        hub = self.hub
+        channel = keys.channel
+        if (
+            kind.claims
+            or channel in self.starved  # its first attempt asks for a turn
+            or hub.closed
+            or self.observers.active
+            or self.rt.replicas is not None
+            or not hub.idle(channel)
+            or (
+                kind.reentrant
+                and self.registry.get(
+                    keys.lock if kind.resource_is_key else kind.resource(keys), owner
+                )
+                is not None
+            )
+        ):
+            return self._acquire(kind, keys, owner, timeout, lease, permits)
+        return self._acquire_fast(kind, keys, owner, timeout, lease, permits, channel)
+
+    def _acquire(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+        permits: int,
+    ) -> Coroutine[Any, Any, Hold]:
+        """The general way (a re-entry, observers, or the local queue's wait): this and
+        :meth:`acquire_new` only choose the coroutine that does the work and hand it
+        back, so an acquisition awaits through no coroutine layer of theirs (each costs
+        about a microsecond, and the hot path is mostly such layers)."""
         if kind.reentrant:
             held = self.registry.get(kind.resource(keys), owner)
             if held is not None:
                 return self._reenter(held, lease)
         if not self.observers.active:
-            return self._acquire_new(kind, keys, owner, timeout, lease, permits)
+            return self.acquire_new(kind, keys, owner, timeout, lease, permits)
         return self._acquire_observed(kind, keys, owner, timeout, lease, permits)
 
     async def _acquire_observed(
@@ -79,7 +150,7 @@ class Acquiring(Releasing):
         started = time.monotonic()
         observers.acquire_started(kind.name, keys.name)
         try:
-            hold = await self._acquire_new(kind, keys, owner, timeout, lease, permits)
+            hold = await self.acquire_new(kind, keys, owner, timeout, lease, permits)
         except BaseException as exc:
             waited = time.monotonic() - started
             observers.acquire_failed(kind.name, keys.name, waited, failure_reason(exc))
@@ -88,7 +159,7 @@ class Acquiring(Releasing):
         observers.acquired(kind.name, keys.name, now - started, hold.token)
         return hold
 
-    def _acquire_new(
+    def acquire_new(
         self,
         kind: LockKind,
         keys: LockKeys,
@@ -102,7 +173,7 @@ class Acquiring(Releasing):
         if timeout == 0:  # one attempt, queue or no queue, and no claim to withdraw
             return self._attempt_once(kind, keys, owner, lease, timeout, permits)
         deadline = None if timeout is None else time.monotonic() + timeout
-        return self._wait(kind, keys, owner, lease, deadline, timeout, permits)
+        return self.wait(kind, keys, owner, lease, deadline, timeout, permits)
 
     async def _refuse(self) -> Hold:
         raise self.manager_closed()
@@ -116,7 +187,7 @@ class Acquiring(Releasing):
         timeout: float,
         permits: int,
     ) -> Hold:
-        outcome = await self._attempt(kind, keys, owner, lease, permits=permits, claim=False)
+        outcome = await self.attempt(kind, keys, owner, lease, permits=permits, claim=False)
         if isinstance(outcome, Hold):
             return outcome
         self.timed_out(kind, keys)
@@ -127,7 +198,7 @@ class Acquiring(Releasing):
             lease = None  # the outer hold decides: it stays auto-renewed
         elif lease is None:
             lease = hold.lease
-        outcome = await self._attempt(hold.kind, hold.keys, hold.owner, lease, hold)
+        outcome = await self.attempt(hold.kind, hold.keys, hold.owner, lease, hold)
         if isinstance(outcome, Hold):
             if not self.registry.alive(outcome):
                 # Lost while the re-entry was in flight (its lease ended, or the watchdog
@@ -151,7 +222,7 @@ class Acquiring(Releasing):
             "another owner may have entered the critical section meanwhile"
         )
 
-    async def _wait(
+    async def wait(
         self,
         kind: LockKind,
         keys: LockKeys,
@@ -167,11 +238,11 @@ class Acquiring(Releasing):
         """Wait for *keys* in the local queue, attempting whenever it is this task's turn
         (:class:`~aiolock._engine.wait.Wait`).
 
-        The fast path (:mod:`aiolock._engine.fast`) continues here when its one attempt
-        did not grant the lock: its *waiter* (already the head of its queue), the
-        *first* outcome (Busy, or the exception the attempt raised) in place of the
-        first attempt, and the *undo* of that attempt if it failed in flight, which is
-        sent first, exactly as :meth:`_attempt` sends it, before the failure is handled.
+        The fast path's step (:class:`~aiolock._engine.fast.FastAcquire`) continues here
+        when its one attempt did not grant the lock: its *waiter* (already the head of its
+        queue), the *first* outcome (Busy, or the exception the attempt raised) in place
+        of the first attempt, and the *undo* of that attempt if it failed in flight, which
+        is sent first, exactly as :meth:`attempt` sends it, before the failure is handled.
         """
         hub = self.hub
         # A waiter that registers in Redis keeps one field for its whole wait: it names
@@ -191,7 +262,7 @@ class Acquiring(Releasing):
         )
         return await wait.run(undo)
 
-    async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]:
+    async def in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]:
         """A head whose timer ran out waits for a turn (``hub.admission.take``, see there):
         whether it tries now, and whether as woken (its wake waited in line: an attempt)
         or as a timer that ran out (a quiet wait's probe, when the wait is quiet).
@@ -214,7 +285,7 @@ class Acquiring(Releasing):
                 # Admission.wake): the probe that follows sees what it announced.
                 return True, woken
 
-    async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
+    async def still_held(self, kind: LockKind, keys: LockKeys) -> float | None:
         """Seconds the lock has left if it is still held, probed without an attempt.
 
         The safety net of a quiet wait. A head whose attempt found the lock busy
@@ -235,7 +306,7 @@ class Acquiring(Releasing):
         except LockError:
             return None  # the attempt that follows reports it, or rides it out
 
-    async def _attempt(
+    async def attempt(
         self,
         kind: LockKind,
         keys: LockKeys,
@@ -258,7 +329,7 @@ class Acquiring(Releasing):
         lease_s = self.rt.lease if lease is None else lease
         if hold is not None:
             field, permits = hold.field, hold.permits
-        attempt = self._new_attempt(keys, owner, field, lease_s, permits, hold, kind=kind)
+        attempt = self.new_attempt(keys, owner, field, lease_s, permits, hold, kind=kind)
         if not claim:
             attempt = attempt._replace(claim=False)
         elif turn:
@@ -275,7 +346,7 @@ class Acquiring(Releasing):
                 self.reach.failed(exc)  # every waiter of the manager may report it
             # It may have run (or too few replicas have it). Sent by the waiter's deadline
             # (*until*), else in the background.
-            await self._undo(kind, attempt, until)
+            await self.undo(kind, attempt, until)
             raise
         if self.reach.failure is not None:
             self.reach.reached()
@@ -290,7 +361,7 @@ class Acquiring(Releasing):
         if self.hub.closed:  # the manager closed while the attempt was in flight
             await self.release_quietly(new)
             raise self.manager_closed()
-        return self._adopt(new, granted=True)
+        return self.adopt(new, granted=True)
 
     async def _reentered(
         self, hold: Hold, attempt: Attempt, outcome: Granted, lease_s: float, sent_at: float
@@ -310,7 +381,7 @@ class Acquiring(Releasing):
             self.registry.reset_lease(hold, lease_s, sent_at)
         return hold
 
-    def _new_attempt(
+    def new_attempt(
         self,
         keys: LockKeys,
         owner: str,
@@ -337,7 +408,7 @@ class Acquiring(Releasing):
             permits=permits,
         )
 
-    def _adopt(self, hold: Hold, granted: bool = False) -> Hold:
+    def adopt(self, hold: Hold, granted: bool = False) -> Hold:
         """Register *hold* for the current task, which has just acquired it (*granted*:
         from Redis, not handed over by a local release)."""
         if time.monotonic() >= hold.valid_until:
@@ -362,15 +433,13 @@ class Acquiring(Releasing):
             heed.due.append((hold.valid_until - hold.lease + heed.after, hold))
             if heed.timer is None:
                 heed.arm()
-        if hold.owner not in self._watched:
+        if hold.owner not in self._watched:  # its task's end releases what it still holds
             task = asyncio.current_task()
             if task is not None:
-                self._watched.add(hold.owner)
-                owner = hold.owner
-                task.add_done_callback(lambda t: self._task_done(t, owner))
+                self._watch(task, hold.owner)
         return hold
 
-    async def _undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None:
+    async def undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None:
         """Revert an attempt whose outcome is unknown, or void it before it runs.
 
         While Redis cannot be reached, the caller waits for it until *until* (its wait's
@@ -394,7 +463,7 @@ class Acquiring(Releasing):
         def retry_later() -> None:
             self.cleanup.add(f"undo of an acquire of {attempt.keys.name!r}", send, give_up_at)
 
-        self.cleanup.begin()  # closing waits for it (see release())
+        self.cleanup.begin()  # closing waits for it (see ReleasePath._release)
         try:
             await finish_despite_cancel(lambda: send_or(send, retry_later, until))
         finally:
@@ -406,7 +475,7 @@ def _acknowledged_attempt(
 ) -> Coroutine[Any, Any, Granted | Busy]:
     """*attempt* with WAIT after its script (``replicas=``).
 
-    Apart from :meth:`Acquiring._attempt` so that its closure does not give every
+    Apart from :meth:`AcquirePath.attempt` so that its closure does not give every
     attempt's frame cells for *kind* and *attempt*: two more objects for the cyclic GC
     per attempt in flight, which a release of N locks puts N of in flight at once.
     """

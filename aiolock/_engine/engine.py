@@ -37,12 +37,26 @@ Owner tasks. A task that ends while holding locks has its holds released in the
 background, with a warning: the hold would otherwise be renewed for as long as the
 manager is open.
 
-Where each part lives: :mod:`aiolock._engine.state` (the parts of an open manager and
-its counters), :mod:`aiolock._engine.acquire` (acquire, wait, attempt, undo),
-:mod:`aiolock._engine.release` (release, hand-over, holds of tasks that ended),
-:mod:`aiolock._engine.claims` (waiters' registrations and their refresh),
-:mod:`aiolock._engine.fast` (the fast path of an uncontended acquire and release); this module
-combines them into :class:`Engine` and adds lease changes, forced releases and the
+How it is built: :class:`Engine` composes objects that each own their state and are
+given what they use when they are made, not the whole engine:
+
+* :class:`~aiolock._engine.state.EngineState` (:mod:`aiolock._engine.state`): the parts of
+  an open manager that the others share (hub, hold registry, watchdog, cleanup,
+  observers, waiters' registrations) and the per-kind counters;
+* :class:`~aiolock._engine.release.ReleasePath` (:mod:`aiolock._engine.release`): release,
+  hand-over, holds of tasks that ended; made from the parts;
+* :class:`~aiolock._engine.acquire.AcquirePath` (:mod:`aiolock._engine.acquire`): acquire,
+  re-entry, attempt, undo, and the wait (:class:`~aiolock._engine.wait.Wait`, which calls
+  back into it through :class:`~aiolock._engine.wait.WaitEngine`); made from the parts
+  and the release path;
+* the fast path (:mod:`aiolock._engine.fast`): a step of each path, made by it and taken
+  when the lock is idle: :class:`~aiolock._engine.fast.FastAcquire` and
+  :class:`~aiolock._engine.fast.FastRelease`;
+* :mod:`aiolock._engine.claims` (waiters' registrations and their refresh).
+
+The engine binds the paths' entry points (``acquire``, ``release``, ...) to itself as
+attributes, so a handle's call goes straight to the method that does the work (the hot
+path counts every function it enters), and adds lease changes, forced releases and the
 shutdown.
 """
 
@@ -53,44 +67,100 @@ import time
 
 import anyio
 
-from aiolock._engine.fast import FastPath
+from aiolock._engine.acquire import AcquirePath
+from aiolock._engine.hub import WaiterHub
 from aiolock._engine.kind import Hold, LockKind
-from aiolock._engine.release import MAX_LOCAL_STREAK, YIELD_WINDOW
-from aiolock._engine.state import ORPHAN
+from aiolock._engine.release import MAX_LOCAL_STREAK, YIELD_WINDOW, ReleasePath
+from aiolock._engine.runtime import Runtime
+from aiolock._engine.state import ORPHAN, EngineState
 from aiolock._errors import LockLostError
 from aiolock._keys import LockKeys
+from aiolock._observe import ObserverSet
 
 __all__ = ["MAX_LOCAL_STREAK", "ORPHAN", "YIELD_WINDOW", "Engine"]
 
 
-class Engine(FastPath):
+class Engine:
     """The generic protocol of one open manager: its hub, registry, watchdog and cleanup.
 
-    Built in layers: :class:`~aiolock._engine.state.EngineState` (the parts and the
-    counters), :class:`~aiolock._engine.release.Releasing`,
-    :class:`~aiolock._engine.acquire.Acquiring`, :class:`~aiolock._engine.fast.FastPath`
-    (the uncontended acquire and release); this class adds lease changes, forced
-    releases, the shutdown and the waiters' registrations.
+    Composed of :class:`~aiolock._engine.state.EngineState` (the shared parts and the
+    counters), :class:`~aiolock._engine.release.ReleasePath` and
+    :class:`~aiolock._engine.acquire.AcquirePath` (each with its fast path's step); this
+    class hands their entry points and parts to the rest of the package, and adds lease
+    changes, forced releases, the shutdown and the waiters' registrations.
     """
+
+    def __init__(
+        self, runtime: Runtime, hub: WaiterHub, observers: ObserverSet | None = None
+    ) -> None:
+        state = self.state = EngineState(runtime, hub, observers)
+        releases = self.releases = ReleasePath(state)
+        acquiring = self.acquiring = AcquirePath(state, releases)
+        # The parts the package uses.
+        self.rt = runtime
+        self.client = state.client
+        self.hub = hub
+        self.registry = state.registry
+        self.watchdog = state.watchdog
+        self.cleanup = state.cleanup
+        self.heed = state.heed
+        self.observers = state.observers
+        self.contention = state.contention
+        self.reach = state.reach
+        self.starved = state.starved
+        self.acquired = state.acquired
+        self.timeouts = state.timeouts
+        self.lost = state.lost
+        # Entry points, bound: a call goes straight to the method that does the work,
+        # through no layer of the engine's (the hot path counts the functions it enters).
+        self.acquire = acquiring.acquire
+        self.release = releases.release
+        self.release_lost = releases.release_lost
+        self.release_quietly = releases.release_quietly
+        self.adopt = acquiring.adopt
+        self.ended = state.ended
+        self.manager_closed = state.manager_closed
+
+    # -- counters read by the statistics (and the tests) ---------------------------------
+
+    @property
+    def connection_errors(self) -> int:
+        """Round trips that failed on a connection error and were ridden out or retried."""
+        return self.acquiring.connection_errors
+
+    @property
+    def released_on_task_exit(self) -> int:
+        """Holds released because the task that held them ended."""
+        return self.releases.released_on_task_exit
+
+    @property
+    def fast_acquired(self) -> int:
+        """Acquisitions granted by the fast path's step (:mod:`aiolock._engine.fast`)."""
+        return self.acquiring.fast.count
+
+    @property
+    def fast_released(self) -> int:
+        """Final releases sent by the fast path's step."""
+        return self.releases.fast.count
 
     # -- kinds with claims: registrations of waiting tasks -----------------------------
 
     @property
     def claims(self) -> int:
         """Registrations of this manager's waiting tasks kept alive in Redis."""
-        return self._claims.count
+        return self.state.claims.count
 
     async def keep_claims(self) -> None:
         """Refresh the registrations of waiting tasks (kinds with claims), in batches.
 
         A background task of the manager (see :mod:`aiolock._engine.claims`).
         """
-        await self._claims.keep()
+        await self.state.claims.keep()
 
     async def keep_listeners(self) -> None:
         """Keep this manager's registrations as a listener of plain locks (a background
         task; see :mod:`aiolock._engine.listeners`)."""
-        await self._listeners.keep()
+        await self.state.listeners.keep()
 
     # -- max_hold ------------------------------------------------------------------------
 

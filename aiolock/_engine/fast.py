@@ -5,66 +5,128 @@ most releases have nobody to hand the lock to. For those, the engine's general
 machinery (the local queue's loop, the attempt and its bookkeeping, the release's
 hand-over reservation and its closures) costs more Python than the work itself: about
 a dozen coroutine layers and 130 calls per cycle. The fast path does the
-same work, with the same kind calls through the seam, in one layer of its own:
+same work, with the same kind calls through the seam, in one layer of its own. It is
+two steps, each an object that the path it belongs to makes and takes when it may:
 
-* **Acquire**: the task joins its lock's local queue as the engine's waiters do (so the
-  order of calls is kept: a task that asks meanwhile queues behind it), makes one
-  attempt with the kind's :meth:`~aiolock._engine.kind.LockKind.attempt`, and if it is
-  granted registers the hold and leaves the queue. Any other outcome continues in the
-  engine's wait (:meth:`~aiolock._engine.acquire.Acquiring._wait`) with the same waiter
-  and that outcome in place of its first attempt: a busy lock waits there, and an
-  attempt cancelled or cut off in flight is undone there by the kind's undo, exactly as
-  the engine's own attempt is (the void marker rule: a late script must never grant a
-  hold nobody knows of). The task joins *lazily*
+* :class:`FastAcquire`, the acquire path's step
+  (:meth:`~aiolock._engine.acquire.AcquirePath.acquire` decides): the task joins its
+  lock's local queue as the engine's waiters do (so the order of calls is kept: a task
+  that asks meanwhile queues behind it), makes one attempt with the kind's
+  :meth:`~aiolock._engine.kind.LockKind.attempt`, and if it is granted registers the hold
+  and leaves the queue. Any other outcome continues in the acquire path's wait
+  (:meth:`~aiolock._engine.acquire.AcquirePath.wait`) with the same waiter and that
+  outcome in place of its first attempt: a busy lock waits there, and an attempt
+  cancelled or cut off in flight is undone there by the kind's undo, exactly as the
+  path's own attempt is (the void marker rule: a late script must never grant a hold
+  nobody knows of). The task joins *lazily*
   (:meth:`~aiolock._engine.hub.WaiterHub.enter`): its queue and waiter are made only
   when somebody needs them while the attempt is in flight, or when the wait goes on;
   an attempt that nobody needed to see only drops its entry. Making and dropping them
   unseen was most of what the LockManager spent per cycle beyond twice the minimal
   client's.
-* **Release**: a final release (count 1) with nobody of this manager waiting for the
-  lock (so nothing to hand over) sends the kind's release and applies its outcome; a
-  release cancelled or cut off in flight is settled by the engine's own handling
-  (:meth:`~aiolock._engine.release.Releasing._unconfirmed`: resent shielded, or parked
+* :class:`FastRelease`, the release path's step
+  (:meth:`~aiolock._engine.release.ReleasePath.release` decides): a final release
+  (count 1) with nobody of this manager waiting for the lock (so nothing to hand over)
+  sends the kind's release and applies its outcome; a release cancelled or cut off in
+  flight is settled by the release path's own handling
+  (:meth:`~aiolock._engine.release.ReleasePath.unconfirmed`: resent shielded, or parked
   and retried in the background).
 
-Everything else takes the engine's path, decided before any I/O: a re-entry, observers
-attached, replica acknowledgement (the manager's or the handle's ``replicas=``), kinds
-with claims or a queue in Redis (fair locks, writers of read-write locks), a lock with
-local waiters or one this manager yields to other clients, a manager that is closing or
-stopped acquiring, a nested release. The counters :attr:`FastPath.fast_acquired` and
-:attr:`FastPath.fast_released` say how often it ran (the tests check which path each
-case took).
+Each step reaches its path through a small protocol (:class:`AcquireSteps`,
+:class:`ReleaseSteps`) and binds what it calls when it is made, so a call on the hot path
+goes straight to the method that does the work.
+
+Everything else takes the paths' general way, decided before any I/O: a re-entry,
+observers attached, replica acknowledgement (the manager's or the handle's ``replicas=``),
+kinds with claims or a queue in Redis (fair locks, writers of read-write locks), a lock
+with local waiters or one this manager yields to other clients, a manager that is
+closing or stopped acquiring, a nested release. The counters :attr:`FastAcquire.count`
+and :attr:`FastRelease.count` (the engine's ``fast_acquired`` and ``fast_released``) say
+how often each step ran (the tests check which path each case took).
 
 A Redis Cluster takes the fast path too: nothing of the engine's path differs
 there. Its client (:mod:`aiolock._redis.cluster`) follows MOVED and ASK and retries
 TRYAGAIN inside the kind's call, so a redirected attempt or release is the same call
 with the same outcome; one whose redirects surface as an error (past their bound, or a
 slot mid-migration past its retry window) is a :class:`LockConnectionError` like any
-other, which the engine's wait undoes and rides out, or the release's handling settles,
-as above. The hub's sharded subscriptions (per node, moved with their slot) belong to
-queues with waiters, which already send their lock to the engine's path.
+other, which the acquire path's wait undoes and rides out, or the release's handling
+settles, as above. The hub's sharded subscriptions (per node, moved with their slot)
+belong to queues with waiters, which already send their lock to the general path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from aiolock._engine.acquire import Acquiring
 from aiolock._engine.hub import WaiterHub
-from aiolock._engine.kind import Attempt, Busy, Hold, LockKind, new_tuple
+from aiolock._engine.kind import Attempt, Busy, Hold, LockKind, Released, new_tuple
 from aiolock._engine.waiter import FastEntry, Waiter
 from aiolock._errors import LockConnectionError, ReplicaAckError
 from aiolock._keys import LockKeys
 from aiolock._redis.replicas import INHERIT, handle_policy
 
-__all__ = ["FastPath"]
+if TYPE_CHECKING:
+    from aiolock._engine.cleanup import Cleanup
+    from aiolock._engine.registry import HoldRegistry
+    from aiolock._engine.runtime import Runtime
+    from aiolock._errors import LockError, ManagerNotOpenError
+    from aiolock._redis.reach import Reachability
+
+__all__ = ["AcquireSteps", "FastAcquire", "FastRelease", "ReleaseSteps"]
 
 
-class FastPath(Acquiring):
-    """The engine's acquire and release, with the fast path in front of them.
+class AcquireSteps(Protocol):
+    """What the fast acquire uses of its acquire path
+    (:class:`~aiolock._engine.acquire.AcquirePath`): its parts, and the steps an
+    acquisition that is not granted at once goes on with."""
+
+    hub: WaiterHub
+    rt: Runtime
+    reach: Reachability
+
+    def manager_closed(self) -> ManagerNotOpenError: ...
+
+    def timed_out(self, kind: LockKind, keys: LockKeys) -> None: ...
+
+    def adopt(self, hold: Hold, granted: bool = False) -> Hold: ...
+
+    def acquire_new(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        timeout: float | None,
+        lease: float | None,
+        permits: int,
+    ) -> Coroutine[Any, Any, Hold]: ...
+
+    async def wait(
+        self,
+        kind: LockKind,
+        keys: LockKeys,
+        owner: str,
+        lease: float | None,
+        deadline: float | None,
+        timeout: float | None,
+        permits: int,
+        waiter: Waiter | None = None,
+        first: Busy | BaseException | None = None,
+        undo: Attempt | None = None,
+    ) -> Hold: ...
+
+    async def in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]: ...
+
+    async def undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None: ...
+
+    async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None: ...
+
+
+class FastAcquire:
+    """The uncontended acquire: the acquire path's step when the lock (its *channel*) is
+    idle; :meth:`acquire` is the one coroutine layer of a granted acquisition.
 
     A fast acquisition with a timeout joins its lock's queue: lazily if the lock has no
     queue and a turn is free (an *entry*, see WaiterHub.enter), else as the engine's
@@ -72,48 +134,26 @@ class FastPath(Acquiring):
     whoever does makes it, the one it would have had from the start, so the engine's
     rules apply to it unchanged: a task asking meanwhile queues behind it, a local
     release may hand it the lock, a wake meanwhile is kept for its wait. One attempt
-    (``timeout=0``) joins no queue, as the engine's single attempt does.
+    (``timeout=0``) joins no queue, as the acquire path's single attempt does.
     """
 
-    #: acquisitions and releases that took the fast path (tests and statistics)
-    fast_acquired = 0
-    fast_released = 0
+    def __init__(self, steps: AcquireSteps) -> None:
+        self.hub = steps.hub
+        self.rt = steps.rt
+        self.reach = steps.reach
+        # Bound once: the hot path calls them without a lookup through *steps*.
+        self._adopt = steps.adopt
+        self._acquire_new = steps.acquire_new
+        self._wait = steps.wait
+        self._in_turn = steps.in_turn
+        self._undo = steps.undo
+        self._timed_out = steps.timed_out
+        self._manager_closed = steps.manager_closed
+        self._release_quietly = steps.release_quietly
+        #: acquisitions that took this step and were granted (tests and statistics)
+        self.count = 0
 
-    def acquire(
-        self,
-        kind: LockKind,
-        keys: LockKeys,
-        owner: str,
-        timeout: float | None,
-        lease: float | None,
-        permits: int = 1,
-    ) -> Coroutine[Any, Any, Hold]:
-        """A new hold of *kind* on *keys* for *owner* (or its hold, re-entered): awaitable.
-
-        Chooses the coroutine that does the work and hands it back (no layer of its own):
-        the fast path's, or the engine's (:meth:`Acquiring.acquire`).
-        """
-        hub = self.hub
-        channel = keys.channel
-        if (
-            kind.claims
-            or channel in self.starved  # its first attempt asks for a turn
-            or hub.closed
-            or self.observers.active
-            or self.rt.replicas is not None
-            or not hub.idle(channel)
-            or (
-                kind.reentrant
-                and self.registry.get(
-                    keys.lock if kind.resource_is_key else kind.resource(keys), owner
-                )
-                is not None
-            )
-        ):
-            return super().acquire(kind, keys, owner, timeout, lease, permits)
-        return self._acquire_fast(kind, keys, owner, timeout, lease, permits, channel)
-
-    async def _acquire_fast(
+    async def acquire(
         self,
         kind: LockKind,
         keys: LockKeys,
@@ -178,7 +218,7 @@ class FastPath(Acquiring):
         self, kind: LockKind, channel: str, owner: str, timeout: float | None, lease: float | None
     ) -> tuple[FastEntry | None, Waiter | None]:
         """Its place in its lock's queue: a lazy entry if it may have one, else a waiter;
-        neither for one attempt (``timeout=0``), as the engine's single attempt."""
+        neither for one attempt (``timeout=0``), as the acquire path's single attempt."""
         if timeout == 0:
             return None, None
         hub = self.hub
@@ -207,7 +247,7 @@ class FastPath(Acquiring):
             self.hub.drop(channel, entry, acquired=not hold.kind.shared)
         elif waiter is not None:
             self.hub.leave(waiter, acquired=not hold.kind.shared)
-        self.fast_acquired += 1
+        self.count += 1
         return hold
 
     async def _closed_meanwhile(
@@ -215,8 +255,8 @@ class FastPath(Acquiring):
     ) -> NoReturn:
         """The manager closed while the granting attempt was in flight: give it back."""
         try:
-            await self.release_quietly(hold)
-            raise self.manager_closed()
+            await self._release_quietly(hold)
+            raise self._manager_closed()
         except BaseException:
             _out_of_line(self.hub, channel, entry, waiter)
             raise
@@ -247,7 +287,7 @@ class FastPath(Acquiring):
             if undo is not None:
                 await self._undo(kind, undo)  # it may have run
             if isinstance(first, Busy):
-                self.timed_out(kind, keys)
+                self._timed_out(kind, keys)
                 raise kind.timeout_error(keys, timeout, permits)
             raise first
         # The wait undoes the attempt first, then rides out a connection error until the
@@ -266,7 +306,7 @@ class FastPath(Acquiring):
         walk every waiter (50,000 queued at 50,000 new waiters). A lone
         acquisition never waits here: a turn is free while fewer than WAKES are taken.
         Without one (the hub closed, a hand-over came, or the deadline passed in line),
-        the engine's wait goes on with this waiter, its place in line included.
+        the acquire path's wait goes on with this waiter, its place in line included.
         """
         try:
             await self._in_turn(waiter, deadline)
@@ -275,30 +315,52 @@ class FastPath(Acquiring):
             raise
         return waiter.turn and not self.hub.closed and waiter.handed is None
 
-    def release(self, hold: Hold) -> Coroutine[Any, Any, None]:
-        """Release one hold; the last one frees the lock or hands it to the next local
-        waiter (awaitable; the fast path when there is nobody to hand it to)."""
-        hub = self.hub
-        if (
-            hold.count != 1
-            or hub.closed
-            or self.observers.active
-            or not hub.idle(hold.keys.channel)
-        ):
-            return super().release(hold)
-        return self._release_fast(hold)
 
-    async def _release_fast(self, hold: Hold) -> None:
-        # Closing waits for the releases in progress (see Releasing.release).
+class ReleaseSteps(Protocol):
+    """What the fast release uses of its release path
+    (:class:`~aiolock._engine.release.ReleasePath`): its parts, and the steps of a final
+    release it shares with that path."""
+
+    registry: HoldRegistry
+    cleanup: Cleanup
+
+    def release_id(self, hold: Hold) -> str: ...
+
+    def send_final(self, hold: Hold, release_id: str) -> Awaitable[Released]: ...
+
+    def apply_release(self, hold: Hold, outcome: Released) -> LockError | None: ...
+
+    async def unconfirmed(
+        self, hold: Hold, release_id: str, handoff: None, exc: BaseException
+    ) -> None: ...
+
+
+class FastRelease:
+    """The final release with nobody to hand the lock to: the release path's step."""
+
+    def __init__(self, steps: ReleaseSteps) -> None:
+        self.registry = steps.registry
+        self.cleanup = steps.cleanup
+        # Bound once: the hot path calls them without a lookup through *steps*.
+        self._release_id = steps.release_id
+        self._send_final = steps.send_final
+        self._apply_release = steps.apply_release
+        self._unconfirmed = steps.unconfirmed
+        #: final releases that took this step (tests and statistics)
+        self.count = 0
+
+    async def release(self, hold: Hold) -> None:
+        """Release *hold* (its count 1, and nobody of this manager waits for its lock)."""
+        # Closing waits for the releases in progress (see ReleasePath._release).
         self.cleanup.begin()
         try:
             release_id = self._release_id(hold)  # every resend, from any path, uses it
-            try:  # (Releasing._send with no hand-over, without a coroutine layer of its own)
+            try:  # (ReleasePath._send with no hand-over, without a coroutine layer of its own)
                 error = self._apply_release(hold, await self._send_final(hold, release_id))
             except BaseException as exc:
                 await self._unconfirmed(hold, release_id, None, exc)
                 raise
-            self.fast_released += 1
+            self.count += 1
             if error is not None:
                 self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
                 raise error

@@ -1,10 +1,15 @@
-"""Releasing holds: the final release and its hand-over, nested and background releases.
+"""The release path: the final release and its hand-over, nested and background releases.
 
-The last release of a hold frees the lock or, when a task of this manager waits for it,
-hands it straight over in the same script (:meth:`Releasing._reserve_successor`,
-:meth:`Releasing._deliver`). A release that cannot be confirmed is retried in the
-background while its hold is parked; a hold whose task ended is released there too. The
-overview of the whole protocol is in :mod:`aiolock._engine.engine`.
+:class:`ReleasePath` owns the releases of one open manager. The last release of a hold
+frees the lock or, when a task of this manager waits for it, hands it straight over in
+the same script (:meth:`ReleasePath._reserve_successor`, :meth:`ReleasePath._deliver`). A
+final release with nobody to hand the lock to takes the fast path's step
+(:class:`~aiolock._engine.fast.FastRelease`), which uses this path's parts. A release
+that cannot be confirmed is retried in the background while its hold is parked; a hold
+whose task ended is released there too (the path watches the owners of new holds:
+:meth:`ReleasePath.watch`). It is made from the engine's shared parts
+(:class:`~aiolock._engine.state.EngineState`) alone; the overview of the whole protocol
+is in :mod:`aiolock._engine.engine`.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.fast import FastRelease
 from aiolock._engine.hub import MAX_LOCAL_STREAK, YIELD_WINDOW
 from aiolock._engine.kind import Hold, Released, ReleaseStatus, Successor
 from aiolock._engine.runtime import TOMBSTONE_TTL
@@ -24,7 +30,7 @@ from aiolock._engine.state import ORPHAN, EngineState
 from aiolock._engine.waiter import Waiter
 from aiolock._errors import LockConnectionError, LockError, LockKeyTypeError, LockLostError
 
-__all__ = ["MAX_LOCAL_STREAK", "YIELD_WINDOW", "Releasing"]
+__all__ = ["MAX_LOCAL_STREAK", "UNNAMED_RELEASE", "YIELD_WINDOW", "ReleasePath"]
 
 logger = logging.getLogger("aiolock")
 
@@ -58,13 +64,38 @@ class _Handoff:
     sent_at: float
 
 
-class Releasing(EngineState):
-    """Releases of holds, hand-overs to local waiters, and holds whose task ended."""
+class ReleasePath:
+    """Releases of holds, hand-overs to local waiters, and holds whose task ended.
+
+    Made from the engine's shared parts; it keeps of them what it uses, and owns the
+    owners it watches and the count of holds released on their task's exit.
+    """
+
+    def __init__(self, state: EngineState) -> None:
+        self.rt = state.rt
+        self.hub = state.hub
+        self.registry = state.registry
+        self.cleanup = state.cleanup
+        self.observers = state.observers
+        self._ended = state.ended
+        self._lost = state.lost
+        #: owners whose task is watched: its end releases what it still holds
+        self.watched: set[str] = set()
+        #: holds released because the task that held them ended
+        self.released_on_task_exit = 0
+        #: the fast path's step: a final release with nobody to hand the lock to
+        self.fast = FastRelease(self)
+        self._release_fast = self.fast.release  # (bound: no lookup through self.fast)
 
     # -- owner tasks that end while holding --------------------------------------------
 
+    def watch(self, task: asyncio.Task[Any], owner: str) -> None:
+        """Release what *owner* still holds when *task* (its task) ends."""
+        self.watched.add(owner)
+        task.add_done_callback(lambda t: self._task_done(t, owner))
+
     def _task_done(self, task: asyncio.Task[object], owner: str) -> None:
-        self._watched.discard(owner)
+        self.watched.discard(owner)
         # No task can ask about its lost holds now; what it still holds is released here.
         for hold in self.registry.forget_owner(owner):
             self.released_on_task_exit += 1
@@ -84,27 +115,44 @@ class Releasing(EngineState):
 
     # -- release -----------------------------------------------------------------------
 
-    async def release(self, hold: Hold) -> None:
-        """Release one hold; the last one frees the lock or hands it to the next local waiter."""
+    def release(self, hold: Hold) -> Coroutine[Any, Any, None]:
+        """Release one hold; the last one frees the lock or hands it to the next local
+        waiter (awaitable: the coroutine that does the work, no layer of its own).
+
+        A final release with nobody of this manager waiting for the lock takes the fast
+        path's step (:class:`~aiolock._engine.fast.FastRelease`); the rest, this path's
+        own release (a nested one, a hand-over, observers, a closing manager).
+        """
+        hub = self.hub
+        if (
+            hold.count != 1
+            or hub.closed
+            or self.observers.active
+            or not hub.idle(hold.keys.channel)
+        ):
+            return self._release(hold)
+        return self._release_fast(hold)
+
+    async def _release(self, hold: Hold) -> None:
         # Closing waits for the releases in progress (Cleanup.drain): a holder cancelled
         # at a graceful shutdown may still be sending its release, or passing on a
         # hand-over to a waiter that gave up, when the manager closes.
         self.cleanup.begin()
         try:
-            await self._release(hold)
+            await self._release_one(hold)
         finally:
             self.cleanup.end()
 
-    async def _release(self, hold: Hold) -> None:
+    async def _release_one(self, hold: Hold) -> None:
         if hold.count > 1:
             await self._release_nested(hold)
             return
-        release_id = self._release_id(hold)  # every resend, from any path, uses it
+        release_id = self.release_id(hold)  # every resend, from any path, uses it
         handoff = self._reserve_successor(hold)
         try:
             error = await self._send(hold, release_id, handoff)
         except BaseException as exc:
-            await self._unconfirmed(hold, release_id, handoff, exc)
+            await self.unconfirmed(hold, release_id, handoff, exc)
             raise
         if error is not None:
             self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
@@ -114,20 +162,20 @@ class Releasing(EngineState):
         self, hold: Hold, release_id: str, handoff: _Handoff | None
     ) -> LockError | None:
         """Send *hold*'s final release and apply its outcome; the error to raise, if any."""
-        outcome = await self._send_final(hold, release_id, handoff)
+        outcome = await self.send_final(hold, release_id, handoff)
         if handoff is not None:
             handoff.waiter.unreserve()
-        error = self._apply_release(hold, outcome)
+        error = self.apply_release(hold, outcome)
         if handoff is not None and outcome.status is ReleaseStatus.HANDED_OVER:
             await self._deliver(hold, handoff, outcome.value)
         return error
 
-    async def _unconfirmed(
+    async def unconfirmed(
         self, hold: Hold, release_id: str, handoff: _Handoff | None, exc: BaseException
     ) -> None:
         """The final release of *hold* raised *exc* (the caller raises it again after this).
 
-        Shared by the engine's release and the fast path's (:mod:`aiolock._engine.fast`),
+        Shared by this path's release and the fast path's (:mod:`aiolock._engine.fast`),
         so that a release cancelled or cut off in flight is settled one way whichever
         path sent it.
         """
@@ -156,7 +204,7 @@ class Releasing(EngineState):
             self.registry.unpark(hold, settled=False)
             self.registry.lose_reported(hold, "its key was replaced by a value of another type")
 
-    def _release_id(self, hold: Hold) -> str:
+    def release_id(self, hold: Hold) -> str:
         """The id of *hold*'s final release, made when it is first sent (a placeholder
         for a kind whose release names no tombstone: see ``LockKind.release_tombstones``);
         while it is set, a final release of the hold is in flight or parked."""
@@ -169,7 +217,7 @@ class Releasing(EngineState):
             hold.release_sent_at = time.monotonic()
         return hold.release_id
 
-    def _send_final(
+    def send_final(
         self, hold: Hold, release_id: str, handoff: _Handoff | None = None
     ) -> Awaitable[Released]:
         """The kind's final release of *hold* (awaitable; no coroutine layer of its own)."""
@@ -226,12 +274,12 @@ class Releasing(EngineState):
                 exc,
             )
             return
-        error = self._apply_release(hold, outcome)
+        error = self.apply_release(hold, outcome)
         if error is not None:
             self.registry.pop_lost(hold.resource, hold.owner)  # reported right here
             raise error
 
-    def _apply_release(self, hold: Hold, outcome: Released) -> LockError | None:
+    def apply_release(self, hold: Hold, outcome: Released) -> LockError | None:
         """Update local state from a release's outcome; the error to raise, if any."""
         status = outcome.status
         if status is ReleaseStatus.STILL_HELD:
@@ -268,12 +316,12 @@ class Releasing(EngineState):
             )
         )
 
-    def _lost_at_birth(self, hold: Hold) -> NoReturn:
+    def lost_at_birth(self, hold: Hold) -> NoReturn:
         """*hold*'s lease ended (by this client's clock) before the reply that granted it
         arrived: Redis may have freed it already, so it is never handed to the caller."""
         hold.lost = True
         hold.lost_reason = "its lease had ended before the reply that granted it arrived"
-        self.lost[hold.kind.name] += 1
+        self._lost[hold.kind.name] += 1
         logger.warning("lock %r lost: %s", hold.keys.name, hold.lost_reason)
         self.release_lost(hold)  # in case Redis still has it
         raise LockLostError(
@@ -290,24 +338,24 @@ class Releasing(EngineState):
         self._release_in_background(hold, f"release of lost {hold.keys.name!r}")
 
     def _release_in_background(self, hold: Hold, what: str) -> None:
-        release_id = self._release_id(hold)
+        release_id = self.release_id(hold)
         self.cleanup.add(what, lambda: self._free(hold, release_id), time.monotonic() + hold.lease)
 
     async def _free(self, hold: Hold, release_id: str) -> None:
         """Send *hold*'s final release (no hand-over); wake the local head if it freed it."""
-        outcome = await self._send_final(hold, release_id)
+        outcome = await self.send_final(hold, release_id)
         if outcome.status is ReleaseStatus.RELEASED and not hold.kind.queued:
             self.hub.wake(hold.keys.channel)  # our own message is ignored by the hub
 
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None:
         """Release *hold* entirely, logging instead of raising; *pass_on* may hand it over."""
         hold.count = 1
-        self.cleanup.begin()  # closing waits for it (see release())
+        self.cleanup.begin()  # closing waits for it (see _release())
         try:
             if pass_on:
                 await self.release(hold)
             else:
-                await self._free(hold, self._release_id(hold))
+                await self._free(hold, self.release_id(hold))
                 self.registry.remove(hold)
         except LockError as exc:
             hold.lost_reason += f"; releasing it failed, it expires by its lease: {exc}"

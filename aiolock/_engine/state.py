@@ -1,11 +1,12 @@
-"""The state of one open manager's engine, and the few helpers every part of it uses.
+"""The parts of one open manager's engine, and the few helpers every part of it uses.
 
-:class:`EngineState` is the base of :class:`~aiolock._engine.engine.Engine`: it owns the hub,
-the hold registry, the watchdog, the background cleanup, the observers and the counters,
-and hears of the holds the registry finds lost. The protocol is in the parts built on
-it: :mod:`aiolock._engine.release` (releases and hand-overs) and
-:mod:`aiolock._engine.acquire` (attempts and waits); :mod:`aiolock._engine.engine` has the
-overview.
+:class:`EngineState` is what the engine's parts share: the hub, the hold registry, the
+watchdog, the background cleanup, the observers, the waiters' registrations and the
+per-kind counters; it hears of the holds the registry finds lost. It runs no protocol:
+the parts that do are given it when they are made, and take from it what they use:
+:class:`~aiolock._engine.release.ReleasePath` (releases and hand-overs),
+:class:`~aiolock._engine.acquire.AcquirePath` (attempts and waits, with the fast path's
+step); :class:`~aiolock._engine.engine.Engine` composes them and has the overview.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ ORPHAN = ""
 
 
 class EngineState:
-    """The parts of one open manager: its hub, registry, watchdog and cleanup."""
+    """The parts of one open manager that the engine's parts share: its hub, registry,
+    watchdog and cleanup, and the per-kind counters the statistics read."""
 
     def __init__(
         self, runtime: Runtime, hub: WaiterHub, observers: ObserverSet | None = None
@@ -66,22 +68,17 @@ class EngineState:
         #: themselves (all but a queue's head) report an outage from it, not contention
         redis = runtime.client.redis
         self.reach = Reachability(describe(redis), endpoint(redis), speaks_plain(redis))
-        #: round trips that failed on a connection error and were ridden out or retried
-        self.connection_errors = 0
-        #: holds released because the task that held them ended
-        self.released_on_task_exit = 0
         #: per kind name: acquisitions (new holds), timeouts, holds lost
         self.acquired: Counter[str] = Counter()
         self.timeouts: Counter[str] = Counter()
         self.lost: Counter[str] = Counter()
-        self._watched: set[str] = set()
         #: kinds with claims: the registrations of this manager's waiters in Redis
-        self._claims = WaiterClaims()
+        self.claims = WaiterClaims()
         #: channels whose last waiters starved, until when (monotonic): the next wait
         #: for them asks for a turn at once (aiolock._engine.turns)
         self.starved: dict[str, float] = {}
         #: kinds that register listeners: this manager's registrations (aiolock show)
-        self._listeners = ListenerRegistrations(hub, group_by_slot=runtime.client.cluster)
+        self.listeners = ListenerRegistrations(hub, group_by_slot=runtime.client.cluster)
 
     def timed_out(self, kind: LockKind, keys: LockKeys) -> None:
         """Count an acquire of *kind* on *keys* that ran out of time."""
@@ -92,14 +89,14 @@ class EngineState:
         self.lost[hold.kind.name] += 1
         self.contention.lost(hold.resource, hold.kind.name, hold.keys.name)
         if hold.observed_at is not None:
-            self._ended(hold, hold.lost_reason)
+            self.ended(hold, hold.lost_reason)
         # The lock may be free now (or soon): the local head should try for it.
         self.hub.wake(hold.keys.channel)
 
     def _on_fixed(self, hold: Hold) -> None:
         self.watchdog.reschedule(hold.next_check)
 
-    def _ended(self, hold: Hold, lost: str | None = None) -> None:
+    def ended(self, hold: Hold, lost: str | None = None) -> None:
         """Tell the observers that an observed hold ended (once: it is then unobserved)."""
         if hold.observed_at is None:
             return

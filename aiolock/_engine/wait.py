@@ -1,11 +1,12 @@
 """One task's wait for one lock: the wait machine every acquisition that waits goes through.
 
-A :class:`Wait` is made by :meth:`Acquiring._wait` for a task that did not get its lock at
-once, from the engine's path or the fast path's (which hands over its waiter and the
-outcome of its one attempt). It owns what the wait knows, in place of a long function's
-locals: whether it should try now, the lease left on the lock (``ttl``), the backoff of
-connection errors, whether the subscription was confirmed when the lock was last found
-busy (``quiet``), its registration in Redis (``field``, ``claimed``). Its steps:
+A :class:`Wait` is made by :meth:`~aiolock._engine.acquire.AcquirePath.wait` for a task
+that did not get its lock at once, from the acquire path's general way or the fast path's
+step (which hands over its waiter and the outcome of its one attempt). It owns what the
+wait knows, in place of a long function's locals: whether it should try now, the lease
+left on the lock (``ttl``), the backoff of connection errors, whether the subscription
+was confirmed when the lock was last found busy (``quiet``), its registration in Redis
+(``field``, ``claimed``). Its steps:
 
 * :meth:`run`: undo the fast path's attempt if it failed in flight, then loop: take a
   hand-over, :meth:`_try` when it is this task's turn, :meth:`_expired` past the
@@ -17,7 +18,8 @@ busy (``quiet``), its registration in Redis (``field``, ``claimed``). Its steps:
   hand-over that came too late.
 
 The rules of who tries when are the hub's (:mod:`aiolock._engine.hub`); the attempt and its
-undo are the engine's (:mod:`aiolock._engine.acquire`).
+undo are the acquire path's (:mod:`aiolock._engine.acquire`), which the wait reaches through
+:class:`WaitEngine`.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ MIN_BACKOFF, MAX_BACKOFF = 0.05, 2.0
 
 
 class WaitEngine(Protocol):
-    """What a wait uses of its engine (:class:`~aiolock._engine.acquire.Acquiring`): its
-    parts, and the attempt, probe, turn and undo steps it shares with the other paths."""
+    """What a wait uses of its acquire path (:class:`~aiolock._engine.acquire.AcquirePath`):
+    its parts, and the attempt, probe, turn and undo steps it shares with the other paths."""
 
     hub: WaiterHub
     rt: Runtime
@@ -63,16 +65,16 @@ class WaitEngine(Protocol):
     contention: Contention
     starved: dict[str, float]
     connection_errors: int
-    _claims: WaiterClaims
-    _listeners: ListenerRegistrations
+    claims: WaiterClaims
+    listeners: ListenerRegistrations
 
     def manager_closed(self) -> ManagerNotOpenError: ...
 
     def timed_out(self, kind: LockKind, keys: LockKeys) -> None: ...
 
-    def _adopt(self, hold: Hold, granted: bool = False) -> Hold: ...
+    def adopt(self, hold: Hold, granted: bool = False) -> Hold: ...
 
-    async def _attempt(
+    async def attempt(
         self,
         kind: LockKind,
         keys: LockKeys,
@@ -87,11 +89,11 @@ class WaitEngine(Protocol):
         turn: bool = False,
     ) -> Hold | Busy: ...
 
-    async def _still_held(self, kind: LockKind, keys: LockKeys) -> float | None: ...
+    async def still_held(self, kind: LockKind, keys: LockKeys) -> float | None: ...
 
-    async def _in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]: ...
+    async def in_turn(self, waiter: Waiter, deadline: float | None) -> tuple[bool, bool]: ...
 
-    def _new_attempt(
+    def new_attempt(
         self,
         keys: LockKeys,
         owner: str,
@@ -103,7 +105,7 @@ class WaitEngine(Protocol):
         kind: LockKind | None = None,
     ) -> Attempt: ...
 
-    async def _undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None: ...
+    async def undo(self, kind: LockKind, attempt: Attempt, until: float | None = None) -> None: ...
 
     async def release_quietly(self, hold: Hold, *, pass_on: bool = False) -> None: ...
 
@@ -180,15 +182,15 @@ class Wait:
     async def run(self, undo: Attempt | None) -> Hold:
         engine, hub, waiter = self.engine, self.engine.hub, self.waiter
         try:
-            if undo is not None:  # it may have run: as Acquiring._attempt does
-                await engine._undo(self.kind, undo, self.deadline)
+            if undo is not None:  # it may have run: as AcquirePath.attempt does
+                await engine.undo(self.kind, undo, self.deadline)
             first = self.first
             if first is not None and not isinstance(first, (Busy, LockConnectionError)):
                 raise first  # cancelled (or an error) in the fast path's attempt
             while True:
                 if waiter.handed is not None:  # a local releaser handed the lock over
                     self.acquired = True
-                    return engine._adopt(waiter.handed)
+                    return engine.adopt(waiter.handed)
                 if hub.closed:
                     raise engine.manager_closed()
                 if hub.failure is not None:
@@ -222,7 +224,7 @@ class Wait:
             not self.woken
             and losses is not None
             and losses == self.quiet
-            and (probed := await engine._still_held(kind, keys))
+            and (probed := await engine.still_held(kind, keys))
         ):
             self.ttl = probed  # renewed by a live holder: no attempt needed
             return None
@@ -232,8 +234,8 @@ class Wait:
                 if starving and not waiter.queue.asked:
                     # from this attempt on (see aiolock._engine.turns)
                     waiter.queue.asked = True
-                    engine._claims.add(kind, keys, engine.rt.manager_id)
-                outcome = await engine._attempt(
+                    engine.claims.add(kind, keys, engine.rt.manager_id)
+                outcome = await engine.attempt(
                     kind, keys, self.owner, self.lease, permits=self.permits, field=self.field,
                     until=self.deadline, turn=waiter.queue.asked,
                 )  # fmt: skip
@@ -262,7 +264,7 @@ class Wait:
             # on under a new field (that undo withdrew the old one's place anyway).
             if self.claimed:
                 self.claimed = False
-                engine._claims.discard(self.kind, self.keys, self.field)
+                engine.claims.discard(self.kind, self.keys, self.field)
             self.field = engine.hub.rename(self.waiter, f"{self.owner}:{engine.rt.next_id()}")
 
     def _found_busy(self, outcome: Busy, losses: int | None) -> None:
@@ -276,10 +278,10 @@ class Wait:
         self.ttl = outcome.ttl if outcome.ttl > 0 else engine.rt.lease
         if self.field is not None and not self.claimed:
             self.claimed = True
-            engine._claims.add(kind, keys, self.field)
+            engine.claims.add(kind, keys, self.field)
         hub.listen(waiter)
         if kind.registers_listeners:
-            engine._listeners.listening(kind, keys)
+            engine.listeners.listening(kind, keys)
         if (
             not hub.confirmed(keys.channel)
             and (not kind.queued or hub.first(waiter))
@@ -334,7 +336,7 @@ class Wait:
             # trying would be one more attempt per waiter.
             self.should_try, self.ttl = False, left
         else:  # the head's timer ran out: it tries too, but in a turn
-            self.should_try, self.woken = await engine._in_turn(waiter, self.deadline)
+            self.should_try, self.woken = await engine.in_turn(waiter, self.deadline)
 
     async def _finish(self) -> None:
         """Every way out: leave the queue, end the turn, withdraw the registration, pass on
@@ -348,17 +350,17 @@ class Wait:
         # A shared grant lets the next waiter try at once, as a failed one does.
         engine.hub.leave(waiter, acquired=acquired and not kind.shared)
         if not waiter.queue.waiters:
-            end_turn(engine._claims, engine.cleanup, engine.starved, engine.rt.manager_id,
+            end_turn(engine.claims, engine.cleanup, engine.starved, engine.rt.manager_id,
                      kind, keys, waiter.queue, acquired)  # fmt: skip
         if self.field is not None:
             if self.claimed:
-                engine._claims.discard(kind, keys, self.field)
+                engine.claims.discard(kind, keys, self.field)
             if not acquired:
                 # Withdraw the registration now (and pass on a grant that came too late),
                 # rather than when it expires.
-                await engine._undo(
+                await engine.undo(
                     kind,
-                    engine._new_attempt(keys, self.owner, self.field, self.lease, self.permits,
+                    engine.new_attempt(keys, self.owner, self.field, self.lease, self.permits,
                                         kind=kind),
                     self.deadline,
                 )  # fmt: skip

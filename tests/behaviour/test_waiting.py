@@ -228,16 +228,16 @@ async def test_a_release_does_not_hand_the_lock_to_a_waiter_being_cancelled(
     cancelled at once) or is about to try (only Task.cancelling() tells, 3.11+)."""
     if not asleep and sys.version_info < (3, 11):
         pytest.skip("Python 3.10 has no Task.cancelling(): only a sleeping waiter is seen")
-    from aiolock._engine.engine import Engine
+    from aiolock._engine.release import ReleasePath
 
     handed: list[str] = []
-    deliver = Engine._deliver
+    deliver = ReleasePath._deliver
 
-    async def spy(self: Engine, hold: Any, handoff: Any, token: int) -> None:
+    async def spy(self: ReleasePath, hold: Any, handoff: Any, token: int) -> None:
         handed.append(hold.keys.name)
         await deliver(self, hold, handoff, token)
 
-    monkeypatch.setattr(Engine, "_deliver", spy)
+    monkeypatch.setattr(ReleasePath, "_deliver", spy)
     engine = locks._engine
     assert engine is not None
     holder = locks.lock("cancelled-waiter")

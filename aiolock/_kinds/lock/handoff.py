@@ -167,7 +167,7 @@ async def detach(engine: Engine, kind: ReentrantLockKind, hold: Hold, lease: flo
             f"lock {name!r} could not be detached: its lease had already ended or it was "
             "force-released, so another owner may have entered the critical section"
         )
-    engine._ended(hold)  # for the observers, this task's hold ends here
+    engine.ended(hold)  # for the observers, this task's hold ends here
     # A local waiter sleeps while this task holds (its release would wake it): the hold
     # is not this manager's any more, so it tries now, and its attempt marks the lock as
     # waited for, so that the adopter's release publishes (robustness finding R1).
@@ -192,7 +192,7 @@ def _cancelled_detach(
     if not outcome:
         engine.registry.add(hold)
     elif outcome[0]:
-        engine._ended(hold)
+        engine.ended(hold)
         stray = Hold(kind, hold.keys, "", field, hold.token, lease, False, time.monotonic())
         engine.release_lost(stray)
 
@@ -234,7 +234,7 @@ async def adopt(
     if engine.hub.closed:  # the manager closed while the script was in flight
         await engine.release_quietly(hold)
         raise engine.manager_closed()
-    engine._adopt(hold)  # registered like a fresh acquisition: renewed, loss-checked
+    engine.adopt(hold)  # registered like a fresh acquisition: renewed, loss-checked
     if engine.observers.active:
         hold.observed_at = time.monotonic()
         engine.observers.acquired(kind.name, keys.name, 0.0, hold.token)

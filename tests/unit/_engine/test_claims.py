@@ -213,7 +213,7 @@ async def test_a_waiting_fair_lock_task_is_counted_until_it_gives_up(
 ) -> None:
     engine = locks._engine
     assert engine is not None
-    claims = engine._claims
+    claims = engine.state.claims
     registered = asyncio.Event()
     add = claims.add
 

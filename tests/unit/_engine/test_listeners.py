@@ -92,7 +92,7 @@ async def test_an_uncontended_acquire_registers_nothing(
     for _ in range(20):
         async with lock:
             assert not await redis.exists(f"{prefix}:lock:{{quiet}}:listeners")
-    assert len(locks._open_engine()._listeners) == 0
+    assert len(locks._open_engine().state.listeners) == 0
 
 
 async def test_a_registration_outlives_its_ttl_while_the_waiter_waits(
@@ -180,7 +180,7 @@ class Listening:
         self.locks = locks
         self.clock = clock
         self.hub = Hub()
-        self.registrations = locks._open_engine()._listeners
+        self.registrations = locks._open_engine().state.listeners
         monkeypatch.setattr(self.registrations, "_hub", self.hub)
         self.calls = ListenCalls(locks, monkeypatch)
 

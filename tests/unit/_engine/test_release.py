@@ -193,17 +193,17 @@ async def test_a_release_id_is_made_once_per_final_release(
     lock = locks.lock("plain")
     async with lock:
         # The lock answers a resent release from its state: no id of its own needed.
-        assert engine._release_id(hold_of(locks, lock)) == UNNAMED_RELEASE
+        assert engine.releases.release_id(hold_of(locks, lock)) == UNNAMED_RELEASE
     fair = locks.fair_lock("fair")
     await fair.acquire()
     hold = hold_of(locks, fair)
-    release_id = engine._release_id(hold)  # as a first send makes it
+    release_id = engine.releases.release_id(hold)  # as a first send makes it
     assert release_id.startswith(f"{locks.id}:")
-    assert engine._release_id(hold) == release_id  # every resend uses it
+    assert engine.releases.release_id(hold) == release_id  # every resend uses it
     await fair.release()
     assert hold.release_id is None  # confirmed: forgotten
     tombstone = hold.keys.tombstone(release_id)  # Redis remembers the release a while
     assert 0 < await admin.pttl(tombstone) <= 10_000
     await fair.acquire()
-    assert engine._release_id(hold_of(locks, fair)) != release_id  # a new hold: a new id
+    assert engine.releases.release_id(hold_of(locks, fair)) != release_id  # a new hold: a new id
     await fair.release()

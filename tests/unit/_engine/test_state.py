@@ -85,9 +85,8 @@ async def test_a_state_bundles_the_parts_of_an_open_manager(
     assert state.watchdog.group_by_slot is False  # one server: batches may mix slots
     assert state.cleanup.pending == 0
     assert isinstance(state.observers, ObserverSet) and not state.observers.active
-    assert state.connection_errors == 0 and state.released_on_task_exit == 0
     assert not state.acquired and not state.timeouts and not state.lost
-    assert state._claims.count == 0
+    assert state.claims.count == 0
     assert state.reach.failure is None
     assert str(urlparse(redis_url).port) in state.reach.address  # names the server
     assert ORPHAN == ""  # the owner of no task: never a manager's owner id
@@ -121,7 +120,7 @@ async def test_a_lost_hold_is_counted_reported_once_and_wakes_its_head(
     assert 0 <= observer.held[0] < 5
     assert hold.observed_at is None
     assert waiter.pending  # woken: the lock may be free now
-    state._ended(hold, "again")  # reported once only
+    state.ended(hold, "again")  # reported once only
     assert len(observer.ends) == 1
     state.hub.leave(waiter, acquired=False)
 
@@ -132,17 +131,17 @@ async def test_an_ended_hold_is_reported_released_once(
     observer = Ends()
     state = make_state(runtime, redis, ObserverSet([observer]))
     hold = observed_hold(state, prefix, "y", token=3)
-    state._ended(hold)
-    state._ended(hold)
+    state.ended(hold)
+    state.ended(hold)
     assert observer.ends == [("released", "lock", "y", 3, None)]
     assert 0 <= observer.held[0] < 5
     assert hold.observed_at is None
     unobserved = observed_hold(state, prefix, "z", token=4)
     unobserved.observed_at = None  # acquired while no observer was attached
-    state._ended(unobserved)
-    state._ended(unobserved, "lost")
+    state.ended(unobserved)
+    state.ended(unobserved, "lost")
     assert len(observer.ends) == 1
-    assert not state.lost  # _ended only reports; counting is the loss's
+    assert not state.lost  # ended only reports; counting is the loss's
 
 
 async def test_a_fixed_lease_hold_wakes_the_watchdog_which_finds_it_gone(

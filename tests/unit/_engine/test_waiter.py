@@ -8,7 +8,7 @@ import asyncio
 from types import CodeType
 
 import aiolock
-from aiolock._engine.acquire import Acquiring
+from aiolock._engine.acquire import AcquirePath
 from aiolock._engine.waiter import ChannelQueue, Waiter
 from aiolock._kinds.fair.kind import FairLockKind
 from aiolock._kinds.lock.kind import ReentrantLockKind
@@ -27,8 +27,8 @@ def test_the_coroutines_of_a_wait_and_an_attempt_have_no_cells() -> None:
     for the frame's life: for the frames of a waiting task and of an attempt in flight,
     one more object per waiter (or attempt) for the GC. None of them captures one."""
     hot = [
-        Acquiring._wait,
-        Acquiring._attempt,
+        AcquirePath.wait,
+        AcquirePath.attempt,
         Waiter.wait,
         Pipelining._execute,
         Pipelining._send,

@@ -546,8 +546,8 @@ async def test_a_late_undo_of_a_writers_earlier_attempt_leaves_its_hold_alone(
     task = asyncio.create_task(read())
     await held.wait()
     field = "writer-task:1"
-    first = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
-    second = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    first = engine.acquiring.new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    second = engine.acquiring.new_attempt(lock_keys, "writer-task", field, 30.0, 1)
     assert isinstance(await kind.attempt(first), Busy)  # its reply was lost
     leave.set()
     await task
@@ -571,8 +571,8 @@ async def test_a_late_undo_of_a_granted_attempt_leaves_the_retry_that_took_it_ov
     kind = locks._kind(WriteLockKind)
     lock_keys = locks._keyspace.keys("doc", "rw")
     field = "writer-task:1"
-    first = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
-    second = engine._new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    first = engine.acquiring.new_attempt(lock_keys, "writer-task", field, 30.0, 1)
+    second = engine.acquiring.new_attempt(lock_keys, "writer-task", field, 30.0, 1)
     assert isinstance(await kind.attempt(first), Granted)  # reply lost
     assert isinstance(await kind.attempt(second), Granted)  # the retry takes it over
     assert not await kind.undo(first)
