@@ -32,9 +32,10 @@ from aiolock._keys import (
     check_name,
     check_timeout,
 )
-from aiolock._kinds.lock.handle import FairLock, Lock
-from aiolock._kinds.lock.readwrite import ReadWriteLock
+from aiolock._kinds.fair.handle import FairLock
+from aiolock._kinds.lock.handle import Lock
 from aiolock._kinds.multi.handle import MultiLock, check_names
+from aiolock._kinds.rw.handle import ReadWriteLock
 from aiolock._kinds.semaphore.handle import Semaphore
 from aiolock._kinds.semaphore.kind import check_limit
 from aiolock._leader import LeaderElection

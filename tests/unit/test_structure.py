@@ -342,6 +342,8 @@ def _checklist_misses(folder: Path, places: Places) -> list[str]:
     """The places of "Adding a kind" that the kind of *folder* misses."""
     kind = folder.name
     misses = []
+    if not (folder / "handle.py").is_file():
+        misses.append("its handle, handle.py, in its folder (kinds share no handle)")
     if f"aiolock._kinds.{kind}" not in places.independent:
         misses.append("its folder in the kinds' independence contract (pyproject.toml)")
     if FACTORIES.get(kind) not in places.factories:
@@ -363,8 +365,9 @@ def _checklist_misses(folder: Path, places: Places) -> list[str]:
 
 
 def test_every_kind_is_in_every_place_adding_a_kind_names() -> None:
-    """docs/architecture.md, "Adding a kind": the tag, the describer for the command, the
-    independence contract, the factory method, the scripts' commands, the docs' row."""
+    """docs/architecture.md, "Adding a kind": the handle, the tag, the describer for the
+    command, the independence contract, the factory method, the scripts' commands, the
+    docs' row."""
     folders = _kind_folders()
     assert {"lock", "fair", "rw", "semaphore", "multi"} <= {f.name for f in folders}
     places = _places()
@@ -378,7 +381,7 @@ def test_the_checklist_test_finds_a_kind_that_misses_a_place(tmp_path: Path) -> 
     new = tmp_path / "foo"
     new.mkdir()
     (new / "acquire.lua").write_text("redis.call('xadd', KEYS[1], '*', 'a', 1)\n")
-    assert len(_checklist_misses(new, places)) == 6  # (no tag: no row to look for)
+    assert len(_checklist_misses(new, places)) == 7  # (no tag: no row to look for)
     # an existing kind that lost one place: that place is named, and only it
     semaphore = PACKAGE / "_kinds" / "semaphore"
     assert _checklist_misses(semaphore, places) == []

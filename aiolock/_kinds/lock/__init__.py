@@ -1,1 +1,1 @@
-"""The reentrant lock (and the fair lock's handle, which is a lock granted in queue order)."""
+"""The reentrant lock: its handle, its kind, its scripts, and the hand-off between tasks."""

@@ -20,20 +20,19 @@ The fencing token travels in the token: the hold keeps the token it was granted,
 the fence rule of the next acquisition is unchanged.
 
 Only the plain reentrant lock of aiolock's own wire format supports it (one field per
-owner, so a rename moves the whole ownership); :mod:`aiolock._kinds.lock.handle` refuses the others.
+owner, so a rename moves the whole ownership); the other handles refuse (their base,
+:mod:`aiolock._engine.lockhandle`). The token's codec is :mod:`aiolock._engine.handoff`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import secrets
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from aiolock._engine.cleanup import finish_despite_cancel, send_or
+from aiolock._engine.handoff import DETACHED, SUPPORTED, HandoffToken, refused
 from aiolock._engine.kind import Hold, void_ttl_ms
 from aiolock._errors import (
     LockConnectionError,
@@ -49,54 +48,7 @@ if TYPE_CHECKING:
     from aiolock._engine.engine import Engine
     from aiolock._keys import LockKeys
 
-__all__ = ["DETACHED", "HandoffToken", "adopt", "detach", "handoff_kind"]
-
-#: The start of a detached hold's field (and of nothing else: owner fields start with a
-#: manager id, 32 hex digits).
-DETACHED = "detached:"
-#: The start of every token: the format's name and version.
-_MAGIC = "aiolock-hold-1."
-
-
-class HandoffToken(NamedTuple):
-    """What a token carries: the lock's key, the detached field and the fencing token."""
-
-    key: str
-    field: str
-    fence: int
-
-    def encode(self) -> str:
-        """Text safe in argv, environment variables, URLs and HTTP headers."""
-        raw = json.dumps([self.key, self.field, self.fence], separators=(",", ":"))
-        return _MAGIC + base64.urlsafe_b64encode(raw.encode("utf-8")).decode("ascii").rstrip("=")
-
-    @classmethod
-    def decode(cls, token: object) -> HandoffToken:
-        """The token *token*, or a ValueError/TypeError saying what is wrong with it."""
-        if not isinstance(token, str):
-            kind = type(token).__name__
-            raise TypeError(f"a hand-off token is a str (from Lock.detach()), not {kind}")
-        bad = ValueError(
-            f"not a hand-off token made by Lock.detach(): {token[:40]!r}"
-            + ("…" if len(token) > 40 else "")
-        )
-        if not token.startswith(_MAGIC):
-            raise bad
-        body = token[len(_MAGIC) :]
-        try:
-            raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-            key, field, fence = json.loads(raw.decode("utf-8"))
-        except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
-            raise bad from None
-        if not (
-            isinstance(key, str)
-            and isinstance(field, str)
-            and field.startswith(DETACHED)
-            and isinstance(fence, int)
-            and not isinstance(fence, bool)
-        ):
-            raise bad
-        return cls(key, field, fence)
+__all__ = ["adopt", "detach", "handoff_kind"]
 
 
 def handoff_kind(kind: object, what: str, plain: bool) -> ReentrantLockKind:
@@ -104,13 +56,9 @@ def handoff_kind(kind: object, what: str, plain: bool) -> ReentrantLockKind:
     the handle, *plain* says whether it is a plain Lock (of another wire format, then)."""
     if type(kind) is ReentrantLockKind:
         return kind
-    supported = (
-        "only a plain Lock of aiolock's own wire format can be detached and adopted "
-        "(LockManager.lock(name), wire='aiolock')"
-    )
     if plain:
-        raise WireFormatError(f"{what} uses another wire format: {supported}")
-    raise LockError(f"{what} cannot be handed off: {supported}")
+        raise WireFormatError(f"{what} uses another wire format: {SUPPORTED}")
+    raise refused(what)
 
 
 # -- detach ------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""ReadWriteLock: the read and write sides of one name, each a :class:`~aiolock.Lock`.
+"""ReadWriteLock: the read and write sides of one name, each with the lock API.
 
-A side is a Lock over its own kind (:mod:`aiolock._kinds.rw.kind`); both kinds work on one
-structure in Redis. What the sides add to the Lock API is what a task may do with both:
+A side is a handle with the lock API (:mod:`aiolock._engine.lockhandle`, which
+:class:`~aiolock.Lock` has too) over its own kind (:mod:`aiolock._kinds.rw.kind`); both
+kinds work on one structure in Redis. What the sides add to the Lock API is what a task
+may do with both:
 take the read side while it holds the write side (a downgrade, granted at once, never
 queued behind waiters that wait for this very task), and never ask for the write side
 while it holds only the read side (refused at once: two readers doing that would wait
@@ -10,12 +12,13 @@ for each other forever).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiolock._engine.handle import _DEFAULT, resolve
+from aiolock._engine.lockhandle import LockHandle
 from aiolock._errors import LockError, LockTimeoutError
 from aiolock._keys import LockKeys
-from aiolock._kinds.lock.handle import Lock
 from aiolock._redis.replicas import INHERIT, HandlePolicy
 
 if TYPE_CHECKING:
@@ -25,7 +28,17 @@ if TYPE_CHECKING:
 __all__ = ["ReadWriteLock"]
 
 
-class _ReadSide(Lock):
+class _Side(LockHandle["_Side"]):
+    """A side of a read-write lock: the lock API over the side's kind, with the other
+    side's registry name at hand (what a task holds of it decides what it may take)."""
+
+    __slots__ = ()
+
+    def _entered(self, holds: Sequence[Hold]) -> _Side:
+        return self
+
+
+class _ReadSide(_Side):
     """The read side: shared; a task that holds the write side downgrades at once."""
 
     __slots__ = ("_write_resource",)
@@ -40,7 +53,7 @@ class _ReadSide(Lock):
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        super().__init__(manager, kind, keys, timeout=timeout, lease=lease)
+        super().__init__(manager, kind, keys, timeout, lease)
         self._write_resource = write_kind.resource(keys)
 
     def __repr__(self) -> str:
@@ -65,7 +78,7 @@ class _ReadSide(Lock):
         return await super()._acquire(timeout, lease)
 
 
-class _WriteSide(Lock):
+class _WriteSide(_Side):
     """The write side: exclusive; refused at once to a task that holds only the read side."""
 
     __slots__ = ("_read_resource",)
@@ -80,7 +93,7 @@ class _WriteSide(Lock):
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        super().__init__(manager, kind, keys, timeout=timeout, lease=lease)
+        super().__init__(manager, kind, keys, timeout, lease)
         self._read_resource = read_kind.resource(keys)
 
     def __repr__(self) -> str:
@@ -156,7 +169,7 @@ class ReadWriteLock:
         """The Redis key of the lock's hash (the other keys share its prefix)."""
         return self._keys.lock
 
-    def read(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> Lock:
+    def read(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> _Side:
         """The read side, with these defaults for acquire and ``async with``.
 
         *timeout* and *lease* default to the values given to
@@ -166,7 +179,7 @@ class ReadWriteLock:
             return self._read
         return self._read_side(*resolve(timeout, lease, self._timeout, self._lease))
 
-    def write(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> Lock:
+    def write(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> _Side:
         """The write side, with these defaults for acquire and ``async with``.
 
         *timeout* and *lease* default to the values given to
@@ -179,14 +192,14 @@ class ReadWriteLock:
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self.name!r} timeout={self._timeout} lease={self._lease}>"
 
-    def _read_side(self, timeout: float | None, lease: float | None) -> Lock:
+    def _read_side(self, timeout: float | None, lease: float | None) -> _Side:
         side = _ReadSide(self._manager, self._read_kind, self._write_kind, self._keys,
                          timeout=timeout, lease=lease)  # fmt: skip
         side._replicas = self._replicas
         side._max_hold = self._max_hold
         return side
 
-    def _write_side(self, timeout: float | None, lease: float | None) -> Lock:
+    def _write_side(self, timeout: float | None, lease: float | None) -> _Side:
         side = _WriteSide(self._manager, self._write_kind, self._read_kind, self._keys,
                           timeout=timeout, lease=lease)  # fmt: skip
         side._replicas = self._replicas
