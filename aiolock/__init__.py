@@ -9,6 +9,7 @@ fencing tokens, and cancellation-safe acquire and release::
 """
 
 from aiolock._engine.contention import NameStatistics
+from aiolock._engine.lockhandle import Lock
 from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
     IncompatibleLayoutError,
@@ -26,21 +27,13 @@ from aiolock._errors import (
     WireFormatError,
 )
 from aiolock._kinds.fair.handle import FairLock
-from aiolock._kinds.lock.handle import Lock
 from aiolock._kinds.multi.handle import MultiLock
-from aiolock._kinds.rw.handle import ReadWriteLock, _ReadSide, _WriteSide
+from aiolock._kinds.rw.handle import ReadWriteLock
 from aiolock._kinds.semaphore.handle import Permit, Semaphore
 from aiolock._leader import LeaderElection, LeaderTerm
 from aiolock._manager import LockManager, ManagerStatistics
 from aiolock._observe import Observer
 from aiolock._redlock.manager import RedlockLock, RedlockManager, RedlockStatistics
-
-# FairLock and the read-write lock's sides have the Lock API and are Locks to isinstance()
-# and issubclass(); each is its own kind's handle, built on the lock handle base of the
-# engine (aiolock._engine.lockhandle) as Lock is, since kinds do not import each other.
-Lock.register(FairLock)
-Lock.register(_ReadSide)
-Lock.register(_WriteSide)
 
 __version__ = "0.1.0.dev0"
 

@@ -1,7 +1,7 @@
 """The handle base: what every engine-backed handle (Lock, Semaphore, MultiLock) shares.
 
-(The lock-like kinds' handles, Lock, FairLock and the read-write lock's sides, share more:
-the lock API of :mod:`aiolock._engine.lockhandle`, on this base.)
+(Lock, :mod:`aiolock._engine.lockhandle`, is on this base, and the other lock-like kinds'
+handles, FairLock and the read-write lock's sides, derive from Lock.)
 
 A handle has no state of its own beyond its name(s) and defaults: which task holds what,
 how often, and with which fencing token is kept by the manager's engine, per task. One
@@ -121,7 +121,7 @@ class Handle(Generic[K, E]):
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        # (LockHandle.__init__, in lockhandle.py, sets these fields itself: keep the two in step)
+        # (Lock.__init__, in lockhandle.py, sets these fields itself: keep the two in step)
         self._manager = manager
         self._kind = kind
         self._keys = keys

@@ -1,71 +1,71 @@
-"""The lock API on one name: the base of the handles of the lock-like kinds.
+"""Lock: the handle a user holds; validates arguments and delegates to the engine.
 
-:class:`~aiolock.Lock`, :class:`~aiolock.FairLock` and the two sides of a
-:class:`~aiolock.ReadWriteLock` are each their kind's handle, in the kind's folder
-(``aiolock/_kinds/<kind>/handle.py``), built on :class:`LockHandle`; kinds never import
-each other, so what those handles share is here. That is the lock API: acquire,
-try_acquire, release, extend, force_release, the queries (locked, owned, hold_count,
-ttl, the fencing token), ``async with`` (the handle base's, :mod:`aiolock._engine.handle`)
-and the hand-off's calls, which only the plain lock supports (its scripts are
-:mod:`aiolock._kinds.lock.handoff`): here they check their arguments and refuse. A kind's
-handle adds its repr and what only it does.
+The plain lock's handle, and the base of the other lock-like kinds' handles: FairLock
+(``aiolock/_kinds/fair/handle.py``) and the read-write lock's sides
+(``aiolock/_kinds/rw/handle.py``) derive from it in their kinds' folders and add their repr
+and what only they do. It is the engine's because kinds never import each other; so
+it reaches what only some kinds do through the kind (:mod:`aiolock._engine.kind`): the
+hand-off (:meth:`Lock.detach`, :meth:`Lock.adopt`: a kind that is ``detachable``, whose
+scripts :mod:`aiolock._engine.handoff` drives) and the lease left of its structure
+(``lease_left``). The plumbing it shares with the other handles (defaults, the
+acquisition under the ``replicas=`` policy, ``async with`` and its body guard) is
+:mod:`aiolock._engine.handle`'s.
 
 acquire(), try_acquire() and release() are every acquisition's path (the functions an
 uncontended cycle enters are counted: ``CYCLE_CALLS`` in
-``tests/behaviour/test_fast_path.py``): a kind's handle inherits them as they are and
-never wraps them in a ``super()`` call; what it checks more goes in :meth:`_acquire`.
+``tests/behaviour/test_fast_path.py``): a subclass inherits them as they are and never
+wraps them in a ``super()`` call; what it checks more goes in :meth:`Lock._acquire`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any
 
 from aiolock._engine.handle import (
     _DEFAULT,
-    E,
     Handle,
     extend_seconds,
     lost_error,
     not_owned_error,
     resolve,
 )
-from aiolock._engine.handoff import HandoffToken, refused
+from aiolock._engine.handoff import SUPPORTED, HandoffToken, adopt, detach, refused
 from aiolock._errors import LockError, WireFormatError
 from aiolock._keys import LockKeys, check_lease, check_timeout
 from aiolock._redis.client import as_int
 from aiolock._redis.replicas import INHERIT
 
 if TYPE_CHECKING:
-    from aiolock._engine.engine import Engine
     from aiolock._engine.guard import ManagerLike
     from aiolock._engine.kind import Hold, LockKind
 
-__all__ = ["Adopted", "LockHandle"]
+__all__ = ["Adopted", "Lock"]
 
 
-class LockHandle(Handle[LockKeys, E]):
-    """The lock API over one name's keys, for the current task (reentrant).
+class Lock(Handle[LockKeys, "Lock"]):
+    """A reentrant distributed lock, owned by the asyncio task that acquires it.
 
-    A subclass gives its repr and :meth:`_entered` (the handle itself, typed as its
-    class); it may override :meth:`_acquire` to check more before acquiring.
+    Made by :meth:`aiolock.LockManager.lock`. Use it as ``async with lock:`` (the body is
+    cancelled and :class:`LockLostError` raised if the hold is lost), or call
+    :meth:`acquire` / :meth:`try_acquire` and :meth:`release` yourself.
     """
 
     __slots__ = ("_resource",)
 
-    #: Whether this class acquires by the base's own :meth:`_acquire`, so that acquire()
-    #: and try_acquire() may do its work inline. A subclass that overrides _acquire (the
-    #: read-write lock's sides refuse an upgrade and take a downgrade there) is False,
-    #: and goes through its override: set by __init_subclass__, so a new override
-    #: cannot be skipped by mistake.
+    #: Whether this class acquires by Lock's own :meth:`_acquire`, so that acquire() and
+    #: try_acquire() may do its work inline. A subclass that overrides
+    #: _acquire (the read-write lock's sides refuse an upgrade and take a downgrade
+    #: there) is False, and goes through its override: set by __init_subclass__, so a
+    #: new override cannot be skipped by mistake.
     _plain = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._plain = cls._acquire is LockHandle._acquire
+        cls._plain = cls._acquire is Lock._acquire
 
     def __init__(
         self,
@@ -110,6 +110,9 @@ class LockHandle(Handle[LockKeys, E]):
             raise WireFormatError(self._kind.fencing_unavailable)
         hold = self._current_hold()
         return None if hold is None else hold.token
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} timeout={self._timeout} lease={self._lease}>"
 
     # -- acquire and release -------------------------------------------------------------
 
@@ -201,20 +204,56 @@ class LockHandle(Handle[LockKeys, E]):
         """
         return await self._manager._open_engine().force_release(self._kind, self._keys)
 
-    # -- hand-off between tasks and processes (the plain lock's; refused here) ----------
+    # -- hand-off between tasks and processes -------------------------------------------
 
     async def detach(self, *, lease: float | None = None) -> str:
-        """Refused: only a plain :class:`~aiolock.Lock` of aiolock's own wire format
-        hands its hold off (:meth:`aiolock.Lock.detach`); raises :class:`LockError`."""
-        raise refused(self._what())
+        """Give up the current task's hold without freeing the lock; a token to adopt it.
+
+        The lock stays held, by nobody, until a task of this or another process passes
+        the token to :meth:`adopt` (once), or for *lease* seconds (default: the manager's
+        lease), which bounds a token nobody adopts. From here the current task does not
+        own it: its :meth:`release` raises :class:`LockNotOwnedError`, and an ``async
+        with`` block around the call releases nothing at its end. The token is a short
+        str, safe in argv, URLs and headers; it carries the fencing token, which does not
+        change. Plain locks of aiolock's own wire format only; a re-entered hold (held
+        more than once by the task) is refused. See ``docs/recipes/handoff.md``.
+        """
+        if not self._kind.detachable:
+            raise self._not_detachable()
+        seconds = None if lease is None else check_lease(lease)
+        engine = self._manager._open_engine()
+        hold = self._owned_hold()
+        return await detach(engine, hold, engine.rt.lease if seconds is None else seconds)
 
     async def adopt(self, token: str, *, lease: float | None = _DEFAULT) -> None:
-        """Refused, once the arguments are checked: see :meth:`detach`."""
-        self._adopt_lease(lease)
-        HandoffToken.decode(token)
-        raise refused(self._what())
+        """Take over the lock that :meth:`detach` handed off as *token*, for the current task.
 
-    def adopted(self, token: str, *, lease: float | None = _DEFAULT) -> Adopted[E]:
+        The task then owns it as if it had acquired it: renewed, its loss detected,
+        released by :meth:`release` (or when the task ends). *lease* is the hold's lease
+        as for :meth:`acquire` (default: the handle's; None renews it automatically).
+        Raises :class:`LockHandoffError` if the token was adopted already, or its lease
+        ran out, or the lock was force-released; ``ValueError`` if the token is not one
+        or names another lock (the name, prefix and wire format must match).
+        """
+        fixed = self._adopt_lease(lease)
+        found = HandoffToken.decode(token)
+        if not self._kind.detachable:
+            raise self._not_detachable()
+        if found.key != self._keys.lock:
+            raise ValueError(
+                f"the hand-off token is for the lock key {found.key!r}, not this lock's "
+                f"{self._keys.lock!r}: adopt it with a handle of the same name, from a "
+                "LockManager with the same prefix"
+            )
+        engine = self._manager._open_engine()
+        owner = self._manager._owner()
+        await adopt(engine, self._kind, self._keys, owner, found, fixed)
+        max_hold = engine.rt.max_hold if self._max_hold is _DEFAULT else self._max_hold
+        hold = engine.registry.get(self._resource, owner)
+        if max_hold is not None and hold is not None:
+            engine.bound(hold, max_hold)  # from the adoption: a new holder, a new bound
+
+    def adopted(self, token: str, *, lease: float | None = _DEFAULT) -> Adopted:
         """``async with lock.adopted(token):`` adopts (see :meth:`adopt`), runs the body
         guarded as ``async with lock:`` does (cancelled if the hold is lost), and releases."""
         return Adopted(self, token, self._adopt_lease(lease))
@@ -222,9 +261,13 @@ class LockHandle(Handle[LockKeys, E]):
     def _adopt_lease(self, lease: float | None) -> float | None:
         return resolve(None, lease, None, self._lease)[1]
 
-    def _what(self) -> str:
-        """The handle, as the errors of a hand-off name it (``FairLock 'x'``)."""
-        return f"{type(self).__name__} {self.name!r}"
+    def _not_detachable(self) -> LockError:
+        """The refusal of a hand-off by a handle whose kind is not ``detachable``: a plain
+        Lock's kind is then another wire format's; any other handle's is another kind."""
+        what = f"{type(self).__name__} {self.name!r}"
+        if type(self) is Lock:
+            return WireFormatError(f"{what} uses another wire format: {SUPPORTED}")
+        return refused(what)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -253,20 +296,19 @@ class LockHandle(Handle[LockKeys, E]):
 
     async def ttl(self) -> float | None:
         """Seconds left on the lock's lease; None if nobody holds it, inf if it never expires."""
-        engine = self._manager._open_engine()
-        ms = await self._lease_left(engine)
+        self._manager._open_engine()
+        ms = await self._kind.lease_left(self._keys)  # (a structure may outlive its holds)
         if ms == -2:
             return None
         return math.inf if ms < 0 else ms / 1000
-
-    async def _lease_left(self, engine: Engine) -> int:
-        """The lock's lease left in ms, as PTTL answers (-2: no key, -1: no expiry)."""
-        return as_int(await engine.client.call("PTTL", self._keys.lock, key=self._keys.lock))
 
     # -- async with (Handle's __aenter__ and __aexit__) ----------------------------------
 
     def _acquire_block(self) -> Coroutine[Any, Any, Hold]:
         return self._acquire(_DEFAULT, _DEFAULT)
+
+    def _entered(self, holds: Sequence[Hold]) -> Lock:
+        return self
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -288,19 +330,19 @@ class LockHandle(Handle[LockKeys, E]):
         raise not_owned_error(f"lock {self.name!r}")
 
 
-class Adopted(Generic[E]):
+class Adopted:
     """``async with lock.adopted(token):``: adopt, guard the body as ``async with lock:``
-    does, release at the end (see :meth:`LockHandle.adopted`)."""
+    does, release at the end (see :meth:`Lock.adopted`)."""
 
     __slots__ = ("_lease", "_lock", "_token")
 
-    def __init__(self, lock: LockHandle[E], token: str, lease: float | None) -> None:
+    def __init__(self, lock: Lock, token: str, lease: float | None) -> None:
         HandoffToken.decode(token)  # a bad token is refused at the call that got it
         self._lock = lock
         self._token = token
         self._lease = lease
 
-    async def __aenter__(self) -> E:
+    async def __aenter__(self) -> Lock:
         lock = self._lock
         await lock.adopt(self._token, lease=self._lease)
         engine = lock._manager._open_engine()
@@ -309,7 +351,7 @@ class Adopted(Generic[E]):
         # (enter() finds the block's owner from its caller's caller: this method's caller)
         if not lock._guard.enter(engine, hold):
             await lock._guard.refuse(engine, hold)
-        return lock._entered((hold,))
+        return lock
 
     async def __aexit__(
         self,

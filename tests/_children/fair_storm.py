@@ -74,7 +74,7 @@ async def _run(spec: dict[str, Any]) -> dict[str, Any]:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     async with manager:
 
-        async def section(lock: aiolock.Lock | aiolock.FairLock) -> None:
+        async def section(lock: aiolock.Lock) -> None:
             async with lock:
                 try:
                     # (uncancelled: the INCR always completes, so the DECR below is due.)

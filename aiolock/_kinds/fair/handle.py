@@ -1,24 +1,19 @@
-"""FairLock: the fair lock's handle, the lock API over its kind.
+"""FairLock: the fair lock's handle, a :class:`~aiolock.Lock` over its kind.
 
-Everything but its repr is the lock API of :mod:`aiolock._engine.lockhandle`, which
-this kind shares with the plain lock and the read-write lock's sides; what makes it fair
-is its kind (:mod:`aiolock._kinds.fair.kind`) and its scripts.
+Everything but its repr is the engine's :class:`~aiolock.Lock`
+(:mod:`aiolock._engine.lockhandle`); what makes it fair is its kind
+(:mod:`aiolock._kinds.fair.kind`) and its scripts. Its kind is not ``detachable``, so
+its ``detach()`` and ``adopt()`` refuse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from aiolock._engine.lockhandle import LockHandle
-
-if TYPE_CHECKING:
-    from aiolock._engine.kind import Hold
+from aiolock._engine.lockhandle import Lock
 
 __all__ = ["FairLock"]
 
 
-class FairLock(LockHandle["FairLock"]):
+class FairLock(Lock):
     """A reentrant distributed lock granted first come, first served, across processes.
 
     Made by :meth:`aiolock.LockManager.fair_lock`; the API is :class:`~aiolock.Lock`'s.
@@ -33,6 +28,3 @@ class FairLock(LockHandle["FairLock"]):
 
     def __repr__(self) -> str:
         return f"<FairLock {self.name!r} timeout={self._timeout} lease={self._lease}>"
-
-    def _entered(self, holds: Sequence[Hold]) -> FairLock:
-        return self

@@ -1,1 +1,5 @@
-"""The reentrant lock: its handle, its kind, its scripts, and the hand-off between tasks."""
+"""The reentrant lock: its kind and its scripts, the hand-off's among them.
+
+Its handle is the engine's :class:`~aiolock.Lock` (:mod:`aiolock._engine.lockhandle`),
+the base of the other lock-like kinds' handles too; so this folder has no handle.py.
+"""

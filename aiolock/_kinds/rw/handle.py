@@ -1,22 +1,20 @@
-"""ReadWriteLock: the read and write sides of one name, each with the lock API.
+"""ReadWriteLock: the read and write sides of one name, each a :class:`~aiolock.Lock`.
 
-A side is a handle with the lock API (:mod:`aiolock._engine.lockhandle`, which
-:class:`~aiolock.Lock` has too) over its own kind (:mod:`aiolock._kinds.rw.kind`); both
-kinds work on one structure in Redis. What the sides add to the Lock API is what a task
-may do with both:
-take the read side while it holds the write side (a downgrade, granted at once, never
-queued behind waiters that wait for this very task), and never ask for the write side
-while it holds only the read side (refused at once: two readers doing that would wait
-for each other forever).
+A side is the engine's Lock (:mod:`aiolock._engine.lockhandle`) over its own kind
+(:mod:`aiolock._kinds.rw.kind`); both kinds work on one structure in Redis. What the sides
+add to the Lock API is what a task may do with both: take the read side while it holds
+the write side (a downgrade, granted at once, never queued behind waiters that wait for
+this very task), and never ask for the write side while it holds only the read side
+(refused at once: two readers doing that would wait for each other forever). Their
+kinds are not ``detachable``, so their ``detach()`` and ``adopt()`` refuse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aiolock._engine.handle import _DEFAULT, resolve
-from aiolock._engine.lockhandle import LockHandle
+from aiolock._engine.lockhandle import Lock
 from aiolock._errors import LockError, LockTimeoutError
 from aiolock._keys import LockKeys
 from aiolock._redis.replicas import INHERIT, HandlePolicy
@@ -28,17 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["ReadWriteLock"]
 
 
-class _Side(LockHandle["_Side"]):
-    """A side of a read-write lock: the lock API over the side's kind, with the other
-    side's registry name at hand (what a task holds of it decides what it may take)."""
-
-    __slots__ = ()
-
-    def _entered(self, holds: Sequence[Hold]) -> _Side:
-        return self
-
-
-class _ReadSide(_Side):
+class _ReadSide(Lock):
     """The read side: shared; a task that holds the write side downgrades at once."""
 
     __slots__ = ("_write_resource",)
@@ -78,7 +66,7 @@ class _ReadSide(_Side):
         return await super()._acquire(timeout, lease)
 
 
-class _WriteSide(_Side):
+class _WriteSide(Lock):
     """The write side: exclusive; refused at once to a task that holds only the read side."""
 
     __slots__ = ("_read_resource",)
@@ -169,7 +157,7 @@ class ReadWriteLock:
         """The Redis key of the lock's hash (the other keys share its prefix)."""
         return self._keys.lock
 
-    def read(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> _Side:
+    def read(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> Lock:
         """The read side, with these defaults for acquire and ``async with``.
 
         *timeout* and *lease* default to the values given to
@@ -179,7 +167,7 @@ class ReadWriteLock:
             return self._read
         return self._read_side(*resolve(timeout, lease, self._timeout, self._lease))
 
-    def write(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> _Side:
+    def write(self, *, timeout: float | None = _DEFAULT, lease: float | None = _DEFAULT) -> Lock:
         """The write side, with these defaults for acquire and ``async with``.
 
         *timeout* and *lease* default to the values given to
@@ -192,14 +180,14 @@ class ReadWriteLock:
     def __repr__(self) -> str:
         return f"<ReadWriteLock {self.name!r} timeout={self._timeout} lease={self._lease}>"
 
-    def _read_side(self, timeout: float | None, lease: float | None) -> _Side:
+    def _read_side(self, timeout: float | None, lease: float | None) -> Lock:
         side = _ReadSide(self._manager, self._read_kind, self._write_kind, self._keys,
                          timeout=timeout, lease=lease)  # fmt: skip
         side._replicas = self._replicas
         side._max_hold = self._max_hold
         return side
 
-    def _write_side(self, timeout: float | None, lease: float | None) -> _Side:
+    def _write_side(self, timeout: float | None, lease: float | None) -> Lock:
         side = _WriteSide(self._manager, self._write_kind, self._read_kind, self._keys,
                           timeout=timeout, lease=lease)  # fmt: skip
         side._replicas = self._replicas

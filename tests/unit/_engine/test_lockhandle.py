@@ -1,23 +1,31 @@
-"""Unit tests of :mod:`aiolock._engine.lockhandle`: the lock API that the handles of the
-plain lock, the fair lock and the read-write lock's sides share.
+"""Unit tests of :mod:`aiolock._engine.lockhandle`: :class:`~aiolock.Lock`, the plain
+lock's handle, from which the fair lock's and the read-write lock's sides derive.
 
-``extend(additional=...)`` adds to the lease left in one step (redis-py's ``extend(t)``),
-for every lock-like kind and format; the sides go through their own ``_acquire``; the
-hand-off calls check their arguments and refuse on every handle but the plain lock's;
-``ttl()`` reads the key's PTTL.
+Its repr; ``extend(additional=...)`` adds to the lease left in one step (redis-py's
+``extend(t)``), for every lock-like kind and format; the sides go through their own
+``_acquire``; the hand-off calls check their arguments and refuse on every handle whose
+kind is not ``detachable`` (the hand-off itself: ``tests/unit/_kinds/lock/test_handoff.py``);
+``ttl()`` asks the kind for the lease left. FairLock and the sides are Locks, to
+isinstance() and to mypy, which checks this file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._engine.lockhandle import LockHandle
+from aiolock._kinds.rw.handle import _ReadSide, _WriteSide
+
+
+async def test_the_handle(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("plain", timeout=3, lease=7)
+    assert repr(lock) == "<Lock 'plain' timeout=3.0 lease=7.0>"
+    async with lock as entered:
+        assert entered is lock
 
 
 async def test_additional_adds_to_the_lease_left_on_the_server(
@@ -51,7 +59,7 @@ async def test_the_local_deadline_follows_the_addition(locks: aiolock.LockManage
 async def test_a_fair_lock_and_a_redisson_lock_add_too(
     locks: aiolock.LockManager, redis: Redis, kind: str
 ) -> None:
-    lock: LockHandle[Any]
+    lock: aiolock.Lock
     if kind == "fair":
         lock = locks.fair_lock("add-fair", lease=30)
     else:
@@ -119,7 +127,7 @@ async def test_exactly_one_of_lease_and_additional(locks: aiolock.LockManager) -
 @pytest.mark.parametrize("kind", ["read", "write", "token", "timestamp"])
 async def test_kinds_that_cannot_add_say_so(redis: Redis, prefix: str, kind: str) -> None:
     async with aiolock.LockManager(redis, prefix=prefix) as locks:
-        lock: LockHandle[Any]
+        lock: aiolock.Lock
         if kind in ("token", "timestamp"):
             lock = locks.lock(f"{prefix}:add-kind", lease=30, wire=kind)  # type: ignore[arg-type]
         else:
@@ -135,13 +143,33 @@ async def test_kinds_that_cannot_add_say_so(redis: Redis, prefix: str, kind: str
 # -- what the kinds' handles share -------------------------------------------------------
 
 
+def lock_of(lock: aiolock.Lock) -> aiolock.Lock:
+    """*lock*, where a Lock is annotated: mypy checks the calls below."""
+    return lock
+
+
+def test_the_other_lock_like_handles_are_locks(locks: aiolock.LockManager) -> None:
+    """FairLock and the read-write lock's sides derive from Lock, so a type checker takes
+    them where a Lock is annotated (mypy runs over the tests: these lines fail it if they
+    do not) and isinstance() says so; no ABC registration stands in for the class."""
+    classes: list[type[aiolock.Lock]] = [aiolock.FairLock, _ReadSide, _WriteSide]
+    for handle in classes:
+        assert issubclass(handle, aiolock.Lock) and aiolock.Lock in handle.__mro__
+    assert type(aiolock.Lock) is type  # a plain class: no ABC registration
+    rw = locks.rw_lock("typed")
+    fair: aiolock.Lock = locks.fair_lock("typed")
+    read: aiolock.Lock = rw.read(timeout=1)
+    for lock in (lock_of(fair), lock_of(read), lock_of(rw.write())):
+        assert isinstance(lock, aiolock.Lock)
+    assert not issubclass(aiolock.Semaphore, aiolock.Lock)
+    assert not issubclass(aiolock.MultiLock, aiolock.Lock)
+
+
 def test_the_sides_acquire_through_their_own_checks() -> None:
     """Issue 21 inlined Lock._acquire into acquire() and try_acquire(); the read-write
     lock's sides override _acquire (the upgrade refusal, the downgrade), so those two go
     through it for them. A fresh-clone CI run caught the sides skipping it."""
-    from aiolock._kinds.rw.handle import _ReadSide, _WriteSide
-
-    assert LockHandle._plain and aiolock.Lock._plain and aiolock.FairLock._plain
+    assert aiolock.Lock._plain and aiolock.FairLock._plain
     assert not _ReadSide._plain and not _WriteSide._plain
 
 
@@ -176,7 +204,27 @@ async def test_the_hand_off_is_refused_after_the_arguments_are_checked(
     await lock.release()
 
 
-async def test_ttl_reads_the_keys_lease_left(locks: aiolock.LockManager) -> None:
+async def test_ttl_is_the_holders_lease_left(locks: aiolock.LockManager) -> None:
+    lock = locks.lock("ttl", lease=30)
+    assert await lock.ttl() is None  # nobody holds it (the state may outlive its holds)
+    async with lock:
+        ttl = await lock.ttl()
+        assert ttl is not None and 20 < ttl <= 30
+    assert await lock.ttl() is None
+
+
+@pytest.mark.parametrize("wire", ["token", "redisson"])
+async def test_ttl_of_another_wire_format_is_the_keys(
+    locks: aiolock.LockManager, wire: str
+) -> None:
+    lock = locks.lock("ttl-wire", lease=30, wire=wire)  # type: ignore[arg-type]
+    assert await lock.ttl() is None
+    async with lock:
+        ttl = await lock.ttl()
+        assert ttl is not None and 20 < ttl <= 30
+
+
+async def test_ttl_of_the_other_kinds_is_the_keys(locks: aiolock.LockManager) -> None:
     fair = locks.fair_lock("ttl", lease=30)
     assert await fair.ttl() is None  # nobody holds it
     async with fair:

@@ -30,7 +30,7 @@ def engine_of(locks: aiolock.LockManager) -> Engine:
     return engine
 
 
-def hold_of(locks: aiolock.LockManager, lock: aiolock.Lock | aiolock.FairLock) -> Hold:
+def hold_of(locks: aiolock.LockManager, lock: aiolock.Lock) -> Hold:
     """The current task's hold of *lock*."""
     hold = engine_of(locks).registry.get(lock._resource, locks._owner())
     assert hold is not None

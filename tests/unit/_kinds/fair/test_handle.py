@@ -1,6 +1,6 @@
-"""Unit tests of :mod:`aiolock._kinds.fair.handle`: the fair lock's handle is the lock API
-of :mod:`aiolock._engine.lockhandle` with its own repr, and a Lock to ``isinstance``;
-what makes it fair is its kind (``test_kind.py``)."""
+"""Unit tests of :mod:`aiolock._kinds.fair.handle`: the fair lock's handle is a
+:class:`~aiolock.Lock` (:mod:`aiolock._engine.lockhandle`) with its own repr; what makes it
+fair is its kind (``test_kind.py``)."""
 
 from __future__ import annotations
 

@@ -118,9 +118,7 @@ def spec(redis_url: str, prefix: str, name: str, **more: Any) -> dict[str, Any]:
     return {"url": redis_url, "prefix": prefix, "name": name, "max_seconds": 30, **more}
 
 
-async def hold_until(
-    lock: aiolock.Lock | aiolock.FairLock, gate: asyncio.Event, log: list[Any], label: Any
-) -> None:
+async def hold_until(lock: aiolock.Lock, gate: asyncio.Event, log: list[Any], label: Any) -> None:
     """Acquire *lock*, note *label* and the token in *log*, hold until *gate* opens."""
     async with lock:
         log.append((label, lock.fencing_token))
