@@ -9,6 +9,7 @@ fencing tokens, and cancellation-safe acquire and release::
 """
 
 from aiolock._engine.contention import NameStatistics
+from aiolock._engine.lockhandle import Lock
 from aiolock._engine.waiter import HubStatistics
 from aiolock._errors import (
     IncompatibleLayoutError,
@@ -25,9 +26,9 @@ from aiolock._errors import (
     ReplicaAckError,
     WireFormatError,
 )
-from aiolock._kinds.lock.handle import FairLock, Lock
-from aiolock._kinds.lock.readwrite import ReadWriteLock
+from aiolock._kinds.fair.handle import FairLock
 from aiolock._kinds.multi.handle import MultiLock
+from aiolock._kinds.rw.handle import ReadWriteLock
 from aiolock._kinds.semaphore.handle import Permit, Semaphore
 from aiolock._leader import LeaderElection, LeaderTerm
 from aiolock._manager import LockManager, ManagerStatistics

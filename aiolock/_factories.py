@@ -21,6 +21,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from aiolock._decorators import LOCK_MAKERS, LockKindName, OnBusy, decorate
 from aiolock._engine.handle import _DEFAULT
+from aiolock._engine.lockhandle import Lock
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import WireFormatError
 from aiolock._formats import WireFormat, WireName, check_wire, wire_format
@@ -32,9 +33,9 @@ from aiolock._keys import (
     check_name,
     check_timeout,
 )
-from aiolock._kinds.lock.handle import FairLock, Lock
-from aiolock._kinds.lock.readwrite import ReadWriteLock
+from aiolock._kinds.fair.handle import FairLock
 from aiolock._kinds.multi.handle import MultiLock, check_names
+from aiolock._kinds.rw.handle import ReadWriteLock
 from aiolock._kinds.semaphore.handle import Semaphore
 from aiolock._kinds.semaphore.kind import check_limit
 from aiolock._leader import LeaderElection

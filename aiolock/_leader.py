@@ -30,7 +30,7 @@ from aiolock._errors import LockLostError, ManagerNotOpenError
 
 if TYPE_CHECKING:
     from aiolock._engine.kind import Hold
-    from aiolock._kinds.lock.handle import Lock
+    from aiolock._engine.lockhandle import Lock
 
 __all__ = ["LeaderElection", "LeaderTerm"]
 

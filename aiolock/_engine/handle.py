@@ -1,5 +1,8 @@
 """The handle base: what every engine-backed handle (Lock, Semaphore, MultiLock) shares.
 
+(Lock, :mod:`aiolock._engine.lockhandle`, is on this base, and the other lock-like kinds'
+handles, FairLock and the read-write lock's sides, derive from Lock.)
+
 A handle has no state of its own beyond its name(s) and defaults: which task holds what,
 how often, and with which fencing token is kept by the manager's engine, per task. One
 handle may be shared by many tasks; each task is a separate owner. The base holds the
@@ -118,7 +121,7 @@ class Handle(Generic[K, E]):
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        # (Lock.__init__ sets these fields itself: keep the two in step)
+        # (Lock.__init__, in lockhandle.py, sets these fields itself: keep the two in step)
         self._manager = manager
         self._kind = kind
         self._keys = keys

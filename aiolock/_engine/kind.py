@@ -25,11 +25,16 @@ A kind answers:
   in the same call), :attr:`~LockKind.claims` (a waiter registers in Redis under one
   field for its whole wait, kept alive by :meth:`~LockKind.refresh_claims`, withdrawn
   by undo), :attr:`~LockKind.queued` (Redis keeps the waiters' order: every local
-  waiter tries at once, and a release message names the one it was granted to).
+  waiter tries at once, and a release message names the one it was granted to),
+  :attr:`~LockKind.detachable` (a hold can be handed to another task or process:
+  :meth:`~LockKind.detach`, :meth:`~LockKind.adopt` and :meth:`~LockKind.give_back`,
+  which :mod:`aiolock._engine.handoff` drives for ``Lock.detach()`` and ``Lock.adopt()``);
+* :meth:`~LockKind.lease_left`: the lease left of a name's structure, for ``ttl()``.
 
 A kind announces its releases on its keys' :attr:`~aiolock._keys.LockKeys.channel`
-(Redisson's format gives its keys its own name for it). :class:`KindBase` gives the
-defaults; a kind overrides what differs.
+(Redisson's format gives its keys its own name for it).
+:class:`~aiolock._engine.kindbase.KindBase` gives the defaults; a kind overrides what
+differs.
 """
 
 from __future__ import annotations
@@ -37,9 +42,8 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from aiolock._errors import LockError, LockTimeoutError
 from aiolock._keys import ms
 from aiolock._redis.reply import as_int
 from aiolock._redis.translate import key_type_error
@@ -55,7 +59,6 @@ __all__ = [
     "ChangeReply",
     "Granted",
     "Hold",
-    "KindBase",
     "LockKind",
     "ReleaseReply",
     "ReleaseStatus",
@@ -380,6 +383,10 @@ class LockKind(Protocol):
     #: Redis (:meth:`register_listeners`), for ``aiolock show``: a plain lock, whose
     #: waiters are otherwise kept nowhere in Redis (see aiolock._engine.listeners)
     registers_listeners: bool
+    #: a hold can be detached and adopted by another task or process (``Lock.detach()``,
+    #: ``Lock.adopt()``): the kind runs :meth:`detach`, :meth:`adopt` and
+    #: :meth:`give_back`; a handle of any other kind refuses the hand-off
+    detachable: bool
     #: its final release names a tombstone by the release id it is given (unique across
     #: clients), so that a resent release answers as the first did; a kind that needs no
     #: such key (the reentrant lock answers a resend from its epoch) is given a
@@ -475,6 +482,32 @@ class LockKind(Protocol):
         lease ending, may answer (see the engine's quiet waits)."""
         ...
 
+    async def lease_left(self, keys: LockKeys) -> int:
+        """The lease left of whoever holds *keys*, in ms, as PTTL answers: -2 if nobody
+        holds it, -1 if it never expires."""
+        ...
+
+    async def detach(self, hold: Hold, detached: str, lease: float) -> bool:
+        """Detachable kinds: move *hold* to the field *detached* for *lease* s; False if
+        Redis no longer had it."""
+        ...
+
+    async def adopt(
+        self, keys: LockKeys, detached: str, field: str, lease: float, void: str
+    ) -> tuple[bool, int]:
+        """Detachable kinds: move the hold of field *detached* to *field* with a lease of
+        *lease* s, unless the adoption's void marker *void* is set: (True, 0), or (False,
+        the lock's PTTL in ms; -2 if free, or if voided)."""
+        ...
+
+    async def give_back(
+        self, keys: LockKeys, field: str, detached: str, void: str, void_ms: int
+    ) -> bool:
+        """Detachable kinds: undo an adoption into *field* (set its void marker *void* for
+        *void_ms* ms, and move the hold back to *detached* if the adoption ran); whether
+        it had."""
+        ...
+
 
 class ScriptRunner(Protocol):
     """What a kind sends its scripts through (the manager's client, single node or
@@ -487,114 +520,3 @@ class ScriptRunner(Protocol):
     ) -> Awaitable[Any]: ...
 
     async def call(self, *args: Any, key: str | None = None) -> Any: ...
-
-
-class KindBase:
-    """Defaults for a :class:`LockKind`: an exclusive, non-reentrant kind with no queue.
-
-    Subclasses set the flags and implement the script calls (attempt, undo, release,
-    renew, extend, force_release).
-    """
-
-    name = "lock"
-    reentrant = False
-    shared = False
-    hand_over = False
-    claims = False
-    queued = False
-    registers_listeners = False
-    release_tombstones = True
-    claim_ttl = 10.0
-    turns = False
-    #: 350 holds of one key each: about 0.75 ms of Redis time per call, and 10,000 holds
-    #: renewed in 87 calls a lease period, within W5's 100 (benchmarks/NOTES.md). Kinds
-    #: with more work per hold set a smaller batch.
-    renew_batch = 350
-    #: whether :meth:`resource` is the lock's key (a kind that overrides it is not, see
-    #: __init_subclass__): then the hot path reads ``keys.lock`` instead of calling it
-    resource_is_key = True
-    fencing_unavailable = ""
-    anonymous_messages = False
-    #: the script that renews holds (lease in ms) or only checks them (0), many per call:
-    #: per hold, the keys :meth:`renew_keys` names and the arguments (:meth:`renew_value`,
-    #: lease ms); it answers 1 per hold Redis still has. Set by each kind.
-    renew_script: ClassVar[Script]
-    #: the script that adds to one hold's lease (``extend(additional=)``), with the keys
-    #: and arguments of :attr:`renew_script` plus the ms to add; None: the kind cannot
-    extend_by_script: ClassVar[Script | None] = None
-    _client: ScriptRunner
-
-    def renew_keys(self, keys: LockKeys) -> tuple[str, ...]:
-        """The keys the renew script takes for one hold."""
-        return (keys.lock,)
-
-    def renew_value(self, hold: Hold) -> str:
-        """What names the hold to the renew script (its hash field, by default)."""
-        return hold.field
-
-    async def renew(self, holds: Sequence[Hold], lease: float) -> list[bool]:
-        lease_ms = ms(lease)
-        keys: list[str] = []
-        args: list[Any] = []
-        for hold in holds:
-            keys += self.renew_keys(hold.keys)
-            args += (self.renew_value(hold), lease_ms if hold.renew else 0)
-        replies = await self._client.run(self.renew_script, keys, args)
-        return [as_int(reply) == 1 for reply in replies]
-
-    async def extend(self, hold: Hold, lease: float) -> bool:
-        (held,) = await self._client.run(
-            self.renew_script, self.renew_keys(hold.keys), (self.renew_value(hold), ms(lease))
-        )
-        return as_int(held) == 1
-
-    async def extend_by(self, hold: Hold, additional: float) -> float | None:
-        if self.extend_by_script is None:
-            raise LockError(
-                f"the {self.name} {hold.keys.name!r} cannot add to its lease "
-                "(extend(additional=...) is for locks, fair locks and semaphore permits of "
-                "the default wire format and locks of the 'redisson' one); set the time "
-                "left with extend(lease) instead"
-            )
-        left = await self._client.run(
-            self.extend_by_script,
-            self.renew_keys(hold.keys),
-            (self.renew_value(hold), ms(additional)),
-        )
-        return as_int(left) / 1000 if as_int(left) > 0 else None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.resource_is_key = cls.resource is KindBase.resource
-
-    def hold_field(self, owner: str, number: int) -> str:
-        return f"{owner}:{number}"
-
-    def resource(self, keys: LockKeys) -> str:
-        return keys.lock
-
-    def timeout_error(self, keys: LockKeys, timeout: float | None, permits: int) -> Exception:
-        return LockTimeoutError(
-            f"{self.name} {keys.name!r} is held by another owner and was not released "
-            f"within {timeout} s; pass a longer timeout, or timeout=None to wait as long "
-            "as it takes"
-        )
-
-    async def refresh_claims(self, keys: LockKeys, fields: Sequence[str]) -> None:
-        raise NotImplementedError(f"the {self.name} kind keeps no queue in Redis")
-
-    async def leave_turn(self, keys: LockKeys) -> None:
-        raise NotImplementedError(f"the {self.name} kind has no turns")
-
-    async def register_listeners(self, writes: Sequence[tuple[LockKeys, float]]) -> None:
-        raise NotImplementedError(f"the {self.name} kind registers no listeners")
-
-    async def hold_count(self, keys: LockKeys, hold: Hold | None) -> int | None:
-        return None  # the count is the hold's field in the hash (see Lock.hold_count)
-
-    async def locked(self, keys: LockKeys) -> bool:
-        # the kind's structure exists exactly while something is held (any type counts)
-        return as_int(await self._client.call("EXISTS", keys.lock, key=keys.lock)) == 1
-
-    async def still_held(self, keys: LockKeys) -> float | None:
-        return None  # a waiter attempts whenever its wait ends

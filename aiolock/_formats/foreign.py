@@ -27,7 +27,8 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from aiolock._engine.kind import Hold, KindBase, Released, ReleaseStatus, Successor
+from aiolock._engine.kind import Hold, Released, ReleaseStatus, Successor
+from aiolock._engine.kindbase import KindBase
 from aiolock._errors import LockKeyTypeError
 from aiolock._keys import TAGS, LockKeys, check_foreign_key
 from aiolock._redis.client import as_int, as_text

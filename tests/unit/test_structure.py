@@ -232,7 +232,7 @@ def test_no_function_of_the_engine_is_over_60_lines() -> None:
 def test_a_kind_says_whether_its_registry_name_is_its_key() -> None:
     """The hot path reads ``keys.lock`` for a kind whose ``resource_is_key``, instead of
     calling ``resource()``: it must be what ``resource()`` would answer."""
-    from aiolock._engine.kind import KindBase
+    from aiolock._engine.kindbase import KindBase
     from aiolock._keys import LockKeys
 
     def subclasses(cls: type[KindBase]) -> list[type[KindBase]]:
@@ -279,6 +279,11 @@ def test_every_folder_of_lua_scripts_holds_the_kind_that_runs_them() -> None:
 #: The kind folders with no keys of their own, and why: they skip the places of a kind's
 #: keys (a tag, a describer, scripts, a row of docs/wire-formats.md).
 COMPOSITE = {"multi": "a handle over locks of the other kinds: no keys, no scripts, no tag"}
+
+#: The kind folders with no handle.py, and why: their handle is the engine's Lock
+#: (aiolock/_engine/lockhandle.py), the base of the other lock-like kinds' handles, which
+#: lives in the engine because kinds never import each other.
+ENGINE_HANDLE = {"lock": "the plain lock's handle is aiolock.Lock itself"}
 
 #: The factory method of ``LockManager`` that makes each kind's handle.
 FACTORIES = {
@@ -342,6 +347,11 @@ def _checklist_misses(folder: Path, places: Places) -> list[str]:
     """The places of "Adding a kind" that the kind of *folder* misses."""
     kind = folder.name
     misses = []
+    if kind in ENGINE_HANDLE:
+        if (folder / "handle.py").is_file():
+            misses.append("no handle.py: ENGINE_HANDLE here says its handle is the engine's Lock")
+    elif not (folder / "handle.py").is_file():
+        misses.append("its handle, handle.py, in its folder (kinds share no handle)")
     if f"aiolock._kinds.{kind}" not in places.independent:
         misses.append("its folder in the kinds' independence contract (pyproject.toml)")
     if FACTORIES.get(kind) not in places.factories:
@@ -363,7 +373,8 @@ def _checklist_misses(folder: Path, places: Places) -> list[str]:
 
 
 def test_every_kind_is_in_every_place_adding_a_kind_names() -> None:
-    """docs/architecture.md, "Adding a kind": the tag, the describer for the command, the
+    """docs/architecture.md, "Adding a kind": the handle (handle.py, or the engine's Lock
+    for the kinds ENGINE_HANDLE names), the tag, the describer for the command, the
     independence contract, the factory method, the scripts' commands, the docs' row."""
     folders = _kind_folders()
     assert {"lock", "fair", "rw", "semaphore", "multi"} <= {f.name for f in folders}
@@ -378,7 +389,13 @@ def test_the_checklist_test_finds_a_kind_that_misses_a_place(tmp_path: Path) -> 
     new = tmp_path / "foo"
     new.mkdir()
     (new / "acquire.lua").write_text("redis.call('xadd', KEYS[1], '*', 'a', 1)\n")
-    assert len(_checklist_misses(new, places)) == 6  # (no tag: no row to look for)
+    assert len(_checklist_misses(new, places)) == 7  # (no tag: no row to look for)
+    # the plain lock's handle is the engine's Lock: a handle.py of its own would be a second
+    lock = tmp_path / "lock"
+    lock.mkdir()
+    (lock / "handle.py").write_text("")
+    assert _checklist_misses(lock, places)[0].startswith("no handle.py")
+    assert aiolock.Lock.__module__ == "aiolock._engine.lockhandle"
     # an existing kind that lost one place: that place is named, and only it
     semaphore = PACKAGE / "_kinds" / "semaphore"
     assert _checklist_misses(semaphore, places) == []

@@ -42,11 +42,11 @@ from aiolock._engine.kind import (
     Busy,
     Granted,
     Hold,
-    KindBase,
     Released,
     ReleaseStatus,
     Successor,
 )
+from aiolock._engine.kindbase import KindBase
 from aiolock._engine.runtime import Runtime
 from aiolock._formats.foreign import aux_base
 from aiolock._keys import REDISSON_TAG, LockKeys, check_foreign_key, ms

@@ -1,1 +1,5 @@
-"""The reentrant lock (and the fair lock's handle, which is a lock granted in queue order)."""
+"""The reentrant lock: its kind and its scripts, the hand-off's among them.
+
+Its handle is the engine's :class:`~aiolock.Lock` (:mod:`aiolock._engine.lockhandle`),
+the base of the other lock-like kinds' handles too; so this folder has no handle.py.
+"""

@@ -10,7 +10,8 @@ the epoch and the last token, kept ``max(fence_ttl, 10 s)``. A resent release is
 from the epoch (the inverted tombstone), not from a key per release. A final release
 publishes the releasing manager's id on ``P:lock:{N}:released`` only if a waiter was seen
 (the flag), and never when it hands the lock over. A hold detached for another task or
-process to adopt (:mod:`aiolock._kinds.lock.handoff`) has the owner field
+process to adopt (the kind is ``detachable``: :mod:`aiolock._engine.handoff` runs its
+detach, adopt and give-back scripts for ``Lock.detach()``/``adopt()``) has the owner field
 ``detached:<128 random bits, hex>`` until it is adopted or its lease runs out.
 
 The scripts' reply codes are named in ``codes.lua`` and, in Python, in
@@ -27,12 +28,12 @@ from aiolock._engine.kind import (
     ChangeReply,
     Granted,
     Hold,
-    KindBase,
     Released,
     Successor,
     decode_attempt,
     decode_release,
 )
+from aiolock._engine.kindbase import KindBase
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockKeyTypeError
 from aiolock._keys import LockKeys, ms
@@ -70,6 +71,9 @@ class ReentrantLockKind(KindBase):
     reentrant = True
     hand_over = True
     registers_listeners = True
+    #: its holds can be handed to another task or process: one owner field per hold, so
+    #: renaming the field moves the whole ownership (detach, adopt, give_back below)
+    detachable = True
     #: a resent release is answered from the state's epoch (module docstring): no id
     release_tombstones = False
     #: starving managers take turns (turns.lua); an entry lasts this long unrefreshed: the
@@ -158,7 +162,8 @@ class ReentrantLockKind(KindBase):
         return state is None or not state.free
 
     async def lease_left(self, keys: LockKeys) -> int:
-        """The holder's lease left in ms (-1: no expiry; -2: nobody holds the lock)."""
+        """The holder's lease left in ms (-1: no expiry; -2: nobody holds the lock): the
+        state outlives its holds (it keeps the epoch and the last token), so not its PTTL."""
         return as_int(await self._client.run(LEASE_LEFT, (keys.lock,), ()))
 
     async def state(self, keys: LockKeys) -> tuple[str, int] | None:

@@ -40,12 +40,12 @@ from aiolock._engine.kind import (
     Busy,
     Granted,
     Hold,
-    KindBase,
     Released,
     Successor,
     decode_attempt,
     decode_release,
 )
+from aiolock._engine.kindbase import KindBase
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockKeyTypeError, LockTimeoutError
 from aiolock._keys import LockKeys, ms

@@ -31,12 +31,12 @@ from aiolock._engine.kind import (
     Busy,
     Granted,
     Hold,
-    KindBase,
     Released,
     ReleaseStatus,
     Successor,
     busy_for,
 )
+from aiolock._engine.kindbase import KindBase
 from aiolock._engine.runtime import Runtime
 from aiolock._errors import LockError, LockTimeoutError
 from aiolock._keys import SEMAPHORE_TAG, LockKeys, ms

@@ -1,11 +1,12 @@
 """ReadWriteLock: the read and write sides of one name, each a :class:`~aiolock.Lock`.
 
-A side is a Lock over its own kind (:mod:`aiolock._kinds.rw.kind`); both kinds work on one
-structure in Redis. What the sides add to the Lock API is what a task may do with both:
-take the read side while it holds the write side (a downgrade, granted at once, never
-queued behind waiters that wait for this very task), and never ask for the write side
-while it holds only the read side (refused at once: two readers doing that would wait
-for each other forever).
+A side is the engine's Lock (:mod:`aiolock._engine.lockhandle`) over its own kind
+(:mod:`aiolock._kinds.rw.kind`); both kinds work on one structure in Redis. What the sides
+add to the Lock API is what a task may do with both: take the read side while it holds
+the write side (a downgrade, granted at once, never queued behind waiters that wait for
+this very task), and never ask for the write side while it holds only the read side
+(refused at once: two readers doing that would wait for each other forever). Their
+kinds are not ``detachable``, so their ``detach()`` and ``adopt()`` refuse.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from aiolock._engine.handle import _DEFAULT, resolve
+from aiolock._engine.lockhandle import Lock
 from aiolock._errors import LockError, LockTimeoutError
 from aiolock._keys import LockKeys
-from aiolock._kinds.lock.handle import Lock
 from aiolock._redis.replicas import INHERIT, HandlePolicy
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class _ReadSide(Lock):
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        super().__init__(manager, kind, keys, timeout=timeout, lease=lease)
+        super().__init__(manager, kind, keys, timeout, lease)
         self._write_resource = write_kind.resource(keys)
 
     def __repr__(self) -> str:
@@ -80,7 +81,7 @@ class _WriteSide(Lock):
         timeout: float | None,
         lease: float | None,
     ) -> None:
-        super().__init__(manager, kind, keys, timeout=timeout, lease=lease)
+        super().__init__(manager, kind, keys, timeout, lease)
         self._read_resource = read_kind.resource(keys)
 
     def __repr__(self) -> str:

@@ -1,6 +1,6 @@
 """Hand-off: detach a held lock into a token that another task or process adopts.
 
-Ownership in aiolock is per asyncio task (the hold is the hash field
+Ownership in aiolock is per asyncio task (the hold is the field
 ``<manager id>:<serial>:<number>``), so a lock taken in a request handler cannot simply
 be released by a background task or another process. A hand-off moves it explicitly:
 
@@ -19,8 +19,13 @@ be released by a background task or another process. A hand-off moves it explici
 The fencing token travels in the token: the hold keeps the token it was granted, and
 the fence rule of the next acquisition is unchanged.
 
-Only the plain reentrant lock of aiolock's own wire format supports it (one field per
-owner, so a rename moves the whole ownership); :mod:`aiolock._kinds.lock.handle` refuses the others.
+What happens here around the scripts is the engine's (the registry, the observers, the
+give-back retried in the background); the scripts are the kind's, through the seam: a
+kind that is ``detachable`` (:mod:`aiolock._engine.kind`) runs them. Only the plain
+reentrant lock of aiolock's own wire format is (one field per owner, so a rename moves the
+whole ownership: ``aiolock/_kinds/lock/``); :class:`~aiolock.Lock` refuses the hand-off for
+every other kind (:func:`refused`, or a WireFormatError for a plain Lock of another format),
+once it has checked the arguments, the token with :class:`HandoffToken`.
 """
 
 from __future__ import annotations
@@ -41,21 +46,31 @@ from aiolock._errors import (
     LockHandoffError,
     LockKeyTypeError,
     LockLostError,
-    WireFormatError,
 )
-from aiolock._kinds.lock.kind import ReentrantLockKind
 
 if TYPE_CHECKING:
     from aiolock._engine.engine import Engine
+    from aiolock._engine.kind import LockKind
     from aiolock._keys import LockKeys
 
-__all__ = ["DETACHED", "HandoffToken", "adopt", "detach", "handoff_kind"]
+__all__ = ["DETACHED", "SUPPORTED", "HandoffToken", "adopt", "detach", "refused"]
 
 #: The start of a detached hold's field (and of nothing else: owner fields start with a
 #: manager id, 32 hex digits).
 DETACHED = "detached:"
 #: The start of every token: the format's name and version.
 _MAGIC = "aiolock-hold-1."
+
+#: What supports a hand-off, for the errors of the handles that do not.
+SUPPORTED = (
+    "only a plain Lock of aiolock's own wire format can be detached and adopted "
+    "(LockManager.lock(name), wire='aiolock')"
+)
+
+
+def refused(what: str) -> LockError:
+    """*what* (``FairLock 'x'``) is a handle that cannot be handed off."""
+    return LockError(f"{what} cannot be handed off: {SUPPORTED}")
 
 
 class HandoffToken(NamedTuple):
@@ -99,25 +114,13 @@ class HandoffToken(NamedTuple):
         return cls(key, field, fence)
 
 
-def handoff_kind(kind: object, what: str, plain: bool) -> ReentrantLockKind:
-    """*kind* if it supports hand-off, else a clear error naming what does; *what* names
-    the handle, *plain* says whether it is a plain Lock (of another wire format, then)."""
-    if type(kind) is ReentrantLockKind:
-        return kind
-    supported = (
-        "only a plain Lock of aiolock's own wire format can be detached and adopted "
-        "(LockManager.lock(name), wire='aiolock')"
-    )
-    if plain:
-        raise WireFormatError(f"{what} uses another wire format: {supported}")
-    raise LockError(f"{what} cannot be handed off: {supported}")
-
-
 # -- detach ------------------------------------------------------------------------------
 
 
-async def detach(engine: Engine, kind: ReentrantLockKind, hold: Hold, lease: float) -> str:
-    """Detach *hold* (the current task's, counted once) for *lease* s; the token."""
+async def detach(engine: Engine, hold: Hold, lease: float) -> str:
+    """Detach *hold* (the current task's, counted once; its kind is ``detachable``) for
+    *lease* s; the token."""
+    kind = hold.kind
     registry = engine.registry
     name = hold.keys.name
     if hold.count > 1:
@@ -177,7 +180,7 @@ async def detach(engine: Engine, kind: ReentrantLockKind, hold: Hold, lease: flo
 
 def _cancelled_detach(
     engine: Engine,
-    kind: ReentrantLockKind,
+    kind: LockKind,
     hold: Hold,
     field: str,
     lease: float,
@@ -202,7 +205,7 @@ def _cancelled_detach(
 
 async def adopt(
     engine: Engine,
-    kind: ReentrantLockKind,
+    kind: LockKind,
     keys: LockKeys,
     owner: str,
     token: HandoffToken,
@@ -254,7 +257,7 @@ def _not_adoptable(name: str, pttl: int) -> str:
 
 async def _give_back(
     engine: Engine,
-    kind: ReentrantLockKind,
+    kind: LockKind,
     keys: LockKeys,
     token: HandoffToken,
     field: str,

@@ -1,7 +1,20 @@
 """Lock: the handle a user holds; validates arguments and delegates to the engine.
 
-The plumbing it shares with the other handles (defaults, the acquisition under the
-``replicas=`` policy, ``async with`` and its body guard) is :mod:`aiolock._engine.handle`'s.
+The plain lock's handle, and the base of the other lock-like kinds' handles: FairLock
+(``aiolock/_kinds/fair/handle.py``) and the read-write lock's sides
+(``aiolock/_kinds/rw/handle.py``) derive from it in their kinds' folders and add their repr
+and what only they do. It is the engine's because kinds never import each other; so
+it reaches what only some kinds do through the kind (:mod:`aiolock._engine.kind`): the
+hand-off (:meth:`Lock.detach`, :meth:`Lock.adopt`: a kind that is ``detachable``, whose
+scripts :mod:`aiolock._engine.handoff` drives) and the lease left of its structure
+(``lease_left``). The plumbing it shares with the other handles (defaults, the
+acquisition under the ``replicas=`` policy, ``async with`` and its body guard) is
+:mod:`aiolock._engine.handle`'s.
+
+acquire(), try_acquire() and release() are every acquisition's path (the functions an
+uncontended cycle enters are counted: ``CYCLE_CALLS`` in
+``tests/behaviour/test_fast_path.py``): a subclass inherits them as they are and never
+wraps them in a ``super()`` call; what it checks more goes in :meth:`Lock._acquire`.
 """
 
 from __future__ import annotations
@@ -20,10 +33,9 @@ from aiolock._engine.handle import (
     not_owned_error,
     resolve,
 )
+from aiolock._engine.handoff import SUPPORTED, HandoffToken, adopt, detach, refused
 from aiolock._errors import LockError, WireFormatError
 from aiolock._keys import LockKeys, check_lease, check_timeout
-from aiolock._kinds.lock.handoff import HandoffToken, adopt, detach, handoff_kind
-from aiolock._kinds.lock.kind import ReentrantLockKind
 from aiolock._redis.client import as_int
 from aiolock._redis.replicas import INHERIT
 
@@ -31,7 +43,7 @@ if TYPE_CHECKING:
     from aiolock._engine.guard import ManagerLike
     from aiolock._engine.kind import Hold, LockKind
 
-__all__ = ["FairLock", "Lock"]
+__all__ = ["Adopted", "Lock"]
 
 
 class Lock(Handle[LockKeys, "Lock"]):
@@ -206,11 +218,12 @@ class Lock(Handle[LockKeys, "Lock"]):
         change. Plain locks of aiolock's own wire format only; a re-entered hold (held
         more than once by the task) is refused. See ``docs/recipes/handoff.md``.
         """
-        kind = self._handoff_kind()
+        if not self._kind.detachable:
+            raise self._not_detachable()
         seconds = None if lease is None else check_lease(lease)
         engine = self._manager._open_engine()
         hold = self._owned_hold()
-        return await detach(engine, kind, hold, engine.rt.lease if seconds is None else seconds)
+        return await detach(engine, hold, engine.rt.lease if seconds is None else seconds)
 
     async def adopt(self, token: str, *, lease: float | None = _DEFAULT) -> None:
         """Take over the lock that :meth:`detach` handed off as *token*, for the current task.
@@ -224,7 +237,8 @@ class Lock(Handle[LockKeys, "Lock"]):
         """
         fixed = self._adopt_lease(lease)
         found = HandoffToken.decode(token)
-        kind = self._handoff_kind()
+        if not self._kind.detachable:
+            raise self._not_detachable()
         if found.key != self._keys.lock:
             raise ValueError(
                 f"the hand-off token is for the lock key {found.key!r}, not this lock's "
@@ -233,7 +247,7 @@ class Lock(Handle[LockKeys, "Lock"]):
             )
         engine = self._manager._open_engine()
         owner = self._manager._owner()
-        await adopt(engine, kind, self._keys, owner, found, fixed)
+        await adopt(engine, self._kind, self._keys, owner, found, fixed)
         max_hold = engine.rt.max_hold if self._max_hold is _DEFAULT else self._max_hold
         hold = engine.registry.get(self._resource, owner)
         if max_hold is not None and hold is not None:
@@ -247,9 +261,13 @@ class Lock(Handle[LockKeys, "Lock"]):
     def _adopt_lease(self, lease: float | None) -> float | None:
         return resolve(None, lease, None, self._lease)[1]
 
-    def _handoff_kind(self) -> ReentrantLockKind:
+    def _not_detachable(self) -> LockError:
+        """The refusal of a hand-off by a handle whose kind is not ``detachable``: a plain
+        Lock's kind is then another wire format's; any other handle's is another kind."""
         what = f"{type(self).__name__} {self.name!r}"
-        return handoff_kind(self._kind, what, plain=type(self) is Lock)
+        if type(self) is Lock:
+            return WireFormatError(f"{what} uses another wire format: {SUPPORTED}")
+        return refused(what)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -278,11 +296,8 @@ class Lock(Handle[LockKeys, "Lock"]):
 
     async def ttl(self) -> float | None:
         """Seconds left on the lock's lease; None if nobody holds it, inf if it never expires."""
-        engine = self._manager._open_engine()
-        if isinstance(self._kind, ReentrantLockKind):  # a string that outlives its holds
-            ms = await self._kind.lease_left(self._keys)
-        else:
-            ms = as_int(await engine.client.call("PTTL", self._keys.lock, key=self._keys.lock))
+        self._manager._open_engine()
+        ms = await self._kind.lease_left(self._keys)  # (a structure may outlive its holds)
         if ms == -2:
             return None
         return math.inf if ms < 0 else ms / 1000
@@ -347,20 +362,3 @@ class Adopted:
         lock = self._lock
         engine = lock._manager._engine if lock._manager.is_open else None
         await lock._guard.exit(lock, engine, exc_type, exc, tb)
-
-
-class FairLock(Lock):
-    """A reentrant distributed lock granted first come, first served, across processes.
-
-    Made by :meth:`aiolock.LockManager.fair_lock`; the API is :class:`~aiolock.Lock`'s.
-    A waiting task's first attempt puts it in a queue kept in Redis; each release grants
-    the lock to the first waiter still alive and wakes that waiter alone. A waiter that
-    gives up (timeout, cancellation) leaves the queue at once; one whose process died
-    leaves it within the claim lifetime (10 s). ``try_acquire()`` (one attempt) succeeds
-    only if nobody holds the lock and nobody waits for it. See ``docs/fair-lock.md``.
-    """
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return f"<FairLock {self.name!r} timeout={self._timeout} lease={self._lease}>"
