@@ -326,16 +326,12 @@ async def run(
             info = await admin.info("server")
             renewal = [await measure_renewal(admin, n, rounds, "study:") for n in batches]
             cycle = await measure_cycles(admin, limits, cycles, rounds, "study:")
-            left = await admin.dbsize()
         finally:
             await admin.aclose()
     return {
         "server": f"{info.get('server_name', 'redis')} {info['redis_version']}",
         "renewal": renewal,
         "cycle": cycle,
-        # the grant marks (20 s) and free slot states (60 s) the cycles leave, and the
-        # shipped semaphore's tombstones (10 s): gone after their lifetimes
-        "keys_left_at_end": left,
     }
 
 
