@@ -25,6 +25,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._engine.claims import CLAIM_BATCH
 from aiolock._engine.kind import Attempt, Busy, Granted, ReleaseStatus
 from aiolock._errors import LockConnectionError
 from aiolock._kinds.fair.kind import FairLockKind
@@ -518,7 +519,7 @@ async def test_a_confirmation_or_a_reconnect_wakes_only_the_first_waiter(
     assert [label for label, _ in log] == list(range(waiters))
 
 
-async def test_claims_are_refreshed_in_calls_of_at_most_500(
+async def test_claims_are_refreshed_in_calls_of_at_most_claim_batch(
     locks: aiolock.LockManager,
     other: aiolock.LockManager,
     admin: Redis,
@@ -555,7 +556,7 @@ async def test_claims_are_refreshed_in_calls_of_at_most_500(
         await eventually(lambda: claims <= seen, timeout=60, what="every claim refreshed")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {len(claims & seen)} of {waiters} seen") from None
-    assert max(len(fields) for fields in calls) <= 500, [len(fields) for fields in calls]
+    assert max(len(fields) for fields in calls) <= CLAIM_BATCH, [len(fields) for fields in calls]
     assert len(seen) == waiters
     assert len(await queued(admin, prefix, "many")) == waiters  # every claim kept alive
     for task in tasks:
