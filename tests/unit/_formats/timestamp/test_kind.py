@@ -29,21 +29,10 @@ from tests._support.wire_fleet import (
 
 
 @pytest.fixture
-def name(prefix: str) -> str:
-    """A raw lock name of this test's own (the timestamp format uses no prefix)."""
-    return f"{prefix}-job"
-
-
-@pytest.fixture
 async def locks(redis: Redis, prefix: str) -> AsyncIterator[aiolock.LockManager]:
     # A 10 s lease: a loaded machine that stalls the renewals for seconds keeps the holds.
     async with aiolock.LockManager(redis, prefix=prefix, wire="timestamp", lease=10.0) as manager:
         yield manager
-
-
-@pytest.fixture
-def polls(monkeypatch: pytest.MonkeyPatch) -> Polls:
-    return Polls(monkeypatch)
 
 
 async def server_ms(client: Redis) -> int:
